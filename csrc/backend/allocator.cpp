@@ -1,0 +1,535 @@
+// Caching allocator for neuron device memory, in the shape of CUDA's and Neuron's:
+//   * a small pool (requests < 1 MiB, carved from 2 MiB segments) and a large pool;
+//   * requests < 16 MiB rounded up to a size class (4 classes per power of two, >= 256 B),
+//     larger ones to 512 B;
+//   * freed blocks are cached, split and coalesced inside their segment, and only returned
+//     to the runtime by empty_cache() or when an allocation would otherwise fail;
+//   * exceeding the device's capacity frees the cache, retries, then raises OutOfMemoryError.
+// Stats follow c10::CachingDeviceAllocator::DeviceStats so torch.accelerator.* and
+// torch.neuron.memory_* report them.
+#include "allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../runtime/runtime.h"
+
+namespace torchneuron {
+namespace {
+
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+
+constexpr size_t kMinBlock = 256;
+constexpr size_t kSmallSize = 1 << 20;         // small pool threshold
+constexpr size_t kSmallBuffer = 2 << 20;       // small segment size
+constexpr size_t kLargeBuffer = 20 << 20;      // segment for 1-10 MiB requests
+constexpr size_t kMinLargeAlloc = 10 << 20;    // above: segment = request rounded to 2 MiB
+constexpr size_t kRoundLarge = 2 << 20;
+constexpr size_t kSizeClassLimit = 16 << 20;   // below: round to a size class
+
+size_t round_size(size_t n) {
+  if (n < kMinBlock) return kMinBlock;
+  if (n >= kSizeClassLimit) return (n + 511) & ~size_t(511);
+  // Four evenly spaced classes between consecutive powers of two.
+  size_t pow2 = size_t(1) << (63 - __builtin_clzll(n));
+  if (pow2 == n) return n;
+  size_t step = pow2 / 4;
+  return (n + step - 1) / step * step;
+}
+
+size_t segment_size(size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+struct Block {
+  int device;
+  int64_t stream;
+  size_t size;
+  size_t requested = 0;
+  char* ptr;
+  bool is_large;
+  bool allocated = false;
+  Block* prev = nullptr;  // neighbours inside the segment
+  Block* next = nullptr;
+  std::vector<int64_t> stream_uses;  // record_stream
+  Block(int d, int64_t s, size_t sz, char* p, bool large)
+      : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+// Memory a CPU kernel allocated and the device adopted (zero-copy outputs).
+struct Adopted {
+  c10::DataPtr cpu;
+  int device;
+  size_t nbytes;
+};
+
+struct DeviceCache {
+  std::mutex mu;
+  std::set<Block*, BlockLess> small_free, large_free;
+  std::map<uintptr_t, Block*> segments;  // first block of each segment by base address
+  std::unordered_set<Adopted*> adopted;
+  DeviceStats stats;
+};
+
+DeviceCache g_cache[neuron::rt::kMaxDevices];
+
+inline void stat_add(StatArray& arr, bool large, int64_t delta) {
+  auto apply = [delta](Stat& s) {
+    if (delta >= 0) s.increase(static_cast<size_t>(delta));
+    else s.decrease(static_cast<size_t>(-delta));
+  };
+  apply(arr[static_cast<size_t>(StatType::AGGREGATE)]);
+  apply(arr[static_cast<size_t>(large ? StatType::LARGE_POOL : StatType::SMALL_POOL)]);
+}
+
+std::string format_size(size_t bytes) {
+  char buf[64];
+  if (bytes < (1 << 10)) snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  else if (bytes < (1 << 20)) snprintf(buf, sizeof buf, "%.2f KiB", bytes / 1024.0);
+  else if (bytes < (size_t(1) << 30)) snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
+  else snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+void free_block_locked(DeviceCache& c, Block* b);
+
+// Return every fully free segment to the runtime. Caller holds c.mu.
+void release_cached_locked(DeviceCache& c, int device) {
+  for (auto it = c.segments.begin(); it != c.segments.end();) {
+    Block* head = it->second;
+    if (!head->allocated && head->next == nullptr) {
+      auto& pool = head->is_large ? c.large_free : c.small_free;
+      pool.erase(head);
+      stat_add(c.stats.reserved_bytes, head->is_large, -static_cast<int64_t>(head->size));
+      stat_add(c.stats.segment, head->is_large, -1);
+      c.stats.num_device_free++;
+      neuron::rt::free(device, head->ptr, head->size);
+      delete head;
+      it = c.segments.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+[[noreturn]] void raise_oom(DeviceCache& c, int device, size_t requested) {
+  c.stats.num_ooms++;
+  size_t cap = neuron::rt::capacity(device);
+  size_t used = neuron::rt::used(device);
+  size_t allocated = c.stats.allocated_bytes[0].current;
+  size_t reserved = c.stats.reserved_bytes[0].current;
+  c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(requested), allocated, reserved,
+                                   c10::Device(c10::DeviceType::PrivateUse1, device));
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, false, "neuron out of memory. Tried to allocate ", format_size(requested),
+      ". neuron:", device, " has a total capacity of ", format_size(cap), " of which ",
+      format_size(cap > used ? cap - used : 0), " is free. Of the allocated memory ",
+      format_size(allocated), " is allocated by PyTorch, and ",
+      format_size(reserved > allocated ? reserved - allocated : 0),
+      " is reserved by PyTorch but unallocated. Free tensors you no longer need (del x), "
+      "reduce the batch size, or set TORCHNEURON_DEVICE_MEMORY to emulate a larger device "
+      "(see docs/env-vars.md).");
+}
+
+void delete_block(void* ctx);
+void delete_adopted(void* ctx);
+
+void report_usage(DeviceCache& c, int device, void* ptr, int64_t delta) {
+  if (!c10::memoryProfilingEnabled()) return;
+  c10::reportMemoryUsageToProfiler(ptr, delta, c.stats.allocated_bytes[0].current,
+                                   c.stats.reserved_bytes[0].current,
+                                   c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
+Block* malloc_block(int device, size_t nbytes) {
+  neuron::rt::lazy_init();
+  auto& c = g_cache[device];
+  const size_t size = round_size(nbytes);
+  const bool large = size > kSmallSize;
+  const int64_t stream = neuron::rt::current_stream(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto& pool = large ? c.large_free : c.small_free;
+
+  Block key(device, stream, size, nullptr, large);
+  auto it = pool.lower_bound(&key);
+  Block* block = nullptr;
+  // A cached block from this stream; do not let huge cached blocks serve small requests
+  // (that is what fragments memory).
+  if (it != pool.end() && (*it)->stream == stream &&
+      !((*it)->size >= kMinLargeAlloc && (*it)->size > 2 * size + kRoundLarge)) {
+    block = *it;
+    pool.erase(it);
+  } else {
+    const size_t seg = segment_size(size);
+    char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
+    if (ptr == nullptr) {
+      c.stats.num_alloc_retries++;
+      release_cached_locked(c, device);
+      ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
+      if (ptr == nullptr) raise_oom(c, device, nbytes);
+    }
+    c.stats.num_device_alloc++;
+    block = new Block(device, stream, seg, ptr, large);
+    c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
+    stat_add(c.stats.segment, large, 1);
+    stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
+  }
+
+  // Split off the remainder when it is worth keeping as its own block.
+  const size_t remaining = block->size - size;
+  if (large ? remaining > kSmallSize : remaining >= kMinBlock) {
+    Block* rest = new Block(device, stream, remaining, block->ptr + size, large);
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool.insert(rest);
+  }
+  block->allocated = true;
+  block->requested = nbytes;
+  stat_add(c.stats.allocation, large, 1);
+  stat_add(c.stats.active, large, 1);
+  stat_add(c.stats.allocated_bytes, large, static_cast<int64_t>(block->size));
+  stat_add(c.stats.active_bytes, large, static_cast<int64_t>(block->size));
+  stat_add(c.stats.requested_bytes, large, static_cast<int64_t>(nbytes));
+  report_usage(c, device, block->ptr, static_cast<int64_t>(block->size));
+  return block;
+}
+
+// Merge `b` with free neighbour `n` (n is b->prev or b->next). Caller holds the lock.
+void try_merge(std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
+  if (!n || n->allocated || !n->stream_uses.empty()) return;
+  pool.erase(n);
+  if (n == b->prev) {
+    b->ptr = n->ptr;
+    b->prev = n->prev;
+    if (b->prev) b->prev->next = b;
+  } else {
+    b->next = n->next;
+    if (b->next) b->next->prev = b;
+  }
+  b->size += n->size;
+  delete n;
+}
+
+void free_block_locked(DeviceCache& c, Block* b) {
+  const bool large = b->is_large;
+  stat_add(c.stats.allocation, large, -1);
+  stat_add(c.stats.active, large, -1);
+  stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
+  stat_add(c.stats.active_bytes, large, -static_cast<int64_t>(b->size));
+  stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(b->requested));
+  report_usage(c, b->device, b->ptr, -static_cast<int64_t>(b->size));
+  b->allocated = false;
+  b->requested = 0;
+  // Execution is synchronous, so work recorded on other streams has already completed and
+  // the block can be reused at once; the recorded uses are dropped here.
+  b->stream_uses.clear();
+  auto& pool = large ? c.large_free : c.small_free;
+  const bool was_head = b->prev == nullptr;
+  uintptr_t old_head_key = 0;
+  if (!was_head) {
+    Block* head = b;
+    while (head->prev) head = head->prev;
+    old_head_key = reinterpret_cast<uintptr_t>(head->ptr);
+  }
+  try_merge(pool, b, b->prev);
+  try_merge(pool, b, b->next);
+  if (!was_head && b->prev == nullptr) c.segments[old_head_key] = b;  // b became the head
+  pool.insert(b);
+}
+
+void delete_block(void* ctx) {
+  Block* b = static_cast<Block*>(ctx);
+  auto& c = g_cache[b->device];
+  std::lock_guard<std::mutex> lock(c.mu);
+  free_block_locked(c, b);
+}
+
+void delete_adopted(void* ctx) {
+  auto* a = static_cast<Adopted*>(ctx);
+  auto& c = g_cache[a->device];
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    const bool large = a->nbytes > kSmallSize;
+    stat_add(c.stats.allocation, large, -1);
+    stat_add(c.stats.active, large, -1);
+    stat_add(c.stats.segment, large, -1);
+    stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(a->nbytes));
+    stat_add(c.stats.active_bytes, large, -static_cast<int64_t>(a->nbytes));
+    stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(a->nbytes));
+    stat_add(c.stats.reserved_bytes, large, -static_cast<int64_t>(a->nbytes));
+    c.adopted.erase(a);
+    report_usage(c, a->device, a->cpu.get(), -static_cast<int64_t>(a->nbytes));
+  }
+  neuron::rt::release(a->device, a->nbytes);
+  delete a;  // frees the CPU memory through its own deleter
+}
+
+}  // namespace
+
+c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
+  neuron::rt::check_device(device);
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  if (nbytes == 0) {
+    neuron::rt::lazy_init();
+    return c10::DataPtr(nullptr, nullptr, nullptr, dev);
+  }
+  Block* b = malloc_block(device, nbytes);
+  return c10::DataPtr(b->ptr, b, &delete_block, dev);
+}
+
+c10::DataPtr NeuronAllocator::allocate(size_t nbytes) {
+  return allocate_on(neuron::rt::current_device(), nbytes);
+}
+
+c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nbytes) {
+  auto& c = g_cache[device];
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  void* ptr = cpu_data.get();
+  if (!neuron::rt::reserve(device, nbytes)) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.stats.num_alloc_retries++;
+    release_cached_locked(c, device);
+    if (!neuron::rt::reserve(device, nbytes)) raise_oom(c, device, nbytes);
+  }
+  auto* a = new Adopted{std::move(cpu_data), device, nbytes};
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    const bool large = nbytes > kSmallSize;
+    stat_add(c.stats.allocation, large, 1);
+    stat_add(c.stats.active, large, 1);
+    stat_add(c.stats.segment, large, 1);
+    stat_add(c.stats.allocated_bytes, large, static_cast<int64_t>(nbytes));
+    stat_add(c.stats.active_bytes, large, static_cast<int64_t>(nbytes));
+    stat_add(c.stats.requested_bytes, large, static_cast<int64_t>(nbytes));
+    stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(nbytes));
+    c.adopted.insert(a);
+    report_usage(c, device, ptr, static_cast<int64_t>(nbytes));
+  }
+  return c10::DataPtr(ptr, a, &delete_adopted, dev);
+}
+
+void NeuronAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+void NeuronAllocator::emptyCache(c10::MempoolId_t) {
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    release_cached_locked(c, d);
+  }
+}
+
+void NeuronAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (ptr.get_deleter() != &delete_block) return;  // adopted memory or empty tensors
+  Block* b = static_cast<Block*>(ptr.get_context());
+  std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
+  if (stream.id() != b->stream) b->stream_uses.push_back(stream.id());
+}
+
+DeviceStats NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
+  neuron::rt::check_device(device);
+  auto& c = g_cache[device];
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.stats;
+}
+
+void NeuronAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  neuron::rt::check_device(device);
+  auto& c = g_cache[device];
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto reset = [](StatArray& a) { for (auto& s : a) s.reset_accumulated(); };
+  reset(c.stats.allocation); reset(c.stats.segment); reset(c.stats.active);
+  reset(c.stats.inactive_split); reset(c.stats.allocated_bytes); reset(c.stats.reserved_bytes);
+  reset(c.stats.active_bytes); reset(c.stats.inactive_split_bytes); reset(c.stats.requested_bytes);
+  c.stats.num_alloc_retries = 0;
+  c.stats.num_ooms = 0;
+  c.stats.num_device_alloc = 0;
+  c.stats.num_device_free = 0;
+}
+
+void NeuronAllocator::resetPeakStats(c10::DeviceIndex device) {
+  neuron::rt::check_device(device);
+  auto& c = g_cache[device];
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto reset = [](StatArray& a) { for (auto& s : a) s.reset_peak(); };
+  reset(c.stats.allocation); reset(c.stats.segment); reset(c.stats.active);
+  reset(c.stats.inactive_split); reset(c.stats.allocated_bytes); reset(c.stats.reserved_bytes);
+  reset(c.stats.active_bytes); reset(c.stats.inactive_split_bytes); reset(c.stats.requested_bytes);
+}
+
+std::pair<size_t, size_t> NeuronAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  size_t cap = neuron::rt::capacity(device);
+  size_t used = neuron::rt::used(device);
+  return {cap > used ? cap - used : 0, cap};
+}
+
+int NeuronAllocator::device_of(const void* ptr) {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.segments.upper_bound(p);
+    if (it != c.segments.begin()) {
+      --it;
+      size_t total = 0;
+      for (Block* b = it->second; b; b = b->next) total += b->size;
+      if (p < it->first + total) return d;
+    }
+    for (Adopted* a : c.adopted) {
+      auto base = reinterpret_cast<uintptr_t>(a->cpu.get());
+      if (p >= base && p < base + a->nbytes) return d;
+    }
+  }
+  return -1;
+}
+
+std::vector<SegmentRecord> NeuronAllocator::snapshot() {
+  std::vector<SegmentRecord> out;
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [base, head] : c.segments) {
+      SegmentRecord s{d, base, 0, 0, 0, 0, head->stream, head->is_large, {}};
+      for (Block* b = head; b; b = b->next) {
+        s.total_size += b->size;
+        if (b->allocated) {
+          s.allocated_size += b->size;
+          s.active_size += b->size;
+          s.requested_size += b->requested;
+        }
+        s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated});
+      }
+      out.push_back(std::move(s));
+    }
+    for (Adopted* a : c.adopted) {
+      auto addr = reinterpret_cast<size_t>(a->cpu.get());
+      out.push_back({d, addr, a->nbytes, a->nbytes, a->nbytes, a->nbytes, 0, a->nbytes > kSmallSize,
+                     {{addr, a->nbytes, a->nbytes, true}}});
+    }
+  }
+  return out;
+}
+
+NeuronAllocator* device_allocator() {
+  static NeuronAllocator instance;
+  return &instance;
+}
+
+// Registered for PrivateUse1 so at::empty, storage allocation and torch.accelerator.memory_*
+// find it.
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, device_allocator())
+
+// --- pinned host memory ------------------------------------------------------------------
+namespace {
+std::mutex g_host_mu;
+std::unordered_map<void*, size_t> g_host_blocks;
+at::HostStats g_host_stats;
+
+void delete_host(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_host_mu);
+    auto it = g_host_blocks.find(ptr);
+    if (it != g_host_blocks.end()) {
+      g_host_stats.active_requests.decrease(1);
+      g_host_stats.active_bytes.decrease(it->second);
+      g_host_stats.allocations.decrease(1);
+      g_host_stats.allocated_bytes.decrease(it->second);
+      g_host_stats.num_host_free++;
+      g_host_blocks.erase(it);
+    }
+  }
+  c10::free_cpu(ptr);
+}
+}  // namespace
+
+c10::DataPtr NeuronHostAllocator::allocate(size_t nbytes) {
+  c10::Device cpu(c10::DeviceType::CPU);
+  if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, nullptr, cpu);
+  void* ptr = c10::alloc_cpu(nbytes);
+  {
+    std::lock_guard<std::mutex> lock(g_host_mu);
+    g_host_blocks.emplace(ptr, nbytes);
+    g_host_stats.active_requests.increase(1);
+    g_host_stats.active_bytes.increase(nbytes);
+    g_host_stats.allocations.increase(1);
+    g_host_stats.allocated_bytes.increase(nbytes);
+    g_host_stats.num_host_alloc++;
+  }
+  return c10::DataPtr(ptr, ptr, &delete_host, cpu);
+}
+
+void NeuronHostAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+bool NeuronHostAllocator::record_event(void*, void*, c10::Stream) { return true; }
+void NeuronHostAllocator::empty_cache() {}  // nothing is cached: blocks are freed at once
+
+at::HostStats NeuronHostAllocator::get_stats() {
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  return g_host_stats;
+}
+void NeuronHostAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  g_host_stats.active_requests.reset_accumulated();
+  g_host_stats.active_bytes.reset_accumulated();
+  g_host_stats.allocations.reset_accumulated();
+  g_host_stats.allocated_bytes.reset_accumulated();
+  g_host_stats.num_host_alloc = 0;
+  g_host_stats.num_host_free = 0;
+}
+void NeuronHostAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  g_host_stats.active_requests.reset_peak();
+  g_host_stats.active_bytes.reset_peak();
+  g_host_stats.allocations.reset_peak();
+  g_host_stats.allocated_bytes.reset_peak();
+}
+
+bool NeuronHostAllocator::is_pinned(const void* ptr) {
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  if (g_host_blocks.count(const_cast<void*>(ptr))) return true;
+  // Interior pointers (views of pinned tensors) are pinned too.
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  for (auto& [base, n] : g_host_blocks) {
+    auto b = reinterpret_cast<uintptr_t>(base);
+    if (p >= b && p < b + n) return true;
+  }
+  return false;
+}
+
+NeuronHostAllocator* host_allocator() {
+  static NeuronHostAllocator instance;
+  return &instance;
+}
+
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, host_allocator())
+
+}  // namespace torchneuron

@@ -1,0 +1,66 @@
+// The neuron device allocator (c10::DeviceAllocator) and the pinned host allocator.
+#pragma once
+
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Storage.h>
+
+#include <vector>
+
+namespace torchneuron {
+
+// One block as seen by memory_snapshot().
+struct BlockRecord {
+  size_t address, size, requested_size;
+  bool allocated;
+};
+struct SegmentRecord {
+  int device;
+  size_t address, total_size, allocated_size, active_size, requested_size;
+  int64_t stream;
+  bool is_large;
+  std::vector<BlockRecord> blocks;
+};
+
+class NeuronAllocator : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final;
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  // Allocate on an explicit device (allocate() uses the current one).
+  c10::DataPtr allocate_on(int device, size_t nbytes);
+  // Take ownership of memory a CPU kernel allocated, so it becomes device memory in place
+  // (zero-copy) and is counted like any allocation. Raises OutOfMemoryError past capacity.
+  c10::DataPtr adopt(int device, c10::DataPtr cpu_data, size_t nbytes);
+  // Device of a pointer into neuron memory, or -1.
+  int device_of(const void* ptr);
+  std::vector<SegmentRecord> snapshot();
+};
+
+NeuronAllocator* device_allocator();
+
+// Pinned ("page-locked") host memory: ordinary host memory that the device tracks, so
+// is_pinned() is true and non_blocking copies may be issued from it.
+class NeuronHostAllocator final : public at::HostAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  bool record_event(void* ptr, void* ctx, c10::Stream stream) override;
+  void empty_cache() override;
+  at::HostStats get_stats() override;
+  void reset_accumulated_stats() override;
+  void reset_peak_stats() override;
+  bool is_pinned(const void* ptr);
+};
+
+NeuronHostAllocator* host_allocator();
+
+}  // namespace torchneuron

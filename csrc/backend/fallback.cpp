@@ -1,0 +1,101 @@
+// The boxed fallback: any ATen op without a neuron kernel runs its CPU kernel zero-copy over
+// device memory (see zero_copy.h). This is what makes "every op that runs on CPU runs on
+// neuron" true; the hot ops in ops.cpp skip the boxing for speed.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "../runtime/runtime.h"
+#include "generator.h"
+#include "zero_copy.h"
+
+namespace torchneuron {
+namespace {
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  if (t->kind() != c10::TypeKind::OptionalType) return false;
+  return t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+bool is_optional_tensor_list(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  if (t->kind() != c10::TypeKind::ListType) return false;
+  return t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType;
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t begin = stack->size() - num_args;
+  ZeroCopy zc;
+
+  // Pass 1: tensors and devices decide the op's device and are replaced by CPU aliases.
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    if (v.isTensor()) {
+      v = zc.in(v.toTensor());
+    } else if (v.isDevice()) {
+      c10::Device d = v.toDevice();
+      if (d.type() == c10::DeviceType::PrivateUse1) {
+        zc.set_device(d.has_index() ? d.index() : neuron::rt::current_device());
+        v = c10::IValue(c10::Device(c10::kCPU));
+      }
+    } else if (v.isTensorList()) {
+      // Lists are shared with the caller: build a new one rather than edit theirs.
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> aliased;
+      aliased.reserve(list.size());
+      for (const at::Tensor& t : list) aliased.push_back(zc.in(t));
+      v = c10::IValue(std::move(aliased));
+    } else if (v.isList() && is_optional_tensor_list(schema.arguments()[i])) {
+      // Tensor?[] (indices): CPU index tensors are allowed with neuron data, as on CUDA.
+      auto list = v.toList();
+      c10::List<std::optional<at::Tensor>> aliased;
+      aliased.reserve(list.size());
+      for (size_t j = 0; j < list.size(); ++j) {
+        c10::IValue e = list.get(j);
+        if (e.isTensor()) aliased.push_back(zc.in(e.toTensor(), /*allow_cpu=*/true));
+        else aliased.push_back(std::nullopt);
+      }
+      v = c10::IValue(std::move(aliased));
+    }
+  }
+  // Pass 2: generators become their CPU twins (None means the device's default generator).
+  for (size_t i = 0; i < num_args; ++i) {
+    const auto& arg = schema.arguments()[i];
+    if (!is_optional_generator(arg)) continue;
+    c10::IValue& v = (*stack)[begin + i];
+    std::optional<at::Generator> gen;
+    if (v.isGenerator()) gen = v.toGenerator();
+    const int device = zc.device() >= 0 ? zc.device() : neuron::rt::current_device();
+    v = c10::IValue(cpu_twin(gen, static_cast<c10::DeviceIndex>(device)));
+  }
+
+  track_fallback(schema.operator_name());
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  zc.sync_inputs();
+
+  const size_t num_rets = schema.returns().size();
+  const size_t rbegin = stack->size() - num_rets;
+  for (size_t i = 0; i < num_rets; ++i) {
+    c10::IValue& v = (*stack)[rbegin + i];
+    if (v.isTensor()) {
+      v = zc.out(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> mapped;
+      mapped.reserve(list.size());
+      for (const at::Tensor& t : list) mapped.push_back(zc.out(t));
+      v = c10::IValue(std::move(mapped));
+    }
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,153 @@
+// c10 device guard for neuron: current device, streams and events, on top of the runtime.
+// Backs torch.Stream / torch.Event / torch.accelerator.* and every DeviceGuard in ATen.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include "../runtime/runtime.h"
+#include "allocator.h"
+
+namespace torchneuron {
+namespace {
+
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using c10::Stream;
+
+// torch.Stream(device="neuron") arrives with index -1: it means the current device
+// (indexing per-device arrays with -1 corrupts memory).
+DeviceIndex normalize(DeviceIndex index) {
+  if (index < 0) return static_cast<DeviceIndex>(neuron::rt::current_device());
+  return index;
+}
+
+void check(DeviceIndex index) {
+  try {
+    neuron::rt::check_device(index);
+  } catch (const std::out_of_range& e) {
+    TORCH_CHECK_INDEX(false, e.what());
+  }
+}
+
+Stream make_stream(DeviceIndex index, int64_t id) {
+  return Stream(Stream::UNSAFE, Device(DeviceType::PrivateUse1, index), id);
+}
+
+struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return DeviceType::PrivateUse1; }
+
+  Device exchangeDevice(Device d) const override {
+    Device old = getDevice();
+    if (d.index() != old.index()) setDevice(d);
+    return old;
+  }
+  Device getDevice() const override {
+    return Device(DeviceType::PrivateUse1, static_cast<DeviceIndex>(neuron::rt::current_device()));
+  }
+  void setDevice(Device d) const override {
+    TORCH_CHECK(d.type() == DeviceType::PrivateUse1, "expected a neuron device, got ", d);
+    DeviceIndex index = normalize(d.index());
+    check(index);
+    neuron::rt::set_current_device(index);
+  }
+  void uncheckedSetDevice(Device d) const noexcept override {
+    DeviceIndex index = normalize(d.index());
+    if (index < neuron::rt::device_count()) neuron::rt::set_current_device(index);
+  }
+
+  Stream getStream(Device d) const override {
+    DeviceIndex index = normalize(d.index());
+    check(index);
+    return make_stream(index, neuron::rt::current_stream(index));
+  }
+  Stream getDefaultStream(Device d) const override {
+    DeviceIndex index = normalize(d.index());
+    check(index);
+    return make_stream(index, neuron::rt::default_stream_id());
+  }
+  Stream getStreamFromGlobalPool(Device d, bool isHighPriority) const override {
+    DeviceIndex index = normalize(d.index());
+    check(index);
+    return make_stream(index, neuron::rt::pool_stream_id(index, isHighPriority ? -1 : 0));
+  }
+  Stream getNewStream(Device d, int priority) const override {
+    DeviceIndex index = normalize(d.index());
+    check(index);
+    return make_stream(index, neuron::rt::pool_stream_id(index, priority));
+  }
+  Stream exchangeStream(Stream s) const override {
+    DeviceIndex index = normalize(s.device_index());
+    check(index);
+    Stream old = make_stream(index, neuron::rt::current_stream(index));
+    neuron::rt::set_current_stream(index, s.id());
+    return old;
+  }
+  DeviceIndex deviceCount() const noexcept override {
+    return static_cast<DeviceIndex>(neuron::rt::device_count());
+  }
+
+  // Events: a runtime Event object behind the opaque void*.
+  void record(void** event, const Stream& stream, const DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+                "Event device index ", device_index, " does not match recording stream's device ",
+                "index ", stream.device_index(), ".");
+    auto* e = static_cast<neuron::rt::Event*>(*event);
+    if (e == nullptr) {
+      e = new neuron::rt::Event();
+      e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = e;
+    }
+    neuron::rt::record_event(e, normalize(stream.device_index()), stream.id());
+  }
+  void block(void* event, const Stream& stream) const override {
+    // Work recorded before the event has completed (synchronous execution): the stream
+    // need not wait. Still validate the pairing like a real device would.
+    auto* e = static_cast<neuron::rt::Event*>(event);
+    if (e == nullptr || !e->recorded) return;
+    (void)stream;
+  }
+  bool queryEvent(void* event) const override {
+    auto* e = static_cast<neuron::rt::Event*>(event);
+    (void)e;  // recorded or never recorded: both report completion
+    return true;
+  }
+  void destroyEvent(void* event, const DeviceIndex) const noexcept override {
+    delete static_cast<neuron::rt::Event*>(event);
+  }
+  void synchronizeEvent(void*) const override {}
+  double elapsedTime(void* start, void* end, const DeviceIndex) const override {
+    TORCH_CHECK(start && end,
+                "Both events must be recorded before calculating elapsed time.");
+    try {
+      return neuron::rt::elapsed_ms(*static_cast<neuron::rt::Event*>(start),
+                                    *static_cast<neuron::rt::Event*>(end));
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, e.what());
+    }
+  }
+
+  bool queryStream(const Stream& s) const override {
+    return neuron::rt::query_stream(normalize(s.device_index()), s.id());
+  }
+  void synchronizeStream(const Stream& s) const override {
+    neuron::rt::synchronize_stream(normalize(s.device_index()), s.id());
+  }
+  void synchronizeDevice(const DeviceIndex index) const override {
+    DeviceIndex i = normalize(index);
+    check(i);
+    neuron::rt::synchronize_device(i);
+  }
+  void recordDataPtrOnStream(const c10::DataPtr& ptr, const Stream& s) const override {
+    device_allocator()->recordStream(ptr, s);
+  }
+  c10::DeviceCapability getDeviceCapability(Device) const override {
+    c10::DeviceCapability cap;  // default: every dtype supported (CPU kernels run them)
+    return cap;
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl)
+
+}  // namespace
+}  // namespace torchneuron

@@ -1,0 +1,320 @@
+// Native neuron kernels: the metadata-only ops every backend must provide (empty, views,
+// resize, set_, copies, scalar reads), and unboxed fast paths for hot ops. Everything else
+// reaches the boxed zero-copy fallback (fallback.cpp).
+#include <ATen/EmptyTensor.h>
+#include <ATen/InferSize.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/mean_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
+#include <ATen/ops/sum_cpu_dispatch.h>
+#include <ATen/ops/_softmax_cpu_dispatch.h>
+#include <ATen/ops/_log_softmax_cpu_dispatch.h>
+#include <ATen/ops/gelu_cpu_dispatch.h>
+#include <ATen/ops/silu_cpu_dispatch.h>
+#include <ATen/ops/threshold_backward_cpu_dispatch.h>
+#include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/_local_scalar_dense_ops.h>
+#include <ATen/ops/copy.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "../runtime/runtime.h"
+#include "allocator.h"
+#include "zero_copy.h"
+
+namespace torchneuron {
+namespace {
+
+// Makes `device` current for the scope (allocations use the current device).
+struct CurrentDevice {
+  int saved;
+  explicit CurrentDevice(int device) : saved(neuron::rt::current_device()) {
+    if (device != saved) neuron::rt::set_current_device(device);
+  }
+  ~CurrentDevice() {
+    if (saved != neuron::rt::current_device()) neuron::rt::set_current_device(saved);
+  }
+};
+
+int target_device(std::optional<c10::Device> device) {
+  int d = device && device->has_index() ? device->index() : neuron::rt::current_device();
+  check_device_index(d);
+  return d;
+}
+
+// ---- factories and metadata ----------------------------------------------------------
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "neuron supports strided tensors only, not layout ", *layout);
+  CurrentDevice guard(target_device(device));
+  return at::detail::empty_generic(size, device_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "neuron supports strided tensors only, not layout ", *layout);
+  CurrentDevice guard(target_device(device));
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+void grow_storage(const at::Tensor& self, size_t needed) {
+  c10::StorageImpl* storage = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto size = C10_AS_INTARRAYREF_SLOW(sym_size);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->sizes() == size && !memory_format) return self;  // keeps existing strides
+  for (int64_t s : size) TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s);
+  impl->set_sizes_contiguous(size);
+  const size_t needed = at::detail::computeStorageNbytesContiguous(
+      size, self.dtype().itemsize(), impl->storage_offset());
+  if (impl->numel() > 0) grow_storage(self, needed);
+  if (memory_format) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
+                "Unsupported memory format ", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage storage, c10::SymInt sym_offset,
+                               c10::SymIntArrayRef sym_size, c10::SymIntArrayRef sym_stride) {
+  const int64_t offset = sym_offset.expect_int();
+  auto size = C10_AS_INTARRAYREF_SLOW(sym_size);
+  auto stride = C10_AS_INTARRAYREF_SLOW(sym_stride);
+  at::native::checkSetStorage(self, storage, offset, size, stride);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_offset(offset);
+  if (stride.data() != nullptr) impl->set_sizes_and_strides(size, stride);
+  else impl->set_sizes_contiguous(size);
+  const size_t needed = at::detail::computeStorageNbytes(size, impl->strides(),
+                                                         self.dtype().itemsize(), offset);
+  if (impl->numel() > 0) grow_storage(self, needed);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage storage) {
+  const int64_t numel = static_cast<int64_t>(storage.nbytes() / self.dtype().itemsize());
+  std::vector<int64_t> size{numel};
+  std::vector<int64_t> stride{1};
+  return set_storage_offset(self, std::move(storage), 0, c10::fromIntArrayRefSlow(size),
+                            c10::fromIntArrayRefSlow(stride));
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.unsafeGetTensorImpl() == src.unsafeGetTensorImpl()) return self;
+  return set_storage_offset(self, src.storage(), src.storage_offset(), src.sym_sizes(),
+                            src.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(), true);
+  return set_storage(self, storage);
+}
+
+// ---- copies ------------------------------------------------------------------------------
+// Cross-device copies land here (copy_ sends any copy involving PrivateUse1 to _copy_from).
+// Both sides become CPU tensors over the same bytes and the CPU copy kernel does the rest:
+// dtype conversion, broadcasting, strides, and the conj/neg bits.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  ZeroCopy zc;
+  at::Tensor src = zc.in(self, /*allow_cpu=*/true);
+  if (dst.device() != self.device() && dst.is_privateuseone() && self.is_privateuseone()) {
+    zc = ZeroCopy();  // neuron:i -> neuron:j is a legal copy: alias each side separately
+    src = zc.in(self);
+    ZeroCopy zd;
+    at::Tensor d = zd.in(dst);
+    d.copy_(src, non_blocking);
+    return dst;
+  }
+  at::Tensor d = zc.in(dst, /*allow_cpu=*/true);
+  d.copy_(src, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::Tensor d = dst;
+  d.resize_(self.sizes());
+  return copy_from(self, d, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  ZeroCopy zc;
+  return at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   zc.in(self));
+}
+
+// ---- hot ops: unboxed wrappers around CPU kernels ------------------------------------------
+template <class T> struct Arg { using type = T; };
+template <> struct Arg<const at::Tensor&> { using type = at::Tensor; };
+template <> struct Arg<at::Tensor&> { using type = at::Tensor; };
+
+template <class T> T&& map_in(ZeroCopy&, T&& v) { return std::forward<T>(v); }
+inline at::Tensor map_in(ZeroCopy& zc, const at::Tensor& t) { return zc.in(t); }
+inline at::Tensor map_in(ZeroCopy& zc, at::Tensor& t) { return zc.in(t); }
+
+template <class R> struct Out {
+  static R map(ZeroCopy&, R&& r) { return std::move(r); }
+};
+template <> struct Out<at::Tensor> {
+  static at::Tensor map(ZeroCopy& zc, at::Tensor&& r) { return zc.out(r); }
+};
+template <> struct Out<std::tuple<at::Tensor, at::Tensor>> {
+  static std::tuple<at::Tensor, at::Tensor> map(ZeroCopy& zc, std::tuple<at::Tensor, at::Tensor>&& r) {
+    return {zc.out(std::get<0>(r)), zc.out(std::get<1>(r))};
+  }
+};
+template <> struct Out<std::tuple<at::Tensor, at::Tensor, at::Tensor>> {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> map(
+      ZeroCopy& zc, std::tuple<at::Tensor, at::Tensor, at::Tensor>&& r) {
+    return {zc.out(std::get<0>(r)), zc.out(std::get<1>(r)), zc.out(std::get<2>(r))};
+  }
+};
+
+template <class Sig> struct Hot;
+template <class R, class... A> struct Hot<R(A...)> {
+  // Functional ops: alias the inputs, run the CPU kernel, adopt the result.
+  template <R (*F)(A...), const char* Name>
+  static R call(A... args) {
+    ZeroCopy zc;
+    // Braced initialisation evaluates left to right, so device checks see arguments in order.
+    std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
+    track_hot(Name);
+    R r = std::apply(F, cpu);
+    zc.sync_inputs();
+    return Out<R>::map(zc, std::move(r));
+  }
+};
+
+// In-place wrapper for ops shaped (Tensor& self, rest...).
+template <class... Rest> struct HotInplace {
+  template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
+  static at::Tensor& call(at::Tensor& self, Rest... rest) {
+    ZeroCopy zc;
+    at::Tensor s = zc.in(self);
+    std::tuple<at::Tensor&, typename Arg<Rest>::type...> cpu{s, map_in(zc, rest)...};
+    track_hot(Name);
+    std::apply(F, cpu);
+    zc.sync_inputs();
+    return self;
+  }
+};
+
+#define HOT_NAME(var, str) constexpr char var[] = str;
+HOT_NAME(kAdd, "aten::add.Tensor")
+HOT_NAME(kSub, "aten::sub.Tensor")
+HOT_NAME(kMul, "aten::mul.Tensor")
+HOT_NAME(kDiv, "aten::div.Tensor")
+HOT_NAME(kAdd_, "aten::add_.Tensor")
+HOT_NAME(kSub_, "aten::sub_.Tensor")
+HOT_NAME(kMul_, "aten::mul_.Tensor")
+HOT_NAME(kDiv_, "aten::div_.Tensor")
+HOT_NAME(kMm, "aten::mm")
+HOT_NAME(kAddmm, "aten::addmm")
+HOT_NAME(kBmm, "aten::bmm")
+HOT_NAME(kBaddbmm, "aten::baddbmm")
+HOT_NAME(kSum, "aten::sum.dim_IntList")
+HOT_NAME(kMean, "aten::mean.dim")
+HOT_NAME(kSoftmax, "aten::_softmax")
+HOT_NAME(kLogSoftmax, "aten::_log_softmax")
+HOT_NAME(kGelu, "aten::gelu")
+HOT_NAME(kSilu, "aten::silu")
+HOT_NAME(kRelu, "aten::relu")
+HOT_NAME(kThresholdBwd, "aten::threshold_backward")
+HOT_NAME(kIndexSelect, "aten::index_select")
+#undef HOT_NAME
+
+using T = at::Tensor;
+using CT = const at::Tensor&;
+using S = const at::Scalar&;
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+
+  // Hot ops.
+  m.impl("add.Tensor", TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::add, kAdd>)));
+  m.impl("sub.Tensor", TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::sub, kSub>)));
+  m.impl("mul.Tensor", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::mul, kMul>)));
+  m.impl("div.Tensor", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::div, kDiv>)));
+  m.impl("add_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::add_, kAdd_>)));
+  m.impl("sub_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::sub_, kSub_>)));
+  m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
+  m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
+  m.impl("mm", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::mm, kMm>)));
+  m.impl("addmm", TORCH_FN((Hot<T(CT, CT, CT, S, S)>::call<&at::cpu::addmm, kAddmm>)));
+  m.impl("bmm", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::bmm, kBmm>)));
+  m.impl("baddbmm", TORCH_FN((Hot<T(CT, CT, CT, S, S)>::call<&at::cpu::baddbmm, kBaddbmm>)));
+  m.impl("sum.dim_IntList",
+         TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
+                   &at::cpu::sum, kSum>)));
+  m.impl("mean.dim",
+         TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
+                   &at::cpu::mean, kMean>)));
+  m.impl("_softmax", TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, kSoftmax>)));
+  m.impl("_log_softmax",
+         TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax, kLogSoftmax>)));
+  m.impl("gelu", TORCH_FN((Hot<T(CT, c10::string_view)>::call<&at::cpu::gelu, kGelu>)));
+  m.impl("silu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::silu, kSilu>)));
+  m.impl("relu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::relu, kRelu>)));
+  m.impl("threshold_backward",
+         TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::threshold_backward, kThresholdBwd>)));
+  m.impl("index_select",
+         TORCH_FN((Hot<T(CT, int64_t, CT)>::call<&at::cpu::index_select, kIndexSelect>)));
+}
+
+// The conj/neg bits must reach the CPU copy kernel, which resolves them; without these
+// fallthroughs the Conjugate fallback clones, which copies, which recurses.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace torchneuron

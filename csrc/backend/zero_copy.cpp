@@ -1,0 +1,228 @@
+#include "zero_copy.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "../runtime/runtime.h"
+#include "allocator.h"
+
+namespace torchneuron {
+
+void check_device_index(int index) {
+  try {
+    neuron::rt::check_device(index);
+  } catch (const std::out_of_range& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+void ZeroCopy::set_device(int d) {
+  if (cpu_seen_) {
+    mismatch(at::Device(at::kCPU), at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(d)));
+  }
+  if (device_ < 0) {
+    check_device_index(d);
+    device_ = d;
+  } else if (d != device_) {
+    mismatch(at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(device_)),
+             at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(d)));
+  }
+}
+
+void ZeroCopy::mismatch(const at::Device& a, const at::Device& b) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", a, " and ", b, "! Move them with .to(device) first.");
+}
+
+c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s) {
+  for (auto& e : storages_) {
+    if (e.device_storage == s) return e.alias;
+  }
+  void* data = s->data_ptr().get();
+  const size_t nbytes = s->nbytes();
+  // Non-owning view of the device bytes. Resizable with the CPU allocator: if an out=
+  // kernel grows it, sync_inputs() adopts the new buffer into the device storage.
+  c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
+      c10::GetCPUAllocator(), /*resizable=*/true));
+  storages_.push_back({s, alias, data, nbytes});
+  return alias;
+}
+
+at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu) {
+  if (!t.defined()) return t;
+  const auto dev = t.device();
+  if (dev.type() != c10::DeviceType::PrivateUse1) {
+    if (dev.type() == c10::DeviceType::CPU && (allow_cpu || t.dim() == 0)) return t;
+    if (device_ >= 0) mismatch(at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(device_)), dev);
+    TORCH_CHECK(dev.type() == c10::DeviceType::CPU || dev.type() == c10::DeviceType::Meta,
+                "neuron operators cannot take tensors on ", dev);
+    cpu_seen_ = dev.type() == c10::DeviceType::CPU;  // an error once a neuron tensor appears
+    return t;
+  }
+  set_device(dev.index());
+  c10::TensorImpl* src = t.unsafeGetTensorImpl();
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      alias_storage(src->storage().unsafeGetStorageImpl()), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      t.dtype());
+  impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  if (src->is_conj()) impl->_set_conj(true);
+  if (src->is_neg()) impl->_set_neg(true);
+  at::Tensor alias(std::move(impl));
+  args_.push_back({t, alias});
+  return alias;
+}
+
+at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  c10::TensorImpl* src = like.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  if (src->is_conj()) impl->_set_conj(true);
+  if (src->is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+namespace {
+void release_storage_ref(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+}  // namespace
+
+at::Tensor ZeroCopy::adopt(const at::Tensor& cpu) {
+  c10::StorageImpl* cs = cpu.storage().unsafeGetStorageImpl();
+  for (auto& [key, dev_storage] : adopted_) {
+    if (key == cs) return make_device_tensor(dev_storage, cpu);
+  }
+  const int device = device_ >= 0 ? device_ : neuron::rt::current_device();
+  const size_t nbytes = cs->nbytes();
+  // The device memory *is* the CPU result's memory: keep the CPU storage alive for as long
+  // as the device storage lives (a reference, not a copy).
+  void* data = cs->data_ptr().get();
+  c10::DataPtr holder(data, new c10::Storage(cpu.storage()), &release_storage_ref,
+                      c10::Device(c10::kCPU));
+  c10::Storage dev_storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes,
+      device_allocator()->adopt(device, std::move(holder), nbytes), device_allocator(),
+      /*resizable=*/true));
+  adopted_.emplace_back(cs, dev_storage);
+  return make_device_tensor(std::move(dev_storage), cpu);
+}
+
+at::Tensor ZeroCopy::out(const at::Tensor& cpu) {
+  if (!cpu.defined() || cpu.device().type() != c10::DeviceType::CPU) return cpu;
+  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+  for (auto& a : args_) {
+    if (a.alias.unsafeGetTensorImpl() == impl) return a.device_tensor;  // in-place / out=
+  }
+  c10::StorageImpl* cs = impl->storage().unsafeGetStorageImpl();
+  for (auto& e : storages_) {
+    if (e.alias.unsafeGetStorageImpl() != cs) continue;
+    // A view of an input: a device view of the original storage, keeping the base's keys.
+    const at::Tensor* base = nullptr;
+    for (auto& a : args_) {
+      if (a.device_tensor.storage().unsafeGetStorageImpl() == e.device_storage) {
+        base = &a.device_tensor;
+        break;
+      }
+    }
+    auto view = c10::make_intrusive<c10::TensorImpl>(
+        c10::TensorImpl::VIEW, c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(e.device_storage)),
+        base ? base->key_set() : c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), cpu.dtype());
+    view->set_sizes_and_strides(impl->sizes(), impl->strides(), impl->storage_offset());
+    if (impl->is_conj()) view->_set_conj(true);
+    if (impl->is_neg()) view->_set_neg(true);
+    return at::Tensor(std::move(view));
+  }
+  return adopt(cpu);
+}
+
+void ZeroCopy::sync_inputs() {
+  for (auto& e : storages_) {
+    c10::StorageImpl* alias = e.alias.unsafeGetStorageImpl();
+    if (alias->data_ptr().get() == e.data && alias->nbytes() == e.nbytes) continue;
+    // The kernel reallocated this buffer (out= resize): make the new bytes the device
+    // storage's, in place, so every tensor sharing the storage sees them.
+    const size_t nbytes = alias->nbytes();
+    c10::DataPtr fresh = alias->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    const int device = device_ >= 0 ? device_ : neuron::rt::current_device();
+    if (fresh.get() == e.data) {
+      e.device_storage->set_nbytes(nbytes);  // shrunk in place
+    } else {
+      e.device_storage->set_data_ptr_noswap(device_allocator()->adopt(device, std::move(fresh), nbytes));
+      e.device_storage->set_nbytes(nbytes);
+    }
+    alias->set_data_ptr_noswap(c10::DataPtr(e.device_storage->data_ptr().get(), c10::Device(c10::kCPU)));
+    e.data = e.device_storage->data_ptr().get();
+    e.nbytes = nbytes;
+  }
+  for (auto& a : args_) {
+    c10::TensorImpl* al = a.alias.unsafeGetTensorImpl();
+    c10::TensorImpl* dv = a.device_tensor.unsafeGetTensorImpl();
+    if (al->sizes() != dv->sizes() || al->strides() != dv->strides() ||
+        al->storage_offset() != dv->storage_offset()) {
+      dv->set_sizes_and_strides(al->sizes(), al->strides(), al->storage_offset());
+    }
+  }
+}
+
+void resize_storage_bytes(c10::StorageImpl* impl, size_t nbytes) {
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  const size_t old = impl->nbytes();
+  int device = impl->data_ptr().device().index();
+  if (device < 0) device = neuron::rt::current_device();
+  c10::DataPtr fresh = device_allocator()->allocate_on(device, nbytes);
+  const size_t keep = std::min(old, nbytes);
+  if (keep > 0 && impl->data_ptr().get() != nullptr) std::memcpy(fresh.get(), impl->data_ptr().get(), keep);
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(nbytes);
+}
+
+// ---- op tracking ----
+namespace {
+std::atomic<bool> g_tracking{true};
+std::mutex g_track_mu;
+std::unordered_map<const c10::OperatorName*, int64_t> g_fallback_counts;
+std::unordered_map<const char*, int64_t> g_hot_counts;
+}  // namespace
+
+void track_fallback(const c10::OperatorName& name) {
+  if (!g_tracking.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_track_mu);
+  ++g_fallback_counts[&name];
+}
+
+void track_hot(const char* name) {
+  if (!g_tracking.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_track_mu);
+  ++g_hot_counts[name];
+}
+
+std::vector<std::pair<std::string, int64_t>> executed_ops(bool fallback_only) {
+  std::lock_guard<std::mutex> lock(g_track_mu);
+  std::unordered_map<std::string, int64_t> merged;
+  for (auto& [name, n] : g_fallback_counts) {
+    std::string s = name->name;
+    if (!name->overload_name.empty()) s += "." + name->overload_name;
+    merged[s] += n;
+  }
+  if (!fallback_only) {
+    for (auto& [name, n] : g_hot_counts) merged[name] += n;
+  }
+  return {merged.begin(), merged.end()};
+}
+
+void clear_op_tracking() {
+  std::lock_guard<std::mutex> lock(g_track_mu);
+  g_fallback_counts.clear();
+  g_hot_counts.clear();
+}
+
+void set_op_tracking(bool enabled) { g_tracking.store(enabled); }
+
+}  // namespace torchneuron

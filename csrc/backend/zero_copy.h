@@ -1,0 +1,79 @@
+// Zero-copy execution of CPU kernels over neuron memory.
+//
+// Device memory is host memory, so a neuron tensor's bytes can be viewed as a CPU tensor.
+// Within one op call, every device storage gets exactly one CPU alias storage (so ATen's
+// overlap checks see sharing), CPU kernels run on the aliases, and their results are mapped
+// back: an input alias returns the original device tensor, a view of an input alias becomes a
+// device view of the original storage, and a fresh CPU result is adopted into device memory
+// in place (counted by the device allocator). Nothing is copied.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <ATen/core/operator_name.h>
+#include <c10/util/SmallVector.h>
+
+#include <string>
+#include <vector>
+
+namespace torchneuron {
+
+// Device index validation with a RuntimeError naming the fix.
+void check_device_index(int index);
+
+class ZeroCopy {
+ public:
+  // ---- inputs ----
+  // Note a tensor argument: checks devices (same neuron device; CPU only as 0-dim scalars
+  // unless allow_cpu) and returns the CPU alias for neuron tensors, the tensor itself otherwise.
+  at::Tensor in(const at::Tensor& t, bool allow_cpu = false);
+  void set_device(int d);
+  int device() const { return device_; }
+
+  // ---- outputs ----
+  // Map a CPU result back to the device (see the header comment).
+  at::Tensor out(const at::Tensor& cpu);
+
+  // Adopt alias storages a CPU kernel reallocated (out= resize) and copy back the metadata
+  // of mutated arguments. Call after the kernel, before out().
+  void sync_inputs();
+
+  bool any_neuron() const { return device_ >= 0; }
+
+ private:
+  struct Entry {
+    c10::StorageImpl* device_storage;
+    c10::Storage alias;
+    void* data;
+    size_t nbytes;
+  };
+  struct Arg {
+    at::Tensor device_tensor;
+    at::Tensor alias;
+  };
+  c10::Storage alias_storage(c10::StorageImpl* s);
+  at::Tensor adopt(const at::Tensor& cpu);
+  [[noreturn]] void mismatch(const at::Device& a, const at::Device& b);
+
+  int device_ = -1;
+  bool cpu_seen_ = false;  // a non-scalar CPU tensor among the arguments
+  c10::SmallVector<Entry, 4> storages_;
+  c10::SmallVector<Arg, 6> args_;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
+};
+
+// Wrap CPU bytes as a device tensor (used for adoption and by the c10d backend).
+at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like);
+
+// Storage growth on the storage's device, keeping the old bytes (resize_, set_, hooks).
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
+
+// ---- op tracking (torchneuron.get_executed_ops) ----
+// Keys are stable addresses (the operator's name in the dispatcher, or a string literal), so
+// counting costs a hash lookup and no string building.
+void track_fallback(const c10::OperatorName& name);
+void track_hot(const char* qualified_name);
+std::vector<std::pair<std::string, int64_t>> executed_ops(bool fallback_only);
+void clear_op_tracking();
+void set_op_tracking(bool enabled);
+
+}  // namespace torchneuron

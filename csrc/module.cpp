@@ -1,0 +1,104 @@
+// torchneuron._C: the Python face of the C++ core. Only what Python cannot reach otherwise;
+// memory stats go through torch.accelerator (which reads our DeviceAllocator).
+#include <torch/csrc/Generator.h>
+#include <torch/extension.h>
+
+#include "backend/allocator.h"
+#include "backend/generator.h"
+#include "backend/zero_copy.h"
+#include "runtime/runtime.h"
+
+namespace torchneuron {
+void register_hooks();
+}
+
+namespace {
+
+std::string g_config_error;
+
+void configure(const std::vector<size_t>& capacities, const std::string& error) {
+  g_config_error = error;
+  neuron::rt::configure(capacities);
+}
+
+void lazy_init() {
+  if (!g_config_error.empty()) throw std::runtime_error(g_config_error);
+  neuron::rt::lazy_init();
+}
+
+py::object default_generator(int device) {
+  torchneuron::check_device_index(device);
+  const at::Generator& gen = torchneuron::default_generator(static_cast<c10::DeviceIndex>(device));
+  return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+}
+
+py::list memory_snapshot() {
+  py::list segments;
+  for (const auto& s : torchneuron::device_allocator()->snapshot()) {
+    py::dict seg;
+    seg["device"] = s.device;
+    seg["address"] = s.address;
+    seg["total_size"] = s.total_size;
+    seg["allocated_size"] = s.allocated_size;
+    seg["active_size"] = s.active_size;
+    seg["requested_size"] = s.requested_size;
+    seg["stream"] = s.stream;
+    seg["segment_type"] = s.is_large ? "large" : "small";
+    py::list blocks;
+    for (const auto& b : s.blocks) {
+      py::dict blk;
+      blk["address"] = b.address;
+      blk["size"] = b.size;
+      blk["requested_size"] = b.requested_size;
+      blk["state"] = b.allocated ? "active_allocated" : "inactive";
+      blocks.append(blk);
+    }
+    seg["blocks"] = blocks;
+    segments.append(seg);
+  }
+  return segments;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchneuron C++ core: emulated Neuron runtime and PyTorch PrivateUse1 glue";
+  torchneuron::register_hooks();
+
+  m.def("_configure", &configure, py::arg("capacities"), py::arg("error") = "",
+        "Set the visible devices' HBM capacities (bytes); a non-empty error is raised on use.");
+  m.def("_lazy_init", &lazy_init);
+  m.def("_is_initialized", &neuron::rt::is_initialized);
+  m.def("_in_bad_fork", &neuron::rt::in_bad_fork);
+  m.def("_device_count", &neuron::rt::device_count);
+  m.def("_current_device", &neuron::rt::current_device);
+  m.def("_set_device", [](int d) {
+    lazy_init();
+    torchneuron::check_device_index(d);
+    neuron::rt::set_current_device(d);
+  });
+  m.def("_device_capacity", [](int d) {
+    torchneuron::check_device_index(d);
+    return neuron::rt::capacity(d);
+  });
+  m.def("_device_used", [](int d) {
+    torchneuron::check_device_index(d);
+    return neuron::rt::used(d);
+  });
+  m.def("_get_default_generator", &default_generator);
+  m.def("_memory_snapshot", &memory_snapshot);
+  m.def("_host_stats", []() {
+    auto s = torchneuron::host_allocator()->get_stats();
+    py::dict d;
+    d["allocated_bytes"] = s.allocated_bytes.current;
+    d["allocated_bytes_peak"] = s.allocated_bytes.peak;
+    d["allocations"] = s.allocations.current;
+    d["num_host_alloc"] = s.num_host_alloc;
+    d["num_host_free"] = s.num_host_free;
+    return d;
+  });
+  m.def("_executed_ops", [](bool fallback_only) { return torchneuron::executed_ops(fallback_only); },
+        py::arg("fallback_only") = false);
+  m.def("_clear_op_tracking", &torchneuron::clear_op_tracking);
+  m.def("_set_op_tracking", &torchneuron::set_op_tracking);
+}

@@ -1,0 +1,73 @@
+// The emulated Neuron runtime: a small device API in the shape of a CUDA/Neuron runtime.
+//
+// It knows nothing of PyTorch (no ATen, no c10 types): devices are logical NeuronCores whose
+// "HBM" is host memory with a capacity, streams are ordered queues, events are timestamps.
+// Execution is synchronous: work submitted to a stream has completed when the call returns,
+// so every ordering primitive (wait, query, synchronize) is satisfied immediately, while
+// event timing is real. A real runtime could replace this file without touching the layers
+// above it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace neuron::rt {
+
+constexpr int kMaxDevices = 512;
+constexpr int kStreamsPerPool = 32;  // pool streams per priority, like CUDA
+constexpr int kNumPriorities = 2;    // priority 0 (low) and -1 (high)
+
+// --- devices ---------------------------------------------------------------------------
+// Called once by the Python layer with the capacity of each visible device (bytes).
+void configure(const std::vector<size_t>& capacities);
+int device_count() noexcept;
+size_t capacity(int device);
+void check_device(int device);  // throws std::out_of_range with a helpful message
+
+// Thread-local current device (default 0).
+int current_device() noexcept;
+void set_current_device(int device);
+
+// Lazy initialisation and CUDA's fork rule: the runtime initialises on first real use;
+// a child forked after that cannot use it.
+void lazy_init();  // throws std::runtime_error in a bad fork
+bool is_initialized() noexcept;
+bool in_bad_fork() noexcept;
+
+// --- device memory (HBM) ---------------------------------------------------------------
+// Raw segment allocation with the device's capacity enforced; returns nullptr when the
+// device is full. reserve/release account bytes that were allocated elsewhere (adopted).
+void* malloc(int device, size_t nbytes);
+void free(int device, void* ptr, size_t nbytes) noexcept;
+bool reserve(int device, size_t nbytes) noexcept;
+void release(int device, size_t nbytes) noexcept;
+size_t used(int device) noexcept;
+
+// --- streams ---------------------------------------------------------------------------
+// A stream id is 0 for the default stream, else 1 + priority_slot * kStreamsPerPool + idx.
+int64_t default_stream_id() noexcept;
+int64_t pool_stream_id(int device, int priority) noexcept;  // round-robin over the pool
+int stream_priority(int64_t stream_id) noexcept;
+int64_t current_stream(int device) noexcept;
+void set_current_stream(int device, int64_t stream_id) noexcept;
+// Synchronous execution: a stream is always idle once control returns to the caller.
+bool query_stream(int device, int64_t stream_id) noexcept;
+void synchronize_stream(int device, int64_t stream_id) noexcept;
+void synchronize_device(int device) noexcept;
+
+// --- events ----------------------------------------------------------------------------
+struct Event {
+  int device = -1;
+  int64_t stream_id = 0;
+  bool recorded = false;
+  bool timing = false;
+  int64_t time_ns = 0;  // steady-clock time at which all prior work on the stream completed
+};
+void record_event(Event* event, int device, int64_t stream_id) noexcept;
+// Milliseconds from start to end; throws std::invalid_argument if either is unusable.
+double elapsed_ms(const Event& start, const Event& end);
+int64_t now_ns() noexcept;
+
+}  // namespace neuron::rt

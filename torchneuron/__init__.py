@@ -1,0 +1,79 @@
+"""torchneuron: an open, emulated TorchNeuron — the native PyTorch backend for AWS Trainium.
+
+After installation ``import torch`` alone makes the ``neuron`` device usable (entry point group
+``torch.backends``; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off, then ``import
+torchneuron`` does it). The device is emulated: NeuronCores whose HBM is host memory and whose
+kernels run on the host CPU, shaped like the real part (see :mod:`torchneuron.platform`).
+
+This module must stay cheap to import: it runs inside ``import torch``. Nothing here imports
+Dynamo, Inductor or the NKI simulator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import platform
+from . import _C
+
+__version__ = "0.1.0"
+__all__ = [
+    "platform",
+    "get_executed_ops",
+    "get_fallback_ops",
+    "clear_op_tracking",
+    "set_op_tracking",
+]
+
+
+def _configure_runtime() -> None:
+    """Hand the emulated topology to the C++ runtime. A bad environment variable must not
+    break ``import torch``: it is remembered and raised on first use of the device."""
+    try:
+        topo = platform.topology()
+    except ValueError as exc:
+        _C._configure([], f"neuron is not usable: {exc}")
+        return
+    _C._configure([topo.memory_per_device] * topo.device_count, "")
+
+
+def _register() -> None:
+    if getattr(torch, "neuron", None) is not None and torch._C._get_privateuse1_backend_name() == "neuron":
+        return
+    _configure_runtime()
+    torch.utils.rename_privateuse1_backend("neuron")
+    from . import neuron as _device_module
+
+    torch._register_device_module("neuron", _device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+
+_register()
+
+
+def _autoload() -> None:
+    """Entry point run by ``import torch`` (group ``torch.backends``); importing did the work."""
+
+
+def get_executed_ops() -> dict[str, int]:
+    """ATen ops executed on neuron since the last :func:`clear_op_tracking`, with call counts."""
+    return dict(sorted(_C._executed_ops(False)))
+
+
+def get_fallback_ops() -> dict[str, int]:
+    """Ops that ran through the generic boxed path (no dedicated neuron kernel), with counts.
+
+    Every op runs on the device; these are the ones a dedicated kernel would speed up."""
+    return dict(sorted(_C._executed_ops(True)))
+
+
+def clear_op_tracking() -> None:
+    """Forget the ops recorded so far."""
+    _C._clear_op_tracking()
+
+
+def set_op_tracking(enabled: bool) -> None:
+    """Turn op tracking on or off (on by default; it costs one hash update per op)."""
+    _C._set_op_tracking(bool(enabled))

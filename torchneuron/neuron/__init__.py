@@ -1,0 +1,200 @@
+"""``torch.neuron``: the device module of the emulated Trainium device, mirroring ``torch.cuda``.
+
+Device index ``N`` of ``neuron:N`` is a logical NeuronCore (see :mod:`torchneuron.platform` for
+the topology and the environment variables that shape it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .. import _C
+from .. import platform as _platform
+from . import amp, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from ._utils import _get_device_index
+from .amp import get_amp_supported_dtype, is_bf16_supported
+from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_memory_allocated,
+                     max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
+                     memory_snapshot, memory_stats, memory_summary, reset_accumulated_memory_stats,
+                     reset_max_memory_allocated, reset_peak_memory_stats)
+from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,
+                     seed, seed_all, set_rng_state, set_rng_state_all)
+from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,
+                      stream, synchronize)
+
+__all__ = [
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device",
+    "device", "device_of", "get_device_name", "get_device_properties", "get_device_capability",
+    "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream", "default_stream",
+    "set_stream", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+    "get_amp_supported_dtype", "is_bf16_supported", "memory_stats", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
+    "mem_get_info", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
+    "streams",
+]
+
+_init_lock = threading.Lock()
+_queued_calls: list = []  # callables to run at lazy init (e.g. manual_seed before first use)
+
+
+def is_available() -> bool:
+    """True when at least one neuron device is visible (never initialises the device)."""
+    return _C._device_count() > 0
+
+
+def device_count() -> int:
+    """Number of visible logical NeuronCores."""
+    return _C._device_count()
+
+
+def _is_in_bad_fork() -> bool:
+    return _C._in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """Whether the neuron runtime has been initialised in this process."""
+    return _C._is_initialized()
+
+
+def _lazy_init() -> None:
+    """Initialise the runtime on first use. Raises in a forked child of an initialised parent
+    (CUDA's rule) and when the topology environment variables are invalid."""
+    if _C._is_initialized():
+        return
+    with _init_lock:
+        _C._lazy_init()
+        calls, _queued_calls[:] = list(_queued_calls), []
+        for fn in calls:
+            fn()
+
+
+def init() -> None:
+    """Initialise the neuron runtime explicitly (normally lazy)."""
+    _lazy_init()
+
+
+def _check_index(index: int) -> None:
+    n = device_count()
+    if not 0 <= index < n:
+        raise RuntimeError(
+            f"Invalid device index neuron:{index}: this process has {n} neuron device(s) "
+            f"(valid indices 0..{n - 1}). Check NEURON_RT_VISIBLE_CORES, "
+            "NEURON_LOGICAL_NC_CONFIG and TORCHNEURON_NUM_CHIPS.")
+
+
+def current_device() -> int:
+    """Index of the current neuron device of this thread."""
+    return _C._current_device()
+
+
+def set_device(device: Any) -> None:
+    """Make ``device`` (index, ``"neuron:N"`` or torch.device) current for this thread."""
+    index = _get_device_index(device, optional=True)
+    if index >= 0:
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current device (``None`` or -1: no change)."""
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx >= 0:
+            self.prev_idx = current_device()
+            if self.idx != self.prev_idx:
+                set_device(self.idx)
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self.idx >= 0 and self.prev_idx != self.idx:
+            set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (no-op for CPU tensors)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.is_neuron else -1)
+
+
+@dataclass(frozen=True)
+class NeuronDeviceProperties:
+    """What ``torch.neuron.get_device_properties(i)`` returns; all figures from the platform table."""
+
+    name: str
+    platform: str
+    core_version: str
+    total_memory: int
+    physical_cores: int
+    logical_core: int
+    chip: int
+    lnc: int
+    peak_tflops: dict
+    hbm_bandwidth: float  # bytes/s available to this device
+    sbuf_bytes: int
+    psum_bytes: int
+    multi_processor_count: int  # engines per logical core, for code that reads CUDA's field
+
+    def __repr__(self) -> str:
+        return (f"NeuronDeviceProperties(name='{self.name}', platform='{self.platform}', "
+                f"total_memory={self.total_memory // (1 << 20)}MB, physical_cores={self.physical_cores}, "
+                f"peak_tflops={self.peak_tflops}, hbm_bandwidth={self.hbm_bandwidth / 1e9:.0f}GB/s)")
+
+
+def get_device_properties(device: Any = None) -> NeuronDeviceProperties:
+    """Hardware properties of ``device`` (a logical NeuronCore)."""
+    index = _get_device_index(device, optional=True)
+    _check_index(index)
+    topo = _platform.topology()
+    p = topo.platform
+    per_chip = topo.logical_cores_per_chip
+    return NeuronDeviceProperties(
+        name=f"{p.chip} NeuronCore ({p.core_version}, LNC={topo.lnc})",
+        platform=p.name,
+        core_version=p.core_version,
+        total_memory=_C._device_capacity(index),
+        physical_cores=topo.lnc,
+        logical_core=topo.visible_cores[index],
+        chip=topo.chip_of(index),
+        lnc=topo.lnc,
+        peak_tflops={k: v * topo.lnc for k, v in p.tensor_tflops.items()},
+        hbm_bandwidth=p.hbm_bandwidth_per_chip / per_chip,
+        sbuf_bytes=p.sbuf_bytes_per_partition * p.sbuf_partitions * topo.lnc,
+        psum_bytes=p.psum_bytes_per_partition * p.sbuf_partitions * topo.lnc,
+        multi_processor_count=4 * topo.lnc,
+    )
+
+
+def get_device_name(device: Any = None) -> str:
+    """Name of ``device``, e.g. ``"Trainium2 NeuronCore (NeuronCore-v3, LNC=2)"``."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """(major, minor) NeuronCore version: (3, 0) on trn2, (4, 0) on trn3."""
+    props = get_device_properties(device)
+    return (int(props.core_version.rsplit("v", 1)[1]), 0)
+
+
+def get_dynamo_metrics() -> dict:
+    """torch.compile metrics of the ``neuron`` backend (compilations, cache hits, ...)."""
+    from ..compile import metrics  # lazy: keeps Dynamo out of import torch
+
+    return metrics.get()
+
+
+def reset_dynamo_metrics() -> None:
+    """Zero the torch.compile metrics."""
+    from ..compile import metrics
+
+    metrics.reset()

@@ -1,0 +1,157 @@
+"""Device memory: the caching allocator's statistics and controls (``torch.neuron.memory``).
+
+Mirrors ``torch.cuda.memory``. Statistics come from the C++ ``DeviceAllocator`` through
+``torch.accelerator``, so both APIs always agree.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from .. import _C
+from ._utils import _get_device_index
+
+__all__ = [
+    "empty_cache", "memory_stats", "memory_allocated", "max_memory_allocated",
+    "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "memory_summary",
+    "memory_snapshot", "mem_get_info", "host_memory_stats", "list_gpu_processes",
+]
+
+
+def _index(device: Any) -> int:
+    torch.neuron._lazy_init()
+    index = _get_device_index(device, optional=True)
+    torch.neuron._check_index(index)
+    return index
+
+
+def empty_cache() -> None:
+    """Return every unused cached block of every device to the (emulated) runtime."""
+    if torch.neuron.is_initialized():
+        torch._C._accelerator_emptyCache()
+
+
+def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
+    """Allocator statistics of ``device`` as a flat dict, keys as in ``torch.cuda.memory_stats``."""
+    index = _index(device)
+    stats = torch._C._accelerator_getDeviceStats(index)
+    flat: list[tuple[str, Any]] = []
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flatten(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, value))
+
+    flatten("", stats)
+    # CUDA's name for "allocated" counts is "allocation"; keep both spellings usable.
+    flat.sort()
+    return OrderedDict(flat)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently occupied by tensors on ``device``."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last reset."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes held by the caching allocator on ``device`` (allocated plus cached)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since start or the last reset."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Reset the peak counters of ``device`` to their current values."""
+    torch._C._accelerator_resetPeakStats(_index(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Alias of :func:`reset_peak_memory_stats` (CUDA's older name)."""
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Reset the accumulated (allocated/freed, retry and OOM) counters of ``device``."""
+    torch._C._accelerator_resetAccumulatedStats(_index(device))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of the emulated HBM of ``device``."""
+    index = _index(device)
+    total = _C._device_capacity(index)
+    return total - _C._device_used(index), total
+
+
+def host_memory_stats() -> dict[str, int]:
+    """Statistics of the pinned host allocator."""
+    return dict(_C._host_stats())
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """Every segment of every device with its blocks, in ``torch.cuda.memory_snapshot`` form."""
+    if not torch.neuron.is_initialized():
+        return []
+    return _C._memory_snapshot()
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:7.2f} {unit}" if unit != "B  " else f"{int(n):7d} B  "
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A human-readable table of the allocator statistics of ``device``, like CUDA's."""
+    index = _index(device)
+    stats = memory_stats(index)
+    total = _C._device_capacity(index)
+    rows = [
+        ("Allocated memory", "allocated_bytes", True),
+        ("Active memory", "active_bytes", True),
+        ("Requested memory", "requested_bytes", True),
+        ("Reserved memory", "reserved_bytes", True),
+        ("Allocations", "allocation", False),
+        ("Active allocs", "active", False),
+        ("Segments", "segment", False),
+    ]
+    width = 75
+    lines = ["=" * width,
+             f" neuron:{index} memory summary (capacity {_fmt(total).strip()}, "
+             f"platform {torch.neuron.get_device_properties(index).platform})",
+             "-" * width,
+             f" {'Metric':<22}| {'Cur Usage':>11} | {'Peak Usage':>11} | {'Tot Alloc':>11} | {'Tot Freed':>11}",
+             "-" * width]
+    pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
+    for title, key, is_bytes in rows:
+        for pool in pools:
+            vals = [stats.get(f"{key}.{pool}.{m}", 0) for m in ("current", "peak", "allocated", "freed")]
+            cells = [_fmt(v) if is_bytes else f"{v:>11d}" for v in vals]
+            label = title if pool == "all" else f"  from {pool.replace('_pool', '')} pool"
+            lines.append(f" {label:<22}| {cells[0]:>11} | {cells[1]:>11} | {cells[2]:>11} | {cells[3]:>11}")
+        lines.append("-" * width)
+    lines.append(f" OOMs: {stats.get('num_ooms', 0)}   alloc retries: {stats.get('num_alloc_retries', 0)}"
+                 f"   device allocs: {stats.get('num_device_alloc', 0)}   device frees: {stats.get('num_device_free', 0)}")
+    lines.append("=" * width)
+    return "\n".join(lines) + "\n"
+
+
+def list_gpu_processes(device: Any = None) -> str:
+    """The emulated device is private to this process."""
+    index = _index(device)
+    return f"neuron:{index}: emulated device, used only by this process"

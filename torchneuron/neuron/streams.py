@@ -1,0 +1,160 @@
+"""Streams and events (``torch.neuron.Stream`` / ``Event``), like ``torch.cuda.streams``.
+
+Built on ``torch.Stream`` and ``torch.Event``, which the C++ device guard implements. The
+emulated device executes synchronously, so work is complete when it is submitted; ordering
+primitives therefore hold trivially and timing is real host time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ._utils import _get_device_index
+
+__all__ = ["Stream", "Event", "StreamContext", "stream", "current_stream", "default_stream",
+           "set_stream", "synchronize"]
+
+
+class Stream(torch.Stream):
+    """An ordered queue of work on one neuron device.
+
+    Args:
+        device: the device (default: current).
+        priority: 0 (default) or a negative number for high priority.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if "stream_id" in kwargs:  # wrapping an existing stream
+            return super().__new__(cls, **kwargs)
+        torch.neuron._lazy_init()
+        index = _get_device_index(device, optional=True)
+        torch.neuron._check_index(index)
+        return super().__new__(cls, device=torch.device("neuron", index), priority=priority)
+
+    def wait_event(self, event: "Event") -> None:
+        """Make future work on this stream wait for ``event``."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Make future work on this stream wait for all work queued on ``stream`` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        """Record ``event`` (a new one if None) on this stream and return it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, torch.Stream):
+            return super().__eq__(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.device_index, self.stream_id))
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Stream device=neuron:{self.device_index} stream_id={self.stream_id}>"
+
+
+def _wrap(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+class Event(torch.Event):
+    """A marker in a stream, for synchronization and timing.
+
+    Args:
+        enable_timing: record time so :meth:`elapsed_time` works.
+        blocking: accepted for CUDA compatibility (synchronize always blocks here).
+        interprocess: not supported by the emulated device.
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
+        if interprocess:
+            raise NotImplementedError("interprocess events are not supported by the emulated neuron device")
+        return super().__new__(cls, device="neuron", enable_timing=enable_timing, blocking=blocking)
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        """Record on ``stream`` (default: the current stream)."""
+        if stream is None:
+            stream = current_stream()
+        super().record(stream)
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        """Make ``stream`` (default: current) wait for this event."""
+        if stream is None:
+            stream = current_stream()
+        super().wait(stream)
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Event {'recorded' if self.query() else 'pending'}>"
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` current on its device (None: no-op)."""
+
+    def __init__(self, stream: Optional[torch.Stream]):
+        self.stream = stream
+        self._prev_stream: Optional[torch.Stream] = None
+        self._prev_device: Optional[int] = None
+
+    def __enter__(self) -> Optional[torch.Stream]:
+        if self.stream is None:
+            return None
+        self._prev_device = torch.neuron.current_device()
+        if self.stream.device_index != self._prev_device:
+            torch.neuron.set_device(self.stream.device_index)
+        self._prev_stream = torch.accelerator.current_stream(self.stream.device_index)
+        torch.accelerator.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is None:
+            return
+        torch.accelerator.set_stream(self._prev_stream)
+        if self._prev_device is not None and torch.neuron.current_device() != self._prev_device:
+            torch.neuron.set_device(self._prev_device)
+
+
+def stream(stream: Optional[torch.Stream]) -> StreamContext:
+    """``with torch.neuron.stream(s):`` — run the block with ``s`` as the current stream."""
+    return StreamContext(stream)
+
+
+def current_stream(device: Any = None) -> Stream:
+    """The current stream of ``device`` (default: current device)."""
+    torch.neuron._lazy_init()
+    index = _get_device_index(device, optional=True)
+    torch.neuron._check_index(index)
+    return _wrap(torch.accelerator.current_stream(index))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream of ``device``."""
+    torch.neuron._lazy_init()
+    index = _get_device_index(device, optional=True)
+    torch.neuron._check_index(index)
+    return Stream(stream_id=0, device_index=index, device_type=_PRIVATEUSE1)
+
+
+# c10::DeviceType::PrivateUse1, as torch.Stream stores device types.
+_PRIVATEUSE1 = 20
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Make ``stream`` the current stream of its device."""
+    if stream is None:
+        return
+    torch.accelerator.set_stream(stream)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on ``device`` (all its streams) to finish."""
+    torch.neuron._lazy_init()
+    index = _get_device_index(device, optional=True)
+    torch.neuron._check_index(index)
+    torch.accelerator.synchronize(index)
