@@ -23,7 +23,7 @@ $(DEPS): $(PY) pyproject.toml setup.py
 	touch $@
 
 $(EXT): $(DEPS) $(CSRC) setup.py
-	MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace
+	flock /tmp/torchneuron-build.lock env MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace
 	touch $@
 
 build: $(EXT)

@@ -50,7 +50,27 @@ def _register() -> None:
     )
 
 
+def _patch_dlpack() -> None:
+    """``Tensor.__dlpack_device__`` knows no PrivateUse1 device in torch 2.13, although
+    ``to_dlpack``/``from_dlpack`` round-trip neuron tensors as ``kDLExtDev``. Teach it the same
+    mapping so the protocol form (``torch.from_dlpack(tensor)``) works too."""
+    original = torch.Tensor.__dlpack_device__
+    if getattr(original, "_torchneuron", False):
+        return
+
+    def __dlpack_device__(self):
+        if self.device.type == "neuron":
+            from torch.utils.dlpack import DLDeviceType
+
+            return (DLDeviceType.kDLExtDev, self.device.index)
+        return original(self)
+
+    __dlpack_device__._torchneuron = True
+    torch.Tensor.__dlpack_device__ = __dlpack_device__
+
+
 _register()
+_patch_dlpack()
 
 
 def _autoload() -> None:

@@ -176,10 +176,8 @@ Block* malloc_block(int device, size_t nbytes) {
   Block key(device, stream, size, nullptr, large);
   auto it = pool.lower_bound(&key);
   Block* block = nullptr;
-  // A cached block from this stream; do not let huge cached blocks serve small requests
-  // (that is what fragments memory).
-  if (it != pool.end() && (*it)->stream == stream &&
-      !((*it)->size >= kMinLargeAlloc && (*it)->size > 2 * size + kRoundLarge)) {
+  // The smallest cached block of this stream that fits (best fit); it is split below.
+  if (it != pool.end() && (*it)->stream == stream) {
     block = *it;
     pool.erase(it);
   } else {

@@ -5,6 +5,7 @@
 #include <ATen/InferSize.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -28,6 +29,8 @@
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -82,6 +85,18 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
+}
+
+// Zero tensors (autograd's efficient zeros) own no memory: the ZeroTensor key makes every
+// kernel treat them as zeros. Built like CPU's, with the neuron key.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory) {
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(target_device(device)));
+  at::native::ZeroTensorAllocator allocator(dev);
+  auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+              c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &allocator, keys, c10::dtype_or_default(dtype), std::nullopt);
 }
 
 void grow_storage(const at::Tensor& self, size_t needed) {
@@ -174,6 +189,40 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
                                                    zc.in(self));
 }
 
+// ---- convolution ----------------------------------------------------------------------
+// at::_convolution sends devices it does not know to the "overrideable" entry points; run the
+// CPU convolution (which picks mkldnn/slow paths itself) over aliases of the device memory.
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+                                    c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+                                    bool transposed, c10::SymIntArrayRef output_padding,
+                                    c10::SymInt groups) {
+  ZeroCopy zc;
+  at::Tensor in = zc.in(input), w = zc.in(weight);
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = zc.in(*bias);
+  track_hot("aten::convolution_overrideable");
+  return zc.out(at::convolution_symint(in, w, b, stride, padding, dilation, transposed,
+                                       output_padding, std::move(groups)));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+    bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
+    std::array<bool, 3> output_mask) {
+  ZeroCopy zc;
+  at::Tensor go = zc.in(grad_output), in = zc.in(input), w = zc.in(weight);
+  std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};
+  track_hot("aten::convolution_backward_overrideable");
+  auto grads = at::convolution_backward_symint(
+      go, in, w,
+      output_mask[2] ? at::OptionalSymIntArrayRef(bias_sizes) : at::OptionalSymIntArrayRef(std::nullopt),
+      stride, padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+  return std::make_tuple(zc.out(std::get<0>(grads)), zc.out(std::get<1>(grads)),
+                         zc.out(std::get<2>(grads)));
+}
+
 // ---- hot ops: unboxed wrappers around CPU kernels ------------------------------------------
 template <class T> struct Arg { using type = T; };
 template <> struct Arg<const at::Tensor&> { using type = at::Tensor; };
@@ -263,6 +312,7 @@ using S = const at::Scalar&;
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
@@ -274,6 +324,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 
   // Hot ops.
   m.impl("add.Tensor", TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::add, kAdd>)));

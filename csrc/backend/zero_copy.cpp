@@ -81,8 +81,10 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu) {
 }
 
 at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  // A zero tensor's storage holds no data: losing the key would make kernels read it.
+  if (like._is_zerotensor()) keys = keys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys, like.dtype());
   c10::TensorImpl* src = like.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
   if (src->is_conj()) impl->_set_conj(true);

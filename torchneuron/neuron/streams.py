@@ -33,20 +33,9 @@ class Stream(torch.Stream):
         torch.neuron._check_index(index)
         return super().__new__(cls, device=torch.device("neuron", index), priority=priority)
 
-    def wait_event(self, event: "Event") -> None:
-        """Make future work on this stream wait for ``event``."""
-        event.wait(self)
-
     def wait_stream(self, stream: torch.Stream) -> None:
         """Make future work on this stream wait for all work queued on ``stream`` so far."""
         self.wait_event(stream.record_event())
-
-    def record_event(self, event: Optional["Event"] = None) -> "Event":
-        """Record ``event`` (a new one if None) on this stream and return it."""
-        if event is None:
-            event = Event()
-        event.record(self)
-        return event
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, torch.Stream):
@@ -64,34 +53,33 @@ def _wrap(s: torch.Stream) -> Stream:
     return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-class Event(torch.Event):
-    """A marker in a stream, for synchronization and timing.
+class _EventMeta(type):
+    # torch.Event's C++ methods accept only exact torch.Event objects as the *other* event
+    # (elapsed_time, wait), so neuron events are plain torch.Events on the neuron device and
+    # isinstance() recognises them.
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
+
+
+class Event(metaclass=_EventMeta):
+    """A marker in a stream, for synchronization and timing (a ``torch.Event`` on neuron).
 
     Args:
-        enable_timing: record time so :meth:`elapsed_time` works.
+        enable_timing: record time so ``elapsed_time`` works.
         blocking: accepted for CUDA compatibility (synchronize always blocks here).
         interprocess: not supported by the emulated device.
+
+    Methods (from ``torch.Event``): ``record(stream=None)``, ``wait(stream=None)``, ``query()``,
+    ``synchronize()``, ``elapsed_time(end_event)`` in milliseconds.
     """
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False,
+                interprocess: bool = False) -> torch.Event:  # type: ignore[misc]
         if interprocess:
             raise NotImplementedError("interprocess events are not supported by the emulated neuron device")
-        return super().__new__(cls, device="neuron", enable_timing=enable_timing, blocking=blocking)
-
-    def record(self, stream: Optional[torch.Stream] = None) -> None:
-        """Record on ``stream`` (default: the current stream)."""
-        if stream is None:
-            stream = current_stream()
-        super().record(stream)
-
-    def wait(self, stream: Optional[torch.Stream] = None) -> None:
-        """Make ``stream`` (default: current) wait for this event."""
-        if stream is None:
-            stream = current_stream()
-        super().wait(stream)
-
-    def __repr__(self) -> str:
-        return f"<torch.neuron.Event {'recorded' if self.query() else 'pending'}>"
+        torch.neuron._lazy_init()
+        return torch.Event(torch.device("neuron", torch.neuron.current_device()),
+                           enable_timing=enable_timing, blocking=blocking)
 
 
 class StreamContext:
