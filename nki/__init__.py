@@ -6,6 +6,13 @@ as ``torchneuron.nki``, ``torchneuron.nki.language`` and ``torchneuron.nki.isa``
 
 import sys as _sys
 
+try:
+    # torchneuron/__init__.py imports torch, whose backend autoload imports torchneuron again;
+    # importing torch first keeps that from meeting a half-initialised torchneuron.
+    import torch as _torch  # noqa: F401
+except ImportError:  # the simulator itself needs only numpy
+    pass
+
 import torchneuron.nki as _impl
 from torchneuron.nki import *  # noqa: F401,F403
 from torchneuron.nki import __all__, __version__, isa, language  # noqa: F401

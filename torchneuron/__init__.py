@@ -11,10 +11,21 @@ Dynamo, Inductor or the NKI simulator.
 
 from __future__ import annotations
 
-import torch
 
-from . import platform
-from . import _C
+def _autoload() -> None:
+    """Entry point run at the end of ``import torch`` (group ``torch.backends``).
+
+    Defined before ``import torch`` below: when ``import torchneuron`` comes first, that import
+    runs torch's autoload, which finds this module half-initialised; the registration then
+    happens when this module's own import continues."""
+    if "_register" in globals():
+        _register()
+
+
+import torch  # noqa: E402
+
+from . import platform  # noqa: E402
+from . import _C  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
@@ -71,10 +82,6 @@ def _patch_dlpack() -> None:
 
 _register()
 _patch_dlpack()
-
-
-def _autoload() -> None:
-    """Entry point run by ``import torch`` (group ``torch.backends``); importing did the work."""
 
 
 def get_executed_ops() -> dict[str, int]:

@@ -189,6 +189,11 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
                                                    zc.in(self));
 }
 
+// Tensor.record_stream: tell the caching allocator the block is used on another stream.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  device_allocator()->recordStream(self.storage().data_ptr(), stream);
+}
+
 // ---- convolution ----------------------------------------------------------------------
 // at::_convolution sends devices it does not know to the "overrideable" entry points; run the
 // CPU convolution (which picks mkldnn/slow paths itself) over aliases of the device memory.
@@ -324,6 +329,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 

@@ -141,7 +141,7 @@ class _Benchmark(_Simulation):
         res = _run(self.fn, args, kwargs, lnc=lnc, platform=self.platform,
                    numerics=self.numerics, seed=self.seed)
         outs = _to_kind_of(res.outputs, args, kwargs) if self.numerics else None
-        return analyze(res.programs, res.platform, outs)
+        return analyze(res.programs, res.platform, outs, max(res.peak_sbuf, default=0))
 
 
 def benchmark(kernel: Any, platform: str = "trn2", *, numerics: bool = True,

@@ -35,6 +35,9 @@ class Call:
         if not isinstance(x, NkiTensor):
             self.fail(NKIArgumentError, f"`{arg}` must be a tensor (nl.ndarray or a slice of one), "
                       f"got {type(x).__name__}", fix=f"pass a tile for `{arg}`")
+        if x.indirect is not None and self.op != "dma_copy":
+            self.fail(NKIArgumentError, f"`{arg}` has an indirect access pattern, which only "
+                      "dma_copy supports", fix="gather with nisa.dma_copy first")
         return x
 
     def on_chip(self, t: NkiTensor, arg: str, psum: bool = True, sbuf: bool = True,
@@ -81,7 +84,25 @@ class Call:
         t = self.tensor(t, arg)
         self.on_chip(t, arg, psum=psum, engine=engine)
         self.partitions(t, arg)
+        self.access_dims(t, arg)
         return t
+
+    def access_dims(self, t: NkiTensor, arg: str) -> None:
+        """ISA access patterns address at most 4 free dimensions (after merging contiguous ones)."""
+        if t.ndim <= 5:
+            return
+        dims = [(n, s) for n, s in zip(t.data.shape[1:], t.data.strides[1:]) if n != 1]
+        merged = 0
+        prev = None
+        for n, s in reversed(dims):
+            if prev is None or s != prev[0] * prev[1]:
+                merged += 1
+            prev = (n, s)
+        if merged > 4:
+            self.fail(NKIShapeError, f"`{arg}` {t._desc()} needs a {merged}-D free access pattern; "
+                      "instructions address at most 4 free dimensions",
+                      fix="reshape the tile so that contiguous dimensions merge, or split the "
+                          "instruction", rule="access-pattern")
 
     def same_partitions(self, a: NkiTensor, an: str, b: NkiTensor, bn: str) -> None:
         if a.shape[0] != b.shape[0]:

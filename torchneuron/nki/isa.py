@@ -18,10 +18,10 @@ import numpy as np
 from . import dtypes as dt
 from . import perf_model as pm
 from .checks import Call
-from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIPlatformError,
-                     NKIShapeError)
+from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIOutOfBoundsError,
+                     NKIPlatformError, NKIShapeError)
 from .ops import OPS, Op, op_from_any
-from .tensor import NkiTensor
+from .tensor import NkiTensor, describe
 from .tracer import Instr, current, user_frame
 
 
@@ -78,6 +78,8 @@ class nc_version(Enum):
 
 
 _RC = reduce_cmd
+_DGE = dge_mode
+_OOB = oob_mode
 
 _GEN = {"trn1": nc_version.gen2, "trn2": nc_version.gen3, "trn3": nc_version.gen4}
 
@@ -130,6 +132,33 @@ def _f32(t: NkiTensor) -> np.ndarray:
     if a.dtype != np.float32:
         a = a.astype(np.float32)
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
+
+
+def _out_f32(dst: NkiTensor) -> np.ndarray | None:
+    """A writable float32 (P, F) view of ``dst`` to compute into directly, or None.
+
+    Computing with ``out=`` straight into the destination avoids a temporary and a copy per
+    instruction, which dominates simulation time for large tiles.
+    """
+    a = dst.data
+    if a.dtype != np.float32 or dst.dtype is dt.tfloat32 or not a.flags.writeable:
+        return None
+    if a.ndim == 2:
+        return a
+    try:
+        return np.reshape(a, (a.shape[0], -1), copy=False)
+    except ValueError:
+        return None
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.strides == b.strides and a.shape == b.shape)
+
+
+def _mark(dst: NkiTensor) -> None:
+    if dst.storage.written is not None:
+        _flags(dst)[...] = True
 
 
 def _write(dst: NkiTensor, values: np.ndarray) -> None:
@@ -211,7 +240,7 @@ def _run_bytes(a: np.ndarray) -> int:
     return run
 
 
-def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
+def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None) -> None:
     """Copy ``src`` to ``dst`` with a DMA queue (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM).
 
@@ -234,17 +263,68 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
                f"{src._desc()} has {src.size}", fix="slice src and dst to the same number of elements")
     if dst.storage.buffer.on_chip and dst.shape[0] > ctx.platform.sbuf_partitions:
         c.partitions(dst, "dst")
+    if dge_mode is _DGE.hwdge and src.dtype != dst.dtype:
+        c.fail(NKIDtypeError, f"hardware-DGE DMAs cannot convert dtypes ({dt.name(src.dtype)} -> "
+               f"{dt.name(dst.dtype)})", fix="use matching dtypes, or dge_mode=nisa.dge_mode.swdge / "
+               "the default to let the DMA cast through fp32", rule="dtype")
     nbytes = dst.size * dst.itemsize
     run = min(_run_bytes(dst.data), _run_bytes(src.data))
     hbm_bytes = (src.size * src.itemsize if src.storage.buffer.is_hbm else 0) + \
         (nbytes if dst.storage.buffer.is_hbm else 0)
-    _emit(c, "dma", 0.0, [src], [dst], nbytes=int(pm.dma_cost_bytes(nbytes, run)),
+    idx_reads = [t.indirect[0] for t in (src, dst)
+                 if t.indirect is not None and isinstance(t.indirect[0], NkiTensor)]
+    _emit(c, "dma", 0.0, [src] + idx_reads, [dst], nbytes=int(pm.dma_cost_bytes(nbytes, run)),
           hbm_bytes=hbm_bytes)
-    if ctx.numerics:
+    if ctx.numerics and (src.indirect is not None or dst.indirect is not None):
+        _indirect_copy(c, dst, src, oob_mode)
+    elif ctx.numerics:
         v = src.data
         if src.dtype != dst.dtype and not (dt.is_int(src.dtype) and dt.is_int(dst.dtype)):
             v = v.astype(np.float32)  # DMA casts go through fp32
         _write(dst, v.reshape(dst.shape) if v.shape != dst.shape else v)
+
+
+def _index_values(t: NkiTensor) -> np.ndarray:
+    idx = t.indirect[0]
+    return idx.data.astype(np.int64) if isinstance(idx, NkiTensor) else np.array([idx], np.int64)
+
+
+def _resolve(c: Call, t: NkiTensor, arg: str, mode) -> tuple[np.ndarray, np.ndarray]:
+    """(element offsets, in-bounds mask) of an indirect view for the current index values."""
+    idx = _index_values(t)
+    offs = t.indirect_offsets(idx)
+    ok = (offs >= 0) & (offs < t.storage.array.size)
+    if not ok.all() and mode is not _OOB.skip:
+        flat_idx = idx.reshape(-1)
+        if t.indirect[4]:  # vector offsets: one index per row of pattern dim 0
+            flat_idx = flat_idx[~ok.reshape(ok.shape[0], -1).all(axis=1)]
+        bad = sorted(set(flat_idx.tolist()))[:8]
+        c.fail(NKIOutOfBoundsError, f"indirect `{arg}` index value(s) {bad} address outside "
+               f"{describe(t.storage.array.shape, t.storage.dtype, t.storage.buffer)}",
+               fix="clamp the indices, or pass oob_mode=nisa.oob_mode.skip to skip those rows",
+               rule="out-of-bounds")
+    return offs, ok
+
+
+def _indirect_copy(c: Call, dst: NkiTensor, src: NkiTensor, mode) -> None:
+    """Gather (indirect src) and/or scatter (indirect dst); out-of-bounds rows are skipped
+    when ``oob_mode=skip``."""
+    if src.indirect is not None:
+        offs, ok = _resolve(c, src, "src", mode)
+        vals = src.storage.array.reshape(-1)[np.where(ok, offs, 0)]
+    else:
+        vals, ok = src.data, np.ones(src.shape, bool)
+    if src.dtype != dst.dtype and not (dt.is_int(src.dtype) and dt.is_int(dst.dtype)):
+        vals = vals.astype(np.float32)
+    vals = dt.cast(vals, dst.dtype)
+    if dst.indirect is not None:
+        doffs, dok = _resolve(c, dst, "dst", mode)
+        mask = dok & ok.reshape(doffs.shape)
+        dst.storage.array.reshape(-1)[doffs[mask]] = vals.reshape(doffs.shape)[mask]
+    else:
+        ok = ok.reshape(dst.shape)
+        cur = dst.data
+        _write(dst, np.where(ok, vals.reshape(dst.shape), cur) if not ok.all() else vals.reshape(dst.shape))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +334,7 @@ _MATMUL_IN = (dt.bfloat16, dt.float16, dt.tfloat32, dt.float32, dt.float8_e4m3, 
               dt.float8_e4m3fn, dt.int8, dt.uint8)
 
 
-def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
+def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=matmul_perf_mode.none, name=None) -> None:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on TensorE, fp32 accumulation in PSUM.
@@ -334,7 +414,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _write(dst, res)
 
 
-def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=None) -> None:
     """Transpose partition and free axes: ``dst = data.T``.
 
     TensorE (dst in PSUM; data up to [128, 128]) or VectorE (dst in SBUF; up to [32, 32]).
@@ -366,7 +446,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
 # --------------------------------------------------------------------------------------------
 # ScalarE / VectorE / GpSimd
 # --------------------------------------------------------------------------------------------
-def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+def activation(dst: NkiTensor, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None) -> None:
     """ScalarE: ``dst = op(data * scale + bias)``; optionally ``reduce_res = add-reduce(dst)``.
 
@@ -390,24 +470,40 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if red.reducer is None:
             c.fail(NKIArgumentError, f"reduce_op={red!r} cannot reduce", fix="use nl.add")
     n = x.free_size()
+    limit = 4096 if _any_psum(x) else 65536
+    if n > limit:
+        c.fail(NKIShapeError, f"data {x._desc()} has {n} elements per partition; ScalarE reads at "
+               f"most {limit} per instruction from {'PSUM' if limit == 4096 else 'SBUF'}",
+               fix="split the free dimension across several activation calls",
+               rule="scalar-free-size")
     cyc = max(64, n) / pm.scalar_speedup(ctx.platform, _all16(x, dst)) + (64 if red else 0)
     reads = [x] + [t for t in (b, sc) if isinstance(t, NkiTensor)]
     _emit(c, "scalar", cyc, reads, [dst] + ([reduce_res] if reduce_res is not None else []))
     if not ctx.numerics:
         return
     v = _f32(x)
+    out = _out_f32(dst)
+    if out is not None and np.may_share_memory(out, v) and not _same_view(out, v):
+        out = None  # partially overlapping views: compute into a temporary
+    tmp = out if out is not None else np.empty(v.shape, np.float32)
     if not (isinstance(sc, float) and sc == 1.0):
-        v = v * _scalar_arg(sc)
+        v = np.multiply(v, _scalar_arg(sc), out=tmp)
     if b is not None:
-        v = v + _scalar_arg(b)
-    y = o.fn(v)
-    _write(dst, y)
+        v = np.add(v, _scalar_arg(b), out=tmp)
+    if isinstance(o.fn, np.ufunc):
+        y = o.fn(v, out=tmp)
+    else:
+        y = o.fn(v)
+    if out is not None and y is out:
+        _mark(dst)
+    else:
+        _write(dst, y)
     if red is not None:
         _accumulate(c, "scalar", reduce_cmd, red.reducer(np.asarray(y, np.float32), axis=1,
                                                          keepdims=True), red, reduce_res)
 
 
-def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> None:
+def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine=engine.unknown, name=None) -> None:
     """``dst = op(data1, data2)`` elementwise (Vector or GpSimd engine); inputs may not both be in PSUM."""
     ctx, c = _start("tensor_tensor")
     eng = _engine(c, engine, "vector", ("vector", "gpsimd"))
@@ -431,11 +527,16 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> No
         if o.kind == "bitwise":
             r = _apply(o, a.data.reshape(a.shape[0], -1), b.data.reshape(b.shape[0], -1))
         else:
+            out = _out_f32(dst)
+            if out is not None and isinstance(o.fn, np.ufunc):
+                o.fn(_f32(a), _f32(b), out=out)
+                _mark(dst)
+                return
             r = o.fn(_f32(a), _f32(b))
         _write(dst, r)
 
 
-def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
+def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False, op1=None, operand1=None,
                   reverse1=False, engine=engine.unknown, name=None) -> None:
     """``dst = (data op0 operand0) op1 operand1``; operands are scalars or [P, 1] tiles.
 
@@ -459,8 +560,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     cyc = _vec_cycles(c, n, "tensor_scalar", x, dst) if eng != "scalar" else max(64, n)
     _emit(c, eng, cyc, [x] + [t for t in (s0, s1) if isinstance(t, NkiTensor)], [dst])
     if ctx.numerics:
+        out = _out_f32(dst)
         if o0.kind == "bitwise":
             v = _apply(o0, x.data.reshape(x.shape[0], -1), _scalar_arg(s0), reverse0)
+        elif out is not None and isinstance(o0.fn, np.ufunc) and o1 is None:
+            a0, b0 = (_scalar_arg(s0), _f32(x)) if reverse0 else (_f32(x), _scalar_arg(s0))
+            o0.fn(a0, b0, out=out)
+            _mark(dst)
+            return
         else:
             v = _apply(o0, _f32(x), _scalar_arg(s0), reverse0)
         if o1 is not None:
@@ -468,7 +575,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         _write(dst, v)
 
 
-def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
                          name=None) -> None:
     """VectorE: ``dst = (data op0 operand0) op1 operand1`` with ``operand0`` a scalar/[P, 1]
     tile and ``operand1`` a tile shaped like ``data``."""
@@ -505,7 +612,7 @@ def _norm_axes(c: Call, axis, ndim: int) -> tuple:
     return tuple(sorted(set(out)))
 
 
-def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None) -> None:
+def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepdims=False, name=None) -> None:
     """VectorE: reduce ``data`` along free ``axis`` (int or tuple) with ``op`` (add, maximum,
     minimum, multiply...); ``negate`` negates the result."""
     ctx, c = _start("tensor_reduce")
@@ -525,9 +632,11 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None) 
     fast = _all16(x) and o.name in ("add", "maximum")
     _emit(c, "vector", max(64.0, n / 2 if fast else n), [x], [dst])
     if ctx.numerics:
-        v = x.data.astype(np.float32) if o.kind != "bitwise" else x.data.astype(np.int64)
-        r = o.reducer(v.reshape(v.shape) if len(axes) == 1 else v, axis=axes[0]) if len(axes) == 1 \
-            else _reduce_many(o, v, axes)
+        if o.kind == "bitwise":
+            v = x.data.astype(np.int64)
+        else:
+            v = x.data if x.data.dtype == np.float32 else x.data.astype(np.float32)
+        r = _reduce_many(o, v, axes)
         if negate:
             r = -r
         _write(dst, r)
@@ -539,7 +648,7 @@ def _reduce_many(o: Op, v: np.ndarray, axes: tuple) -> np.ndarray:
     return v
 
 
-def tensor_copy(dst, src, engine=engine.unknown, name=None) -> None:
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None) -> None:
     """Copy ``src`` to ``dst`` on chip (Vector, Scalar or GpSimd engine), converting the dtype."""
     ctx, c = _start("tensor_copy")
     eng = _engine(c, engine, "vector", ("vector", "scalar", "gpsimd"))
@@ -560,7 +669,7 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None) -> None:
         _write(dst, v.reshape(dst.shape))
 
 
-def memset(dst, value, engine=engine.unknown, name=None) -> None:
+def memset(dst: NkiTensor, value, engine=engine.unknown, name=None) -> None:
     """Fill ``dst`` with the constant ``value`` (Vector or GpSimd engine)."""
     ctx, c = _start("memset")
     eng = _engine(c, engine, "vector", ("vector", "gpsimd"))
@@ -573,7 +682,7 @@ def memset(dst, value, engine=engine.unknown, name=None) -> None:
         _write(dst, np.full(dst.shape, value, dtype=np.float64 if dt.is_float(dst.dtype) else np.int64))
 
 
-def reciprocal(dst, data, name=None) -> None:
+def reciprocal(dst: NkiTensor, data: NkiTensor, name=None) -> None:
     """VectorE: ``dst = 1 / data``."""
     ctx, c = _start("reciprocal")
     dst = c.compute_operand(dst, "dst")
@@ -585,7 +694,7 @@ def reciprocal(dst, data, name=None) -> None:
             _write(dst, np.float32(1) / _f32(x))
 
 
-def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+def exponential(dst: NkiTensor, src: NkiTensor, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                 reduce_init=0.0, name=None) -> None:
     """VectorE (NeuronCore-v4 only): ``dst = exp(src - max_value)``, optional add-reduce."""
     ctx, c = _start("exponential")
@@ -611,7 +720,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
             _accumulate(c, "vector", reduce_cmd, part, OPS["add"], reduce_res)
 
 
-def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False,
+def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initial, op0, op1, reverse0=False, reverse1=False,
                        name=None) -> None:
     """VectorE scan along the free dim: ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]``,
     ``r[-1] = initial`` (scalar or [P, 1] tile)."""
@@ -661,7 +770,7 @@ def _affine(pairs: list, p: int, offset: int, channel_multiplier: int) -> np.nda
     return ch + v[None, :] + offset
 
 
-def iota(dst, pattern, offset=0, channel_multiplier=0, name=None) -> None:
+def iota(dst: NkiTensor, pattern, offset=0, channel_multiplier=0, name=None) -> None:
     """GpSimd: ``dst[p, i...] = offset + p * channel_multiplier + sum(i_k * step_k)``."""
     ctx, c = _start("iota")
     dst = c.compute_operand(dst, "dst", psum=False, engine="the GpSimd engine")
@@ -675,7 +784,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None) -> None:
         _write(dst, _affine(pairs, dst.shape[0], int(offset), int(channel_multiplier)))
 
 
-def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
+def affine_select(dst: NkiTensor, pattern, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
                   cmp_op=OPS["equal"], offset=0, name=None) -> None:
     """GpSimd: ``dst = where(cmp_op(affine, 0), on_true_tile, on_false_value)`` with
     ``affine = offset + p * channel_multiplier + sum(i_k * step_k)`` (e.g. causal masks)."""
@@ -695,7 +804,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
         _write(dst, np.where(pred, _f32(t), np.float32(on_false_value)))
 
 
-def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
+def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0, bound1,
                  reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=OPS["maximum"],
                  range_start=0.0, on_false_value=-3.4028235e+38, name=None) -> None:
     """VectorE: keep ``on_true_tile[p, i]`` where ``comp_op0(range_start + i, bound0[p])`` and
@@ -723,7 +832,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
             _accumulate(c, "vector", reduce_cmd, red.reducer(y, axis=1, keepdims=True), red, reduce_res)
 
 
-def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                   reduce_op=OPS["maximum"], reverse_pred=False, name=None) -> None:
     """VectorE: ``dst = where(predicate != 0, on_true, on_false)`` (``on_false`` tile or scalar),
     optionally reducing ``dst`` along the free dim into ``reduce_res``."""
@@ -757,7 +866,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
             _accumulate(c, "vector", reduce_cmd, red.reducer(y, axis=1, keepdims=True), red, reduce_res)
 
 
-def bn_stats(dst, data, name=None) -> None:
+def bn_stats(dst: NkiTensor, data: NkiTensor, name=None) -> None:
     """VectorE: per partition ``(count, mean, var*count)`` of the even and of the odd elements
     of ``data`` (at most 512 per partition) -> ``dst`` [P, 6]."""
     ctx, c = _start("bn_stats")
@@ -786,7 +895,7 @@ def bn_stats(dst, data, name=None) -> None:
         _write(dst, np.stack(cols, axis=1))
 
 
-def bn_aggr(dst, data, name=None) -> None:
+def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None) -> None:
     """VectorE: combine ``(count, mean, var*count)`` triples (from bn_stats) into
     ``dst`` [P, 2] = (mean, variance)."""
     ctx, c = _start("bn_aggr")
@@ -810,7 +919,7 @@ def bn_aggr(dst, data, name=None) -> None:
         _write(dst, np.stack([gmean, gm2 / safe], axis=1))
 
 
-def max8(dst, src, name=None) -> None:
+def max8(dst: NkiTensor, src: NkiTensor, name=None) -> None:
     """VectorE: the 8 largest values of each partition, in descending order -> ``dst`` [P, 8]."""
     ctx, c = _start("max8")
     dst = c.compute_operand(dst, "dst")
@@ -829,7 +938,7 @@ def max8(dst, src, name=None) -> None:
         _write(dst, -np.sort(-top, axis=1))
 
 
-def nc_find_index8(dst, data, vals, name=None) -> None:
+def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals, name=None) -> None:
     """VectorE: for each of the 8 values per partition in ``vals``, the index of its first
     occurrence in ``data`` (flattened free dim) -> ``dst`` [P, 8] (uint32)."""
     ctx, c = _start("nc_find_index8")
@@ -849,7 +958,7 @@ def nc_find_index8(dst, data, vals, name=None) -> None:
         _write(dst, idx)
 
 
-def dropout(dst, data, prob, name=None) -> None:
+def dropout(dst: NkiTensor, data: NkiTensor, prob, name=None) -> None:
     """VectorE: zero each element with probability ``prob`` (scalar or [P, 1] tile); survivors
     are not rescaled."""
     ctx, c = _start("dropout")

@@ -207,7 +207,7 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     _isa.dma_copy(dst, value)
 
 
-def copy(x: NkiTensor, dtype=None) -> NkiTensor:
+def _copy(x: NkiTensor, dtype=None) -> NkiTensor:
     """A copy of an on-chip tile in a new SBUF tile (VectorE)."""
     t = ndarray(x.shape, dtype or x.dtype, sbuf)
     _isa.tensor_copy(t, x)
@@ -223,7 +223,7 @@ def transpose(x: NkiTensor, dtype=None) -> NkiTensor:
     ps = ndarray((f, p), float32 if x.dtype == float32 else x.dtype, psum)
     eye = shared_identity_matrix(p, x.dtype)
     _isa.nc_matmul(ps, x, eye, is_transpose=True)
-    return copy(ps, dtype or x.dtype)
+    return _copy(ps, dtype or x.dtype)
 
 
 def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, dtype=None) -> NkiTensor:
@@ -235,7 +235,7 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, dtype=None) ->
     m = stat.shape[1] if stat.ndim == 2 else None
     ps = ndarray((m, y.shape[1] if y.ndim == 2 else 1), float32, psum)
     _isa.nc_matmul(ps, stat, y)
-    return copy(ps, dtype or float32)
+    return _copy(ps, dtype or float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +309,9 @@ def _binary(op: Op):
 
 for _name, _op in OPS.items():
     _op.impl = _unary(_op) if _op.kind == "unary" else _binary(_op)
+# nl.copy is both the tile-copy wrapper and the identity activation (`activation(op=nl.copy)`).
+OPS["copy"].impl = _copy
+copy = OPS["copy"]
 
 add = OPS["add"]
 subtract = OPS["subtract"]

@@ -18,11 +18,14 @@ partition of the free dimension):
 Seconds = cycles / the engine clock of the platform (``torchneuron.platform``).
 
 DMA: a transfer is split into ``min(dma_queues, bytes // 64 KiB)`` (at least one) equal
-chunks; each chunk occupies one DMA queue (least-loaded first) for ``dma_fixed_cost_s +
-chunk_bytes / dma_queue_bytes_per_ns`` (bytes counted in descriptor units: each contiguous
+chunks; each chunk occupies one DMA queue for ``dma_fixed_cost_s + chunk_bytes /
+dma_queue_bytes_per_ns``, taking the earliest gap on any queue at or after the moment its
+data is ready (DMAs are triggered by their dependencies, so a store waiting for its data does
+not block later loads) (bytes counted in descriptor units: each contiguous
 run costs at least 64 bytes). Transfers that touch HBM also reserve
-a per-core HBM channel for ``bytes / (hbm_bandwidth_per_chip / physical_cores_per_chip)``, so
-the aggregate of all queues never exceeds the core's share of HBM bandwidth.
+a per-core HBM channel for ``bytes / (hbm_bandwidth_per_chip / physical_cores_per_chip)``
+(also the earliest free gap), so the aggregate of all queues never exceeds the core's share of
+HBM bandwidth.
 
 Scheduling: every engine (and DMA queue) executes its instructions in program order; an
 instruction starts when its engine is free and every earlier instruction it depends on
@@ -32,8 +35,7 @@ allocation) has finished. LNC=2 programs run on separate physical cores in paral
 
 from __future__ import annotations
 
-import heapq
-import json
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,12 +117,48 @@ def _covers(a: tuple, b: tuple) -> bool:
     return a[1] <= b[1] and b[2] <= a[2] and a[3] <= b[3] and b[4] <= a[4]
 
 
+class _Timeline:
+    """Busy intervals of one resource (a DMA queue, the HBM channel), sorted and disjoint."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def slot(self, ready: float, dur: float) -> float:
+        """Earliest start >= ready of a free gap of length ``dur``."""
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(ends, ready)
+        t = ready
+        n = len(starts)
+        while i < n and starts[i] < t + dur:
+            if ends[i] > t:
+                t = ends[i]
+            i += 1
+        return t
+
+    def book(self, start: float, end: float) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(starts, start)
+        if i and ends[i - 1] >= start:  # touches the previous interval: extend it
+            ends[i - 1] = max(ends[i - 1], end)
+            i -= 1
+        else:
+            starts.insert(i, start)
+            ends.insert(i, end)
+        while i + 1 < len(starts) and starts[i + 1] <= ends[i]:  # swallow what it now reaches
+            ends[i] = max(ends[i], ends.pop(i + 1))
+            starts.pop(i + 1)
+
+
 def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
     """Schedule one program's instruction stream on one physical core."""
     free = {e: 0.0 for e in COMPUTE_ENGINES}
     nq = platform.dma_queues
-    queues = [(0.0, q) for q in range(nq)]  # heap of (free time, queue)
-    hbm_free = 0.0
+    queues = [_Timeline() for _ in range(nq)]
+    hbm = _Timeline()
+    rr = 0
     hbm_bw = hbm_bytes_per_s_per_core(platform)
     q_bw = platform.dma_queue_bytes_per_ns * 1e9
     fixed = platform.dma_fixed_cost_s
@@ -145,20 +183,32 @@ def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
         if ins.engine == "dma":
             # Large transfers are split across queues (as the compiler spreads descriptors over
             # DMA rings); each chunk pays the fixed cost on its own queue.
+            # A DMA is triggered when its inputs are ready, so a transfer waiting for data does
+            # not hold up later, independent transfers: chunks take the earliest free gap.
             chunks = max(1, min(nq, ins.nbytes // DMA_SPLIT_BYTES))
             cb = ins.nbytes / chunks
             hb = ins.hbm_bytes / chunks
+            dq = fixed + cb / q_bw
+            dh = hb / hbm_bw
             end = 0.0
             for _ in range(chunks):
-                qfree, q = heapq.heappop(queues)
-                t0 = max(qfree, ready)
-                cend = t0 + fixed + cb / q_bw
-                if hb:
-                    hs = max(t0 + fixed, hbm_free)
-                    hbm_free = hs + hb / hbm_bw
-                    cend = max(cend, hbm_free)
-                heapq.heappush(queues, (cend, q))
-                events.append(Event(ins, f"dma{q}", t0, cend, program, int(cb)))
+                best_t, best_q = None, 0
+                for j in range(nq):
+                    q = (rr + j) % nq
+                    t = queues[q].slot(ready, dq)
+                    if best_t is None or t < best_t:
+                        best_t, best_q = t, q
+                        if t <= ready:
+                            break
+                rr = (best_q + 1) % nq
+                t0 = best_t
+                cend = t0 + dq
+                if dh:
+                    hs = hbm.slot(t0 + fixed, dh)
+                    hbm.book(hs, hs + dh)
+                    cend = max(cend, hs + dh)
+                queues[best_q].book(t0, cend)
+                events.append(Event(ins, f"dma{best_q}", t0, cend, program, int(cb)))
                 end = max(end, cend)
         else:
             t0 = max(free[ins.engine], ready)
@@ -203,7 +253,8 @@ class BenchmarkResult:
     ``latency_us``: modelled end-to-end time; ``engine_busy_us``: busy time per engine (``dma``
     is the time at least one DMA queue is active; ``dma_queue_avg`` the mean per-queue busy
     time); ``mfu``: TensorE FLOPs / (latency x peak FLOP/s of the matmul dtype x cores);
-    ``dma_bytes``: bytes moved by DMAs; ``instructions``: instruction count.
+    ``dma_bytes``: bytes moved by DMAs; ``instructions``: instruction count;
+    ``sbuf_peak_bytes``: peak live SBUF bytes per partition; ``outputs``: simulated outputs.
     """
 
     platform: str
@@ -216,6 +267,7 @@ class BenchmarkResult:
     num_programs: int
     matmul_dtype: str
     outputs: Any = None
+    sbuf_peak_bytes: int = 0  # peak live SBUF bytes per partition (max over programs)
     events: list = field(default_factory=list, repr=False)
 
     def save_trace(self, path: str) -> str:
@@ -230,7 +282,8 @@ class BenchmarkResult:
                 f"{self.dma_bytes / 1e6:.2f} MB DMA; busy us: {busy}")
 
 
-def analyze(programs: list[list[Instr]], platform, outputs: Any = None) -> BenchmarkResult:
+def analyze(programs: list[list[Instr]], platform, outputs: Any = None,
+            sbuf_peak: int = 0) -> BenchmarkResult:
     """Schedule every program and summarise into a :class:`BenchmarkResult`."""
     events: list[Event] = []
     for pid, instrs in enumerate(programs):
@@ -261,4 +314,5 @@ def analyze(programs: list[list[Instr]], platform, outputs: Any = None) -> Bench
     peak = platform.peak_flops(mm_dtype) if mm_dtype else 0.0
     mfu = flops / (latency * peak * nprog) if latency > 0 and peak > 0 else 0.0
     return BenchmarkResult(platform.name, latency * 1e6, busy, mfu, flops, dma_bytes,
-                           sum(len(p) for p in programs), nprog, mm_dtype, outputs, events)
+                           sum(len(p) for p in programs), nprog, mm_dtype, outputs, sbuf_peak,
+                           events)

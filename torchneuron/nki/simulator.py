@@ -152,6 +152,10 @@ def _collect_output(ret: Any, where: str) -> Any:
 
 def _materialise(ret: Any) -> Any:
     if isinstance(ret, NkiTensor):
+        st = ret.storage
+        if ret.data is st.array and not st.external:
+            # A whole output allocation is owned by this run only: hand it over without a copy.
+            return st.array
         return np.array(ret.data)
     if isinstance(ret, (tuple, list)):
         return type(ret)(_materialise(r) for r in ret)
@@ -179,7 +183,7 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
     kernel_file = getattr(getattr(fn, "__code__", None), "co_filename", None)
     for pid in range(lnc):
         ctx = KernelContext(plat, pid, launch, numerics=numerics, seed=seed, kernel_file=kernel_file)
-        with activate(ctx):
+        with activate(ctx), _SingleThreadBlas():
             wargs = [_wrap(s) for s in specs]
             wkwargs = {k: _wrap(v) for k, v in kwspecs.items()}
             ret = _collect_output(fn(*wargs, **wkwargs), f"program {pid}")
@@ -223,3 +227,48 @@ def numpy_to_torch(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: numpy_to_torch(v) for k, v in x.items()}
     return x
+
+
+class _SingleThreadBlas:
+    """Run numpy's OpenBLAS single-threaded while a kernel simulates.
+
+    Matmul tiles are at most [128, 128] x [128, 512]: threading them gains nothing, and
+    OpenBLAS worker threads spin-waiting on a loaded machine made each tile 100x slower.
+    Uses threadpoolctl when installed, else OpenBLAS's per-thread setter; no-op otherwise.
+    """
+
+    _setter = None
+    _resolved = False
+
+    @classmethod
+    def _resolve(cls):
+        if cls._resolved:
+            return cls._setter
+        cls._resolved = True
+        try:
+            import ctypes
+            import glob
+            import os
+            libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+            for path in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+                lib = ctypes.CDLL(path)
+                fn = getattr(lib, "openblas_set_num_threads_local", None)
+                if fn is not None:
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_int]
+                    cls._setter = fn
+                    break
+        except OSError:
+            cls._setter = None
+        return cls._setter
+
+    def __enter__(self):
+        fn = self._resolve()
+        self.prev = fn(1) if fn is not None else None
+        return self
+
+    def __exit__(self, *exc):
+        fn = self._setter
+        if fn is not None and self.prev is not None and self.prev > 0:
+            fn(self.prev)
+        return False

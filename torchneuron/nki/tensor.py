@@ -9,6 +9,7 @@ never strided, and indexing it with an integer keeps it (size 1).
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,7 +59,7 @@ class Storage:
     """One allocation. Freed (for SBUF/PSUM accounting) when garbage-collected."""
 
     __slots__ = ("sid", "buffer", "array", "dtype", "name", "row_bytes", "base_ptr", "written",
-                 "bank", "__weakref__")
+                 "bank", "external", "__weakref__")
 
     def __init__(self, sid: int, buffer: Buffer, array: np.ndarray, dtype, name: str):
         self.sid = sid
@@ -70,6 +71,33 @@ class Storage:
         self.base_ptr = array.__array_interface__["data"][0]
         self.written = None  # PSUM: per-element "has been written" flags for accumulate=None
         self.bank = None
+        self.external = False  # memory owned by the caller (a kernel input)
+
+
+# Recycled host memory for on-chip tiles. Fresh multi-megabyte numpy arrays come from mmap and
+# page-fault on first touch, which cost more than the arithmetic of a whole instruction.
+_POOL: dict[int, list] = {}
+_POOL_STATE = {"bytes": 0}
+_POOL_MIN = 64 * 1024
+_POOL_LIMIT = 128 * 1024 * 1024
+
+
+def _take(nbytes: int) -> np.ndarray:
+    lst = _POOL.get(nbytes)
+    if lst:
+        try:
+            raw = lst.pop()
+            _POOL_STATE["bytes"] -= nbytes
+            return raw
+        except IndexError:  # another thread took it
+            pass
+    return np.empty(nbytes, np.uint8)
+
+
+def _give(raw: np.ndarray) -> None:
+    if _POOL_STATE["bytes"] + raw.nbytes <= _POOL_LIMIT:
+        _POOL.setdefault(raw.nbytes, []).append(raw)
+        _POOL_STATE["bytes"] += raw.nbytes
 
 
 def describe(shape, dtype, buffer) -> str:
@@ -127,9 +155,17 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None) ->
                     location=loc)
             return NkiTensor(st, st.array, dtype)
     sid = ctx.new_sid()
-    arr = np.empty(shape, dtype=dt.storage(dtype))
+    sdt = dt.storage(dtype)
+    raw = None
+    if buffer.on_chip and math.prod(shape) * sdt.itemsize >= _POOL_MIN:
+        raw = _take(math.prod(shape) * sdt.itemsize)
+        arr = raw.view(sdt).reshape(shape)
+    else:
+        arr = np.empty(shape, dtype=sdt)
     arr.fill(dt.sentinel(dtype))
     st = Storage(sid, buffer, arr, dtype, name or f"t{sid}")
+    if raw is not None:
+        weakref.finalize(st, _give, raw)
     if buffer is sbuf:
         nbytes = math.prod(shape[1:]) * dtype.itemsize
         ctx.sbuf.allocate(sid, nbytes, desc, loc)
@@ -148,6 +184,7 @@ def wrap_array(arr: np.ndarray, dtype, name: str, buffer: Buffer = hbm) -> "NkiT
     """Make a kernel input: an HBM tensor sharing memory with ``arr`` (writes go back to it)."""
     ctx = current()
     st = Storage(ctx.new_sid(), buffer, arr, dtype, name)
+    st.external = True
     return NkiTensor(st, arr, dtype)
 
 
@@ -188,13 +225,18 @@ def _norm_slice(s: slice, n: int, axis: int, t: "NkiTensor", loc, partition: boo
 class NkiTensor:
     """A tensor in HBM, SBUF or PSUM (a view of a :class:`Storage`)."""
 
-    __slots__ = ("storage", "data", "dtype")
+    __slots__ = ("storage", "data", "dtype", "_region", "_offset", "indirect")
     __array_priority__ = 1000
 
     def __init__(self, storage: Storage, data: np.ndarray, dtype):
         self.storage = storage
         self.data = data
         self.dtype = dtype
+        self._region = None  # a view never changes where it points: cache its geometry
+        self._offset = None
+        # Indirect (dynamic-offset) access pattern, resolved by dma_copy at run time:
+        # (index tensor or int, indirect_dim, base element, [(stride, count), ...], is_vector)
+        self.indirect = None
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -228,7 +270,9 @@ class NkiTensor:
         return f"NkiTensor({self.name}: {self._desc()})"
 
     def byte_offset(self) -> int:
-        return self.data.__array_interface__["data"][0] - self.storage.base_ptr
+        if self._offset is None:
+            self._offset = self.data.__array_interface__["data"][0] - self.storage.base_ptr
+        return self._offset
 
     def partition_start(self) -> int:
         return self.byte_offset() // self.storage.row_bytes
@@ -239,10 +283,15 @@ class NkiTensor:
 
     def region(self) -> tuple:
         """Bounding box ``(sid, row0, row1, byte0, byte1)`` of the bytes this view touches."""
+        if self._region is None:
+            self._region = self._compute_region()
+        return self._region
+
+    def _compute_region(self) -> tuple:
         a = self.data
         st = self.storage
         rb = st.row_bytes
-        off = a.__array_interface__["data"][0] - st.base_ptr
+        off = self.byte_offset()
         rows = 0
         cols = a.itemsize
         for n, s in zip(a.shape, a.strides):
@@ -303,6 +352,10 @@ class NkiTensor:
 
     def __getitem__(self, key) -> "NkiTensor":
         loc = None
+        if self.indirect is not None:
+            raise NKIArgumentError(f"cannot slice an indirect access pattern ({self._desc()})",
+                                   fix="express the whole access in the .ap() pattern",
+                                   location=user_location())
         if not isinstance(key, tuple):
             key = (key,)
         if any(k is Ellipsis for k in key):
@@ -384,12 +437,14 @@ class NkiTensor:
 
         The first pair addresses rows (partitions on chip); ``offset`` is in elements from the
         start of this view. Every address the pattern reaches must lie inside the storage.
+        ``vector_offset`` (an SBUF [P, 1] index tile; HBM tensors only) or ``scalar_offset`` (an
+        int or [1, 1] SBUF tile) make pattern dimension ``indirect_dim`` run-time indexed: such
+        gather/scatter views are accepted by ``nisa.dma_copy`` only.
         """
         loc = user_location()
-        if scalar_offset is not None or vector_offset is not None:
-            raise NKIArgumentError(
-                "indirect access patterns (scalar_offset / vector_offset) are not supported by this "
-                "simulator", fix="gather rows with one dma_copy per index range", location=loc)
+        if self.indirect is not None:
+            raise NKIArgumentError(f"{self._desc()} already has an indirect access pattern",
+                                   fix="call .ap() on the tensor itself", location=loc)
         try:
             pairs = [(int(s), int(c)) for s, c in pattern]
         except (TypeError, ValueError):
@@ -408,6 +463,8 @@ class NkiTensor:
                 f"{pairs[0][0]} elements; on-chip the first pair must step one partition "
                 f"({row_elems} elements)", fix=f"use [[{row_elems}, P], ...] as the first pair",
                 location=loc, rule="partition-stride")
+        if scalar_offset is not None or vector_offset is not None:
+            return self._indirect_ap(pairs, base, scalar_offset, vector_offset, int(indirect_dim), loc)
         lo = base + sum(min(0, s * (c - 1)) for s, c in pairs)
         hi = base + sum(max(0, s * (c - 1)) for s, c in pairs)
         if lo < 0 or hi >= st.array.size:
@@ -419,6 +476,71 @@ class NkiTensor:
         view = np.lib.stride_tricks.as_strided(flat[base:], shape=tuple(c for _, c in pairs),
                                                strides=tuple(s * item for s, _ in pairs))
         return self._view(view)
+
+    def _indirect_ap(self, pairs, base, scalar_offset, vector_offset, dim, loc) -> "NkiTensor":
+        """A gather/scatter view: dimension ``dim`` of the pattern is indexed by run-time values."""
+        st = self.storage
+        if vector_offset is not None and scalar_offset is not None:
+            raise NKIArgumentError("vector_offset and scalar_offset are mutually exclusive",
+                                   fix="pass only one of them", location=loc)
+        if not 0 <= dim < len(pairs):
+            raise NKIArgumentError(f"indirect_dim={dim} is not a dimension of pattern {pairs}",
+                                   fix=f"use an indirect_dim in [0, {len(pairs)})", location=loc)
+        if vector_offset is not None:
+            idx = vector_offset
+            if not isinstance(idx, NkiTensor) or idx.buffer is not sbuf:
+                raise NKIArgumentError("vector_offset must be an SBUF tile of indices (one per partition)",
+                                       fix="DMA the indices into an SBUF tile [P, 1] first", location=loc)
+            if not st.buffer.is_hbm:
+                raise NKIArgumentError(f"vector_offset indexes HBM tensors; {self._desc()} is on chip",
+                                       fix="call .ap(vector_offset=...) on the HBM tensor", location=loc)
+            if dim != 0 or idx.shape[0] != pairs[0][1] or idx.free_size() != 1:
+                raise NKIShapeError(
+                    f"vector_offset {idx._desc()} must hold one index per partition of pattern dim 0 "
+                    f"({pairs[0][1]}), with indirect_dim=0", fix=f"pass a [{pairs[0][1]}, 1] index tile",
+                    location=loc)
+            is_vector = True
+        else:
+            idx = scalar_offset
+            if isinstance(idx, NkiTensor):
+                if idx.buffer is not sbuf or idx.size != 1:
+                    raise NKIArgumentError("scalar_offset must be an int or a [1, 1] SBUF tile",
+                                           fix="load the offset into a [1, 1] SBUF tile", location=loc)
+            else:
+                idx = int(idx)
+            is_vector = False
+        # The template view (index 0 in the indirect dim) gives shape and element count.
+        others = [(s if i != dim else 0, c) for i, (s, c) in enumerate(pairs)]
+        lo = base + sum(min(0, s * (c - 1)) for s, c in others)
+        hi = base + sum(max(0, s * (c - 1)) for s, c in others)
+        if lo < 0 or hi >= st.array.size:
+            raise NKIOutOfBoundsError(f"access pattern {pairs} reaches elements [{lo}, {hi}] outside "
+                                      f"{self._desc()}", fix="reduce the counts or the offset",
+                                      location=loc)
+        item = st.array.itemsize
+        view = np.lib.stride_tricks.as_strided(st.array.reshape(-1)[base:],
+                                               shape=tuple(c for _, c in others),
+                                               strides=tuple(s * item for s, _ in others))
+        t = self._view(view)
+        t.indirect = (idx, dim, base, pairs, is_vector)
+        # Run-time indices may reach anywhere: the dependency region is the whole allocation.
+        t._region = (st.sid, 0, st.array.shape[0] if st.array.ndim else 1, 0, st.row_bytes)
+        return t
+
+    def indirect_offsets(self, index_values: np.ndarray) -> np.ndarray:
+        """Element offsets into the storage of every pattern position, for run-time indices."""
+        idx, dim, base, pairs, is_vector = self.indirect
+        off = np.full((), base, dtype=np.int64)
+        for i, (s, c) in enumerate(pairs):
+            if i == dim:
+                if is_vector:
+                    g = index_values.reshape(-1).astype(np.int64) * s
+                else:
+                    g = np.arange(c, dtype=np.int64) * s + int(index_values.reshape(-1)[0]) * s
+            else:
+                g = np.arange(c, dtype=np.int64) * s
+            off = off[..., None] + g.reshape((1,) * off.ndim + (c,))
+        return off
 
     # -- arithmetic sugar (maps to nl.*) ----------------------------------------------------
     def _nl(self, name, *args):

@@ -39,7 +39,7 @@ def matmul_kernel(lhsT, rhs):
         b_next = [None] * KT
         for m in range(MT):
             # Software pipelining: issue the DMAs the *next* iteration needs before this
-            # iteration's matmuls, so the in-order DMA queues never wait behind a store.
+            # iteration's matmuls, so they overlap TensorE work instead of stalling it.
             if n == 0 and m + 1 < MT:
                 load_a(m + 1)
             if n + 1 < NT:
