@@ -85,6 +85,7 @@ PYBIND11_MODULE(_C, m) {
     torchneuron::check_device_index(d);
     return neuron::rt::used(d);
   });
+  m.def("_stream_priority", &neuron::rt::stream_priority);
   m.def("_get_default_generator", &default_generator);
   m.def("_memory_snapshot", &memory_snapshot);
   m.def("_host_stats", []() {

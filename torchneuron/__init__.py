@@ -80,8 +80,24 @@ def _patch_dlpack() -> None:
     torch.Tensor.__dlpack_device__ = __dlpack_device__
 
 
+def _let_autograd_threads_finish() -> None:
+    """At exit, give autograd's neuron device threads a moment to drop their last graph task.
+
+    Backward on neuron runs on an autograd device thread. After finishing a graph task that
+    thread still releases it, which takes the GIL; if the main thread has meanwhile reached
+    interpreter shutdown, the thread is killed mid-destructor and the process aborts
+    ("terminate called without an active exception"). Releasing the GIL briefly here lets
+    it finish first."""
+    import time
+
+    time.sleep(0.005)
+
+
 _register()
 _patch_dlpack()
+import atexit as _atexit  # noqa: E402
+
+_atexit.register(_let_autograd_threads_finish)
 
 
 def get_executed_ops() -> dict[str, int]:

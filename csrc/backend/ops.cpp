@@ -189,6 +189,22 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
                                                    zc.in(self));
 }
 
+// `module.to("neuron")` moves parameters with `param.data = moved` only when ATen calls the
+// two tensors "shallow-copy compatible"; torch 2.13 knows CPU/CUDA/... but not PrivateUse1,
+// so nn.Module._apply would create *new* Parameters and silently untie shared weights (GPT-2's
+// embedding and LM head). Dense CPU and neuron tensors are compatible: same TensorImpl type.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain_dense = [](const at::Tensor& t) {
+    const auto ks = t.key_set();
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) &&
+           (ks.has_backend(c10::BackendComponent::CPUBit) ||
+            ks.has_backend(c10::BackendComponent::PrivateUse1Bit)) &&
+           !ks.has(c10::DispatchKey::Python) && !ks.has(c10::DispatchKey::Functionalize);
+  };
+  if (plain_dense(self) && plain_dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 // Tensor.record_stream: tell the caching allocator the block is used on another stream.
 void record_stream(at::Tensor& self, c10::Stream stream) {
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
@@ -330,6 +346,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 

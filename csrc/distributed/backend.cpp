@@ -74,10 +74,21 @@ const char* op_name(OpType t) {
 // small). Dumped by the watchdog on a fault, and on request from Python.
 struct FrEntry {
   uint64_t id = 0;  // position in the ring's history (monotonic)
-  std::string pg, op, shapes, dtype, state;
+  std::string pg;
+  const char* op = "";
+  const char* state = "scheduled";
+  // Shapes are kept raw and formatted only when dumped: recording sits on every op's path.
+  std::vector<std::vector<int64_t>> ins, outs;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
   uint64_t seq = 0;
   int rank = -1;
   int64_t created_us = 0, completed_us = -1;
+
+  static void shapes(std::ostream& os, const std::vector<std::vector<int64_t>>& v) {
+    os << "[";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << c10::IntArrayRef(v[i]);
+    os << "]";
+  }
 };
 
 class FlightRecorder {
@@ -113,8 +124,13 @@ class FlightRecorder {
     int64_t now = now_us();
     for (const auto& e : ring_) {
       os << "{\"record_id\": " << e.id << ", \"pg\": \"" << e.pg << "\", \"rank\": " << e.rank
-         << ", \"seq\": " << e.seq << ", \"op\": \"" << e.op << "\", \"shapes\": \"" << e.shapes
-         << "\", \"dtype\": \"" << e.dtype << "\", \"state\": \"" << e.state
+         << ", \"seq\": " << e.seq << ", \"op\": \"" << e.op << "\", \"shapes\": \"";
+      FrEntry::shapes(os, e.ins);
+      os << " -> ";
+      FrEntry::shapes(os, e.outs);
+      os << "\", \"dtype\": \""
+         << (e.dtype == c10::ScalarType::Undefined ? "" : c10::toString(e.dtype))
+         << "\", \"state\": \"" << e.state
          << "\", \"age_ms\": " << (now - e.created_us) / 1000.0 << ", \"duration_ms\": "
          << (e.completed_us < 0 ? -1.0 : (e.completed_us - e.created_us) / 1000.0) << "}\n";
     }
@@ -228,6 +244,8 @@ struct State {
   }
 };
 
+class Completer;
+
 class NeuronWork : public Work {
  public:
   NeuronWork(int rank, OpType op, uint64_t seq, std::vector<intrusive_ptr<Work>> inner,
@@ -261,6 +279,7 @@ class NeuronWork : public Work {
   }
 
   bool isCompleted() override {
+    ensure_completer();
     std::lock_guard<std::mutex> g(st_->mu);
     return st_->done;
   }
@@ -275,19 +294,31 @@ class NeuronWork : public Work {
   int sourceRank() const override { return inner_.size() == 1 ? inner_[0]->sourceRank() : -1; }
   std::vector<at::Tensor> result() override { return st_->outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
-  intrusive_ptr<c10::ivalue::Future> getFuture() override { return st_->future; }
+  // A lazy Work's Future needs the completer thread; hand it over only when somebody can
+  // observe completion without calling wait() (Future, isCompleted, the watchdog), so a plain
+  // blocking call costs no thread hand-off.
+  intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    ensure_completer();
+    return st_->future;
+  }
+  void set_completer(std::shared_ptr<Completer> c) { completer_ = std::move(c); }
+  void ensure_completer();
 
   bool wait(std::chrono::milliseconds timeout) override {
     observed_ = true;
     waiters_++;
     struct Dec { std::atomic<int>& n; ~Dec() { n--; } } dec{waiters_};
-    if (!lazy_) {
+    // Exactly one thread may wait on a lazy inner Work (gloo's p2p buffers do not support two
+    // waiters): whoever claims it first, this caller or the completer thread.
+    bool mine = !lazy_ || !claimed_.exchange(true);
+    if (mine) {
       try {
         for (auto& w : inner_) w->wait(timeout);
       } catch (...) {
         st_->finish(std::current_exception());
         throw;
       }
+      if (lazy_) st_->finish(nullptr);
     }
     // Inner futures' callbacks may still be running on the transport thread; wait() on our
     // Future also makes the current neuron stream wait for the recorded completion events.
@@ -303,6 +334,7 @@ class NeuronWork : public Work {
 
   // Completer thread: block on the inner Works (gloo enforces its timeout there).
   void complete_blocking() {
+    if (claimed_.exchange(true)) return;  // a caller of wait() owns it
     try {
       for (auto& w : inner_) w->wait();
     } catch (...) {
@@ -336,6 +368,9 @@ class NeuronWork : public Work {
   uint64_t seq_;
   Clock::time_point start_;
   bool lazy_ = false;
+  std::shared_ptr<Completer> completer_;
+  std::atomic<bool> queued_{false};
+  std::atomic<bool> claimed_{false};
   std::atomic<bool> observed_{false};
   std::atomic<int> waiters_{0};
 };
@@ -373,6 +408,10 @@ class Completer : public std::enable_shared_from_this<Completer> {
       auto w = q_.front();
       q_.pop_front();
       g.unlock();
+      // Leave a blocking caller, which calls wait() right after issuing, a moment to claim the
+      // Work itself: that saves a thread hand-off per send/recv/reduce-scatter.
+      auto age = Clock::now() - w->start();
+      if (age < std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::milliseconds(1) - age);
       w->complete_blocking();
       w.reset();
       g.lock();
@@ -383,6 +422,11 @@ class Completer : public std::enable_shared_from_this<Completer> {
   std::deque<intrusive_ptr<NeuronWork>> q_;
   bool started_ = false, stop_ = false;
 };
+
+void NeuronWork::ensure_completer() {
+  if (!lazy_ || !completer_ || claimed_ || queued_.exchange(true)) return;
+  completer_->push(c10::intrusive_ptr<NeuronWork>::reclaim_copy(this));
+}
 
 class ProcessGroupNeuron : public c10d::Backend {
  public:
@@ -645,21 +689,10 @@ class ProcessGroupNeuron : public c10d::Backend {
     return st;
   }
 
-  std::string describe(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
-                       std::string* dtype) {
-    std::ostringstream os;
-    auto add = [&](const std::vector<at::Tensor>& v) {
-      os << "[";
-      for (size_t i = 0; i < v.size() && i < 8; ++i) os << (i ? ", " : "") << v[i].sizes();
-      if (v.size() > 8) os << ", ...";
-      os << "]";
-    };
-    add(ins);
-    os << " -> ";
-    add(outs);
-    const auto& any = !ins.empty() ? ins : outs;
-    *dtype = any.empty() ? "" : c10::toString(any[0].scalar_type());
-    return os.str();
+  static std::vector<std::vector<int64_t>> sizes_of(const std::vector<at::Tensor>& v) {
+    std::vector<std::vector<int64_t>> out;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) out.push_back(v[i].sizes().vec());
+    return out;
   }
 
   template <typename F>
@@ -678,8 +711,10 @@ class ProcessGroupNeuron : public c10d::Backend {
     e.op = op_name(op);
     e.seq = seq;
     e.rank = getRank();
-    e.shapes = describe(ins, outs, &e.dtype);
-    e.state = "scheduled";
+    e.ins = sizes_of(ins);
+    e.outs = sizes_of(outs);
+    const auto& any = !ins.empty() ? ins : outs;
+    if (!any.empty()) e.dtype = any[0].scalar_type();
     st->fr_id = FlightRecorder::get().record(std::move(e));
     intrusive_ptr<Work> inner;
     try {
@@ -691,7 +726,7 @@ class ProcessGroupNeuron : public c10d::Backend {
     auto w = c10::make_intrusive<NeuronWork>(getRank(), op, seq,
                                              std::vector<intrusive_ptr<Work>>{inner}, st);
     if (coalescing_) coalesced_.push_back(w);
-    if (w->lazy()) completer_->push(w);
+    if (w->lazy()) w->set_completer(completer_);
     if (watchdog_.joinable()) {
       std::lock_guard<std::mutex> g(wd_mu_);
       inflight_.push_back(w);
@@ -722,7 +757,9 @@ class ProcessGroupNeuron : public c10d::Backend {
         if (w->done()) {
           if (!w->error() || w->observed()) continue;  // success, or reported to a waiter
           if (w->failed_seen == Clock::time_point{}) w->failed_seen = now;
-          if (now - w->failed_seen > grace && !fault) {
+          // A failure past the timeout (gloo's own timeout) is acted on at once; an early one
+          // gets a grace period so a blocking caller can reach wait() and take the error.
+          if ((now - w->start() >= timeout_ || now - w->failed_seen > grace) && !fault) {
             fault = w;
             why = "failed while no one was waiting for it";
           }
@@ -730,6 +767,7 @@ class ProcessGroupNeuron : public c10d::Backend {
           continue;
         }
         auto age = now - w->start();
+        if (w->waiters() == 0 && age > std::chrono::milliseconds(50)) w->ensure_completer();
         bool stuck = w->waiters() == 0 ? age > timeout_ : age > timeout_ + grace;
         if (stuck && !fault) {
           fault = w;

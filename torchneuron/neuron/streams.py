@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import _C
 from ._utils import _get_device_index
 
 __all__ = ["Stream", "Event", "StreamContext", "stream", "current_stream", "default_stream",
@@ -32,6 +33,11 @@ class Stream(torch.Stream):
         index = _get_device_index(device, optional=True)
         torch.neuron._check_index(index)
         return super().__new__(cls, device=torch.device("neuron", index), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        """0 for normal streams, -1 for high-priority ones."""
+        return _C._stream_priority(self.stream_id)
 
     def wait_stream(self, stream: torch.Stream) -> None:
         """Make future work on this stream wait for all work queued on ``stream`` so far."""
