@@ -300,6 +300,113 @@ template <class... Rest> struct HotInplace {
   }
 };
 
+// ---- hot ops with outputs from the device pool ----------------------------------------------
+// The functional CPU kernels allocate their result with the host allocator, which for large
+// results means fresh pages (page faults) on every call, plus adoption bookkeeping. When the
+// result's shape and dtype are plain to compute, take it from the device's caching allocator
+// instead and let the CPU `.out` kernel write it.
+at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  CurrentDevice guard(zc.device() >= 0 ? zc.device() : neuron::rt::current_device());
+  return at::detail::empty_generic(sizes, device_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
+                                   std::nullopt);
+}
+
+bool plain(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
+
+// Elementwise ops over same-shaped contiguous operands (or 0-dim scalars).
+template <class OutCall, class FuncCall>
+at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c10::ScalarType dtype,
+                       OutCall out_call, FuncCall func_call) {
+  if (plain(a) && plain(b) && (a.dim() == 0 || b.dim() == 0 || a.sizes() == b.sizes())) {
+    at::Tensor out = pooled(zc, a.dim() == 0 ? b.sizes() : a.sizes(), dtype);
+    at::Tensor o = zc.in(out);
+    out_call(o);
+    zc.sync_inputs();
+    return out;
+  }
+  return zc.out(func_call());
+}
+
+template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
+          at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
+at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(other);
+  track_hot(Name);
+  return elementwise(zc, a, b, at::result_type(a, b), [&](at::Tensor& o) { Out(o, a, b, alpha); },
+                     [&] { return Func(a, b, alpha); });
+}
+
+template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&),
+          at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
+at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(other);
+  track_hot(Name);
+  c10::ScalarType dtype = at::result_type(a, b);
+  if (TrueDivide && c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  return elementwise(zc, a, b, dtype, [&](at::Tensor& o) { Out(o, a, b); }, [&] { return Func(a, b); });
+}
+
+// Matrix products: result shape from the operands; anything unusual takes the functional
+// kernel, which also produces the right error message.
+at::Tensor mm_pooled(const at::Tensor& self, const at::Tensor& mat2) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2);
+  track_hot("aten::mm");
+  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::mm(a, b));
+  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
+  at::Tensor o = zc.in(out);
+  at::cpu::mm_out(o, a, b);
+  zc.sync_inputs();
+  return out;
+}
+
+at::Tensor addmm_pooled(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                        const at::Scalar& beta, const at::Scalar& alpha) {
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2);
+  track_hot("aten::addmm");
+  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) {
+    return zc.out(at::cpu::addmm(s, a, b, beta, alpha));
+  }
+  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
+  at::Tensor o = zc.in(out);
+  at::cpu::addmm_out(o, s, a, b, beta, alpha);
+  zc.sync_inputs();
+  return out;
+}
+
+at::Tensor bmm_pooled(const at::Tensor& self, const at::Tensor& mat2) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2);
+  track_hot("aten::bmm");
+  if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::bmm(a, b));
+  at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
+  at::Tensor o = zc.in(out);
+  at::cpu::bmm_out(o, a, b);
+  zc.sync_inputs();
+  return out;
+}
+
+at::Tensor baddbmm_pooled(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
+                          const at::Scalar& beta, const at::Scalar& alpha) {
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2);
+  track_hot("aten::baddbmm");
+  if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) {
+    return zc.out(at::cpu::baddbmm(s, a, b, beta, alpha));
+  }
+  at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
+  at::Tensor o = zc.in(out);
+  at::cpu::baddbmm_out(o, s, a, b, beta, alpha);
+  zc.sync_inputs();
+  return out;
+}
+
 #define HOT_NAME(var, str) constexpr char var[] = str;
 HOT_NAME(kAdd, "aten::add.Tensor")
 HOT_NAME(kSub, "aten::sub.Tensor")
@@ -309,10 +416,6 @@ HOT_NAME(kAdd_, "aten::add_.Tensor")
 HOT_NAME(kSub_, "aten::sub_.Tensor")
 HOT_NAME(kMul_, "aten::mul_.Tensor")
 HOT_NAME(kDiv_, "aten::div_.Tensor")
-HOT_NAME(kMm, "aten::mm")
-HOT_NAME(kAddmm, "aten::addmm")
-HOT_NAME(kBmm, "aten::bmm")
-HOT_NAME(kBaddbmm, "aten::baddbmm")
 HOT_NAME(kSum, "aten::sum.dim_IntList")
 HOT_NAME(kMean, "aten::mean.dim")
 HOT_NAME(kSoftmax, "aten::_softmax")
@@ -351,18 +454,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 
   // Hot ops.
-  m.impl("add.Tensor", TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::add, kAdd>)));
-  m.impl("sub.Tensor", TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::sub, kSub>)));
-  m.impl("mul.Tensor", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::mul, kMul>)));
-  m.impl("div.Tensor", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::div, kDiv>)));
+  m.impl("add.Tensor", TORCH_FN((binary_alpha<kAdd, &at::cpu::add_out, &at::cpu::add>)));
+  m.impl("sub.Tensor", TORCH_FN((binary_alpha<kSub, &at::cpu::sub_out, &at::cpu::sub>)));
+  m.impl("mul.Tensor", TORCH_FN((binary<kMul, false, &at::cpu::mul_out, &at::cpu::mul>)));
+  m.impl("div.Tensor", TORCH_FN((binary<kDiv, true, &at::cpu::div_out, &at::cpu::div>)));
   m.impl("add_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::add_, kAdd_>)));
   m.impl("sub_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::sub_, kSub_>)));
   m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
   m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
-  m.impl("mm", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::mm, kMm>)));
-  m.impl("addmm", TORCH_FN((Hot<T(CT, CT, CT, S, S)>::call<&at::cpu::addmm, kAddmm>)));
-  m.impl("bmm", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::bmm, kBmm>)));
-  m.impl("baddbmm", TORCH_FN((Hot<T(CT, CT, CT, S, S)>::call<&at::cpu::baddbmm, kBaddbmm>)));
+  m.impl("mm", TORCH_FN(mm_pooled));
+  m.impl("addmm", TORCH_FN(addmm_pooled));
+  m.impl("bmm", TORCH_FN(bmm_pooled));
+  m.impl("baddbmm", TORCH_FN(baddbmm_pooled));
   m.impl("sum.dim_IntList",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
                    &at::cpu::sum, kSum>)));

@@ -196,8 +196,10 @@ void sync_producers(const std::vector<c10::Device>& devices) {
   if (devices.empty()) return;
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::PrivateUse1);
   for (const auto& d : devices) {
+    c10::Stream stream = impl.getStream(d);
+    if (impl.queryStream(stream)) continue;  // nothing queued: nothing to wait for
     c10::Event ev(c10::DeviceType::PrivateUse1);
-    ev.record(impl.getStream(d));
+    ev.record(stream);
     ev.synchronize();
   }
 }
@@ -278,8 +280,9 @@ class NeuronWork : public Work {
     }
   }
 
+  // Not a hand-over point: c10d polls isCompleted() right before wait(). A lazy Work that is
+  // only polled is handed to the completer by the watchdog after 50 ms.
   bool isCompleted() override {
-    ensure_completer();
     std::lock_guard<std::mutex> g(st_->mu);
     return st_->done;
   }
@@ -295,8 +298,8 @@ class NeuronWork : public Work {
   std::vector<at::Tensor> result() override { return st_->outputs; }
   uint64_t getSequencenumber() const override { return seq_; }
   // A lazy Work's Future needs the completer thread; hand it over only when somebody can
-  // observe completion without calling wait() (Future, isCompleted, the watchdog), so a plain
-  // blocking call costs no thread hand-off.
+  // observe completion without calling wait() (getFuture, or the watchdog for old unwaited
+  // Works), so a plain blocking call costs no thread hand-off.
   intrusive_ptr<c10::ivalue::Future> getFuture() override {
     ensure_completer();
     return st_->future;
@@ -731,7 +734,7 @@ class ProcessGroupNeuron : public c10d::Backend {
       std::lock_guard<std::mutex> g(wd_mu_);
       inflight_.push_back(w);
     }
-    wd_cv_.notify_one();
+    // No notify: the watchdog polls every 100 ms; waking it per op costs a context switch.
     return w;
   }
 
@@ -869,8 +872,13 @@ class ProcessGroupNeuron : public c10d::Backend {
 
 }  // namespace torchneuron_dist
 
+namespace torchneuron_sdpa {
+void register_kernels();  // sdpa.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using torchneuron_dist::ProcessGroupNeuron;
+  torchneuron_sdpa::register_kernels();
   // Base class c10d::Backend is torch._C._distributed_c10d.Backend (pybind type sharing).
   py::module::import("torch.distributed");
   py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(

@@ -111,7 +111,33 @@ namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron_sdpa::choose)
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_scaled_dot_product_efficient_attention", &torchneuron_sdpa::efficient_fwd);
-  m.impl("_scaled_dot_product_efficient_attention_backward", &torchneuron_sdpa::efficient_bwd);
+namespace torchneuron_sdpa {
+
+// Registered from the module's init rather than a static TORCH_LIBRARY_IMPL: torch already has
+// a (non-functional) PrivateUse1 entry for these ops, so registering prints c10's "Overriding a
+// previously registered kernel" warning, and at static-init time nothing can filter it. Here
+// that one expected warning is dropped and every other warning passes through.
+namespace {
+struct DropOverrideWarning : c10::WarningHandler {
+  c10::WarningHandler* prev;
+  explicit DropOverrideWarning(c10::WarningHandler* p) : prev(p) {}
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("Overriding a previously registered kernel") == std::string::npos)
+      prev->process(w);
+  }
+};
+}  // namespace
+
+void register_kernels() {
+  static std::unique_ptr<torch::Library> lib;
+  if (lib) return;
+  DropOverrideWarning handler(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::WarningHandlerGuard guard(&handler);
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                         std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
+                                         __FILE__, __LINE__);
+  lib->impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_fwd));
+  lib->impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_bwd));
 }
+
+}  // namespace torchneuron_sdpa
