@@ -23,7 +23,8 @@ $(DEPS): $(PY) pyproject.toml setup.py
 	touch $@
 
 $(EXT): $(DEPS) $(CSRC) setup.py
-	flock /tmp/torchneuron-build.lock env MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace
+	# Autoload off: torch must not try to load the extension that is being built.
+	flock /tmp/torchneuron-build.lock env MAX_JOBS=2 TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) setup.py -q build_ext --inplace
 	touch $@
 
 build: $(EXT)

@@ -25,7 +25,14 @@ def _autoload() -> None:
 import torch  # noqa: E402
 
 from . import platform  # noqa: E402
-from . import _C  # noqa: E402
+
+try:
+    from . import _C  # noqa: E402
+except ImportError as _exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "torchneuron's C++ core (torchneuron._C) is not built or does not match this torch; "
+        "run `make build` in the torchneuron checkout (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 "
+        f"to import torch without it): {_exc}") from _exc
 
 __version__ = "0.1.0"
 __all__ = [
