@@ -26,6 +26,7 @@
 #include <ATen/ops/silu_cpu_dispatch.h>
 #include <ATen/ops/threshold_backward_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
@@ -407,6 +408,21 @@ at::Tensor baddbmm_pooled(const at::Tensor& self, const at::Tensor& batch1, cons
   return out;
 }
 
+// x[idx]: index tensors may live on the CPU, as on CUDA.
+at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self);
+  c10::List<std::optional<at::Tensor>> idx;
+  idx.reserve(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    std::optional<at::Tensor> t = indices.get(i);
+    if (t.has_value() && t->defined()) idx.push_back(zc.in(*t, /*allow_cpu=*/true));
+    else idx.push_back(std::nullopt);
+  }
+  track_hot("aten::index.Tensor");
+  return zc.out(at::cpu::index(s, idx));
+}
+
 #define HOT_NAME(var, str) constexpr char var[] = str;
 HOT_NAME(kAdd, "aten::add.Tensor")
 HOT_NAME(kSub, "aten::sub.Tensor")
@@ -462,6 +478,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sub_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::sub_, kSub_>)));
   m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
   m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
+  m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("mm", TORCH_FN(mm_pooled));
   m.impl("addmm", TORCH_FN(addmm_pooled));
   m.impl("bmm", TORCH_FN(bmm_pooled));

@@ -21,6 +21,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -778,6 +779,8 @@ class ProcessGroupNeuron : public c10d::Backend {
         }
         keep.push_back(w);
       }
+      if (fault)  // reported once; the Work itself carries the error from here on
+        keep.erase(std::remove(keep.begin(), keep.end(), fault), keep.end());
       inflight_.swap(keep);
       if (fault) {
         g.unlock();
