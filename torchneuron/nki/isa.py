@@ -275,6 +275,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.er
                  if t.indirect is not None and isinstance(t.indirect[0], NkiTensor)]
     _emit(c, "dma", 0.0, [src] + idx_reads, [dst], nbytes=int(pm.dma_cost_bytes(nbytes, run)),
           hbm_bytes=hbm_bytes)
+    if dst.storage.external:
+        dst.storage.dirty = True  # a kernel input written in place: the caller copies it back
     if ctx.numerics and (src.indirect is not None or dst.indirect is not None):
         _indirect_copy(c, dst, src, oob_mode)
     elif ctx.numerics:
@@ -405,6 +407,23 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         _write(dst, s.data.T)
         return
     res = np.matmul(_f32(s).T, _f32(m))
+    out = _out_f32(dst)
+    if out is not None and out.shape == res.shape:
+        # fp32 PSUM (the usual case): accumulate in place, no temporaries or casts
+        if accumulate is None:
+            flags = _flags(dst)
+            if flags.all():
+                np.add(out, res, out=out)
+            elif flags.any():
+                out[...] = np.where(flags, out + res, res)
+            else:
+                out[...] = res
+        elif accumulate:
+            np.add(out, res, out=out)
+        else:
+            out[...] = res
+        _mark(dst)
+        return
     if accumulate is None:
         flags = _flags(dst)
         if flags.any():

@@ -68,6 +68,7 @@ class RunResult:
     programs: list  # per program: list of Instr
     platform: Any
     peak_sbuf: list
+    written_inputs: list = None  # numpy arrays of the kernel inputs some DMA wrote
 
 
 def _to_numpy(x: Any, path: str, writebacks: list) -> tuple[np.ndarray, Any] | None:
@@ -123,13 +124,16 @@ def _convert_args(args: tuple, kwargs: dict, writebacks: list) -> tuple[list, di
             {k: conv(v, k) for k, v in kwargs.items()})
 
 
-def _wrap(spec: Any) -> Any:
+def _wrap(spec: Any, inputs: list | None = None) -> Any:
     if isinstance(spec, tuple):
         if len(spec) == 4 and spec[0] == "__array__":
-            return wrap_array(spec[1], spec[2], spec[3].lstrip("#") or "in", hbm)
-        return tuple(_wrap(s) for s in spec)
+            t = wrap_array(spec[1], spec[2], spec[3].lstrip("#") or "in", hbm)
+            if inputs is not None:
+                inputs.append(t.storage)
+            return t
+        return tuple(_wrap(s, inputs) for s in spec)
     if isinstance(spec, dict):
-        return {k: _wrap(v) for k, v in spec.items()}
+        return {k: _wrap(v, inputs) for k, v in spec.items()}
     return spec
 
 
@@ -177,6 +181,7 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
     writebacks: list = []
     specs, kwspecs = _convert_args(args, kwargs, writebacks)
     launch = Launch(lnc)
+    inputs: list = []  # Storages of the wrapped kernel inputs (every program)
     programs = []
     peaks = []
     out = None
@@ -184,8 +189,8 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
     for pid in range(lnc):
         ctx = KernelContext(plat, pid, launch, numerics=numerics, seed=seed, kernel_file=kernel_file)
         with activate(ctx), _SingleThreadBlas():
-            wargs = [_wrap(s) for s in specs]
-            wkwargs = {k: _wrap(v) for k, v in kwspecs.items()}
+            wargs = [_wrap(s, inputs) for s in specs]
+            wkwargs = {k: _wrap(v, inputs) for k, v in kwspecs.items()}
             ret = _collect_output(fn(*wargs, **wkwargs), f"program {pid}")
             if pid == 0:
                 out = _materialise(ret) if lnc == 1 else ret
@@ -196,7 +201,11 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
         out = _materialise(out)  # after every program wrote its share of shared_hbm
     for orig, copy in writebacks:
         orig[...] = copy
-    return RunResult(out, programs, plat, peaks)
+    written = []
+    for st in inputs:
+        if st.dirty and not any(w is st.array for w in written):
+            written.append(st.array)
+    return RunResult(out, programs, plat, peaks, written)
 
 
 def to_kind_of(outputs: Any, args: tuple, kwargs: dict) -> Any:

@@ -59,7 +59,7 @@ class Storage:
     """One allocation. Freed (for SBUF/PSUM accounting) when garbage-collected."""
 
     __slots__ = ("sid", "buffer", "array", "dtype", "name", "row_bytes", "base_ptr", "written",
-                 "bank", "external", "__weakref__")
+                 "bank", "external", "dirty", "__weakref__")
 
     def __init__(self, sid: int, buffer: Buffer, array: np.ndarray, dtype, name: str):
         self.sid = sid
@@ -72,6 +72,7 @@ class Storage:
         self.written = None  # PSUM: per-element "has been written" flags for accumulate=None
         self.bank = None
         self.external = False  # memory owned by the caller (a kernel input)
+        self.dirty = False  # an external storage some DMA wrote (the caller must see it)
 
 
 # Recycled host memory for on-chip tiles. Fresh multi-megabyte numpy arrays come from mmap and

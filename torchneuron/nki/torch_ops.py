@@ -97,6 +97,20 @@ def _fake_outputs(spec: Any, device: torch.device) -> Any:
     return spec
 
 
+def _written(h: torch.Tensor, arrays: list | None) -> bool:
+    """Whether the host copy ``h`` of a device input shares memory with a written input."""
+    if arrays is None:
+        return True
+    if not arrays:
+        return False
+    hv = h.view(torch.int16) if h.dtype == torch.bfloat16 else h
+    try:
+        hn = hv.numpy()
+    except (TypeError, RuntimeError):  # dtypes numpy cannot view: be conservative
+        return True
+    return any(np.shares_memory(hn, a) for a in arrays)
+
+
 def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict) -> Any:
     """Run an ``@nki.jit`` kernel on torch tensors (CPU, neuron, or fake for shape inference)."""
     fn = getattr(kernel, "fn", kernel)
@@ -125,9 +139,11 @@ def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict) -> Any:
     res = run(fn, hargs, hkwargs, lnc=lnc)
     _spec_cache[key] = _spec(res.outputs)
     for dev_t, h in host.values():
-        # Kernels may write their inputs in place (as on the device): copy them back.
-        with torch.no_grad():
-            dev_t.copy_(h)
+        # Kernels may write their inputs in place (as on the device): copy back the ones a DMA
+        # wrote -- only those, so read-only inputs keep their autograd version counter.
+        if _written(h, res.written_inputs):
+            with torch.no_grad():
+                dev_t.copy_(h)
     out = numpy_to_torch(res.outputs)
     if device.type != "cpu":
         out = _map(out, lambda t: t.to(device))

@@ -25,7 +25,9 @@ import numpy as np
 
 from .errors import NKIMemoryError, NKITracingError
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# With the trailing separator so sibling packages such as torchneuron/nkilib (whose kernels
+# are user code) are not mistaken for this package.
+_PKG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 _state = threading.local()
 
 

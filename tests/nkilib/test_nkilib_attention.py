@@ -1,0 +1,265 @@
+"""attention_cte / attention_bwd against their PyTorch references, and the torch ops."""
+
+import math
+
+import pytest
+import torch
+
+import nki
+import torchneuron.nkilib.attention as attn_mod
+from nkilib import attention_bwd, attention_bwd_ref, attention_cte, attention_ref
+from torchneuron.nki import NKIShapeError
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _qkv(B, Bkv, Sq, Skv, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return mk(B, Sq, d), mk(Bkv, Skv, d), mk(Bkv, Skv, d)
+
+
+def _fwd(q, k, v, lnc=1, **kw):
+    return nki.simulate(attention_cte)[lnc](q, k, v, **kw)
+
+
+def _check_fwd(B, Bkv, Sq, Skv, d, dtype, lnc=1, **kw):
+    q, k, v = _qkv(B, Bkv, Sq, Skv, d, dtype)
+    kt = k.transpose(1, 2).contiguous()  # default tp_k=False layout (Bkv, d, Skv)
+    kw.setdefault("scale", 1 / math.sqrt(d))
+    out = _fwd(q, kt, v, lnc, **kw)
+    ref = attention_ref(q, kt, v, **kw)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_cte_causal_fp32_ragged_tiles():
+    _check_fwd(2, 2, 200, 200, 64, torch.float32)
+
+
+def test_cte_causal_bf16():
+    _check_fwd(2, 2, 300, 300, 128, torch.bfloat16)
+
+
+def test_cte_non_causal_long_kv_crosses_sections():
+    # 2100 keys: 5 key tiles -> two online-softmax sections, ragged last tile
+    _check_fwd(1, 1, 130, 2100, 32, torch.float32, causal_mask=False)
+
+
+def test_cte_gqa_four_query_heads_per_kv_head():
+    _check_fwd(8, 2, 150, 150, 64, torch.float32)
+
+
+def test_cte_sliding_window_causal():
+    _check_fwd(2, 1, 600, 600, 32, torch.float32, sliding_window=200)
+
+
+def test_cte_sliding_window_non_causal():
+    _check_fwd(1, 1, 256, 1100, 32, torch.float32, causal_mask=False, sliding_window=300)
+
+
+def test_cte_lnc2_matches_reference():
+    _check_fwd(3, 1, 260, 260, 64, torch.float32, lnc=2)
+
+
+def test_cte_bf16_lnc2():
+    _check_fwd(2, 2, 256, 256, 64, torch.bfloat16, lnc=2)
+
+
+def test_cte_transposed_layouts():
+    q, k, v = _qkv(2, 1, 140, 300, 48, torch.float32)
+    qT = q.transpose(1, 2).contiguous()
+    kw = dict(scale=0.2, causal_mask=True, tp_q=False, tp_k=True, tp_out=True)
+    out = _fwd(qT, k, v, **kw)
+    assert out.shape == (2, 48, 140)
+    torch.testing.assert_close(out, attention_ref(qT, k, v, **kw), atol=1e-5, rtol=1e-5)
+
+
+def test_cte_streaming_kv_when_not_resident(monkeypatch):
+    monkeypatch.setattr(attn_mod, "RESIDENT_KV_BYTES", 0)
+    _check_fwd(2, 1, 200, 700, 32, torch.float32, causal_mask=False)
+
+
+def test_cte_cache_softmax_returns_lse():
+    q, k, v = _qkv(2, 1, 200, 200, 32, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    out, lse = _fwd(q, kt, v, scale=0.3, cache_softmax=True)
+    rout, rlse = attention_ref(q, kt, v, scale=0.3, cache_softmax=True)
+    assert lse.shape == (2, 128, 2) and lse.dtype == torch.float32
+    valid = lambda x: x.transpose(1, 2).reshape(2, -1)[:, :200]  # noqa: E731
+    torch.testing.assert_close(valid(lse), valid(rlse), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, rout, atol=1e-5, rtol=1e-5)
+
+
+def test_cte_rejects_head_dim_over_128():
+    q, k, v = _qkv(1, 1, 128, 128, 192, torch.float32)
+    with pytest.raises(NKIShapeError, match="d <= 128"):
+        _fwd(q, k.transpose(1, 2).contiguous(), v)
+
+
+def test_cte_rejects_batch_not_multiple_of_kv_batch():
+    q, k, v = _qkv(3, 2, 128, 128, 32, torch.float32)
+    with pytest.raises(NKIShapeError, match="multiple of kv batch"):
+        _fwd(q, k.transpose(1, 2).contiguous(), v)
+
+
+# ---- backward -------------------------------------------------------------------------------
+def _check_bwd(bs, H, Hkv, Sq, Skv, d, dtype, causal=True, window=None, lnc=1, tol=None):
+    g = torch.Generator().manual_seed(1)
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    q, k, v, dy = mk(bs, H, d, Sq), mk(bs, Hkv, d, Skv), mk(bs, Hkv, d, Skv), mk(bs, H, d, Sq)
+    sc = 1 / math.sqrt(d)
+    o, lse = _fwd(q.reshape(bs * H, d, Sq), k.reshape(bs * Hkv, d, Skv),
+                  v.transpose(2, 3).reshape(bs * Hkv, Skv, d).contiguous(), scale=sc,
+                  causal_mask=causal, sliding_window=window, tp_q=False, tp_out=True,
+                  cache_softmax=True)
+    o, lse = o.reshape(bs, H, d, Sq), lse.reshape(bs, H, 128, -1)
+    kw = dict(use_causal_mask=causal, softmax_scale=sc, sliding_window=window)
+    got = nki.simulate(attention_bwd)[lnc](q, k, v, o, dy, lse, **kw)
+    ref = attention_bwd_ref(q, k, v, o, dy, lse, **kw)
+    tol = tol or {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    for name, a, b in zip(("dq", "dk", "dv"), got, ref):
+        assert a.shape == b.shape and a.dtype == dtype, name
+        err = (a.float() - b.float()).abs().max() / b.float().abs().max()
+        assert err < tol, f"{name}: relative error {err:.2e}"
+
+
+def test_bwd_causal_fp32_ragged():
+    _check_bwd(1, 2, 2, 200, 200, 64, torch.float32)
+
+
+def test_bwd_non_causal_sq_ne_skv():
+    _check_bwd(1, 2, 2, 130, 300, 32, torch.float32, causal=False)
+
+
+def test_bwd_gqa_accumulates_dk_dv_over_group():
+    _check_bwd(1, 4, 2, 160, 160, 32, torch.float32)
+
+
+def test_bwd_bf16():
+    _check_bwd(2, 2, 1, 256, 256, 128, torch.bfloat16)
+
+
+def test_bwd_sliding_window_lnc2():
+    _check_bwd(1, 2, 2, 300, 300, 32, torch.float32, window=100, lnc=2)
+
+
+def test_bwd_kv_tile_nobody_attends_gets_zero_grad():
+    # causal with Skv > Sq: keys 200.. are in every query's future
+    _check_bwd(1, 1, 1, 150, 300, 32, torch.float32)
+
+
+# ---- torch ops ------------------------------------------------------------------------------
+def _grads(fn, q, k, v):
+    q, k, v = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o = fn(q, k, v)
+    (o.float() * torch.linspace(-1, 1, o.shape[-1], device=o.device)).sum().backward()
+    return o.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()
+
+
+def _sdpa_ref(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            enable_gqa=True)
+
+
+def test_op_attention_autograd_matches_sdpa():
+    from torchneuron.nkilib.ops import attention
+    q, k, v = torch.randn(1, 4, 150, 32), torch.randn(1, 2, 150, 32), torch.randn(1, 2, 150, 32)
+    for a, b in zip(_grads(attention, q, k, v), _grads(_sdpa_ref, q, k, v)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_op_attention_on_neuron_device():
+    from torchneuron.nkilib.ops import attention
+    q, k, v = torch.randn(1, 2, 130, 32), torch.randn(1, 2, 130, 32), torch.randn(1, 2, 130, 32)
+    qn, kn, vn = [x.to("neuron") for x in (q, k, v)]
+    out = _grads(attention, qn, kn, vn)
+    for a, b in zip(out, _grads(_sdpa_ref, q, k, v)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_op_attention_under_torch_compile_is_one_node():
+    from torchneuron.nkilib.ops import attention
+    q, k, v = torch.randn(1, 2, 130, 32), torch.randn(1, 2, 130, 32), torch.randn(1, 2, 130, 32)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm
+
+    f = torch.compile(lambda a, b, c: attention(a, b, c) * 2, backend=backend, fullgraph=True)
+    out = _grads(f, q, k, v)
+    ref = _grads(lambda a, b, c: _sdpa_ref(a, b, c) * 2, q, k, v)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+    src = graphs[0].code
+    assert "nkilib.attention_fwd" in src and "scaled_dot_product" not in src
+
+
+def test_sdpa_override_routes_neuron_sdpa_through_nki():
+    from torchneuron.nkilib import sdpa
+    q, k, v = torch.randn(2, 4, 100, 32), torch.randn(2, 2, 100, 32), torch.randn(2, 2, 100, 32)
+    qn, kn, vn = [x.to("neuron") for x in (q, k, v)]
+    was = sdpa.enabled()
+    sdpa.enable()
+    try:
+        before = sdpa.calls()["nki"]
+        out = _grads(_sdpa_ref, qn, kn, vn)
+        assert sdpa.calls()["nki"] == before + 1
+    finally:
+        if not was:
+            sdpa.disable()
+    for a, b in zip(out, _grads(_sdpa_ref, q, k, v)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_sdpa_override_falls_back_for_explicit_mask():
+    from torchneuron.nkilib import sdpa
+    q = torch.randn(1, 2, 64, 16)
+    mask = torch.rand(64, 64) > 0.3
+    mask[:, 0] = True
+    was = sdpa.enabled()
+    sdpa.enable()
+    try:
+        before = sdpa.calls()
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.to("neuron"), q.to("neuron"), q.to("neuron"), attn_mask=mask.to("neuron"))
+        after = sdpa.calls()
+        assert after["fallback"] == before["fallback"] + 1 and after["nki"] == before["nki"]
+    finally:
+        if not was:
+            sdpa.disable()
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_override_inside_torch_compile_puts_nki_ops_in_both_graphs():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from torchneuron.nkilib import sdpa
+    graphs = []
+
+    def compiler(gm, inputs):
+        graphs.append(gm.code)
+        return make_boxed_func(gm)
+
+    q = torch.randn(1, 2, 100, 32)
+    was = sdpa.enabled()
+    sdpa.enable()
+    try:
+        f = torch.compile(lambda a: _sdpa_ref(a, a, a) * 2,
+                          backend=aot_autograd(fw_compiler=compiler, bw_compiler=compiler))
+        qn = q.to("neuron").requires_grad_()
+        out = f(qn)
+        out.sum().backward()
+    finally:
+        if not was:
+            sdpa.disable()
+    assert len(graphs) == 2
+    assert "nkilib.attention_fwd" in graphs[0] and "nkilib.attention_bwd" in graphs[1]
+    qc = q.clone().requires_grad_()
+    ref = _sdpa_ref(qc, qc, qc) * 2
+    ref.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(qn.grad.cpu(), qc.grad, atol=2e-5, rtol=1e-4)

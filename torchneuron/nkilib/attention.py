@@ -1,0 +1,453 @@
+"""``attention_cte``: flash-attention prefill (context encoding) forward, and its reference.
+
+Layouts (heads folded into the batch dimension; ``B = batch * heads``)::
+
+    q    (B, Sq, d)   if tp_q  else (B, d, Sq)
+    k    (Bkv, Skv, d) if tp_k else (Bkv, d, Skv)
+    v    (Bkv, Skv, d)
+    out  (B, Sq, d)   or (B, d, Sq) if tp_out
+    lse  (B, 128, ceil(Sq / 128)) float32 (only with cache_softmax=True):
+         lse[b, p, t] = logsumexp_k(scale * q_i . k_k) over the unmasked keys of query
+         i = t * 128 + p (the layout of ``attention_bwd``'s ``lse``; padding rows are garbage)
+
+GQA: query batch ``b`` uses kv batch ``b // (B // Bkv)`` (B must be a multiple of Bkv).
+
+Masks: ``causal_mask`` keeps key ``j`` for query ``i`` when ``j <= i`` (top-left aligned, as
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``); ``sliding_window=W``
+additionally drops keys with ``i - j >= W`` (each query sees at most W keys, itself included).
+Every query must keep at least one key (always true with the causal mask).
+
+Limits: d <= 128 (one TensorE contraction); ``scale`` > 0; any Sq, Skv >= 1 (ragged tiles are
+handled); B % Bkv == 0.
+
+Algorithm (per query tile of 128 rows, keys in tiles of 512 grouped in sections of 4):
+S = (scale * Q) K^T lands in PSUM (one matmul per 512 keys, K^T [d, 512] as the moving tile);
+each tile's row max is taken on VectorE (or, for 6 tiles in 16, on ScalarE); the running max
+is combined on GpSimd once per section; ScalarE computes P = exp(S - m) straight from PSUM;
+TensorE transposes P in 128x128 blocks (keys must be on partitions to be contracted) and
+accumulates [O | l] += P [V | 1] in PSUM -- the ones column appended to V yields the row sums
+l of the *rounded* P in the same matmuls. O is rescaled by exp(m_old - m_new) once per
+section (online softmax) and normalised at the end. The sections are software-pipelined two
+deep (scores and maxima of section j+2 interleave with the transposes and P V of section j),
+with 6 rotating PSUM score banks. Fully masked key tiles are skipped; tiles crossing the
+causal diagonal or the window edge get an additive 0/-3e38 mask (built once per offset on
+GpSimd, added by an identity matmul on TensorE). K^T and V of a kv batch stay resident in
+SBUF while its query tiles run (when they fit in 96 KiB/partition, else they are streamed
+per section). LNC=2 splits the (batch, query tile) work items between the two programs,
+interleaved so a causal mask keeps them balanced.
+
+Numerics: matmuls run in bf16 (fp32 for fp32 inputs) with fp32 PSUM accumulation; max, exp,
+sums and rescaling in fp32; P is rounded to the matmul dtype before P V (as on hardware).
+Tolerances vs :func:`attention_ref` in fp32: ~1e-5 abs; bf16 inputs: ~2e-2 abs on outputs of
+magnitude ~1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+from ._common import NEG_BIG, P, arg_error, cdiv, matmul_dtype, shape_error
+
+KT = 512  # key tile: one PSUM bank of fp32 scores per matmul
+SEC = 4  # key tiles per online-softmax section
+NSBUF = 6  # rotating PSUM score buffers (one bank each)
+# Of every 16 score tiles these 6 take their row max on ScalarE, the rest on VectorE: VectorE
+# also copies every P^T out of PSUM, ScalarE computes every exp (tuned with nki.benchmark).
+SCALAR_MAX_SLOTS = (1, 4, 6, 9, 12, 14)
+LAG = 2  # sections between a section's softmax and its P V (software-pipeline depth)
+RESIDENT_KV_BYTES = 96 * 1024  # per-partition SBUF budget for a resident K^T + V
+
+
+def _mask_tile(rows, kw, q0, k0, causal, window, mask_sb):
+    """Build an additive mask [rows, kw] (0 keep / NEG_BIG drop) on GpSimd for the score tile
+    whose query rows start at q0 and key columns at k0."""
+    zeros = nl.ndarray((rows, kw), mask_sb.dtype, buffer=nl.sbuf)
+    nisa.memset(zeros, 0.0, engine=nisa.engine.gpsimd)
+    src = zeros
+    if causal:
+        # keep where (q0 + p) - (k0 + j) >= 0
+        nisa.affine_select(mask_sb, pattern=[[-1, kw]], channel_multiplier=1, on_true_tile=src,
+                           on_false_value=NEG_BIG, cmp_op=nl.greater_equal, offset=q0 - k0)
+        src = mask_sb
+    if window is not None:
+        # keep where (q0 + p) - (k0 + j) < W  <=>  W - 1 - q0 + k0 - p + j >= 0
+        nisa.affine_select(mask_sb, pattern=[[1, kw]], channel_multiplier=-1, on_true_tile=src,
+                           on_false_value=NEG_BIG, cmp_op=nl.greater_equal,
+                           offset=window - 1 - q0 + k0)
+
+
+def _check(q, k, v, scale, tp_q, tp_k, sliding_window):
+    name = "attention_cte"
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        shape_error(name, f"q, k, v must be 3-D (heads folded into batch), got {q.shape}, "
+                    f"{k.shape}, {v.shape}", "reshape to (batch*heads, S, d) / (batch*heads, d, S)")
+    B, Sq, d = q.shape if tp_q else (q.shape[0], q.shape[2], q.shape[1])
+    Bkv, Skv, dk = k.shape if tp_k else (k.shape[0], k.shape[2], k.shape[1])
+    if d > P:
+        shape_error(name, f"head dim d={d} exceeds the limit d <= {P} (one TensorE contraction "
+                    "over the partition dimension)", "split the head dimension or use d <= 128")
+    if dk != d or tuple(v.shape) != (Bkv, Skv, d):
+        shape_error(name, f"inconsistent shapes q {q.shape} (tp_q={tp_q}), k {k.shape} "
+                    f"(tp_k={tp_k}), v {v.shape}: v must be (Bkv, Skv, d) = ({Bkv}, {Skv}, {d})",
+                    "pass k and v with the same Bkv, Skv and the head dim of q")
+    if B % Bkv:
+        shape_error(name, f"query batch {B} is not a multiple of kv batch {Bkv} (GQA groups)",
+                    "fold heads so that B = Bkv * (query heads per kv head)")
+    if not scale > 0:
+        arg_error(name, f"scale={scale} must be > 0", "pass the softmax scale, e.g. 1/sqrt(d)")
+    if sliding_window is not None and sliding_window < 1:
+        arg_error(name, f"sliding_window={sliding_window} must be >= 1", "pass None or W >= 1")
+    return B, Sq, d, Bkv, Skv
+
+
+@nki.jit
+def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_q=True,
+                  tp_k=False, tp_out=False, cache_softmax=False):
+    """Flash-attention forward (prefill). See the module docstring for layouts and limits.
+
+    Returns ``out``, or ``(out, lse)`` with ``cache_softmax=True``.
+    """
+    B, Sq, d, Bkv, Skv = _check(q, k, v, scale, tp_q, tp_k, sliding_window)
+    mdt = matmul_dtype(q.dtype)
+    group = B // Bkv
+    nqt = cdiv(Sq, P)
+    out = nl.ndarray((B, d, Sq) if tp_out else (B, Sq, d), q.dtype, buffer=nl.shared_hbm)
+    lse = None
+    if cache_softmax:
+        lse = nl.ndarray((B, P, nqt), nl.float32, buffer=nl.shared_hbm)
+    ident = nl.shared_identity_matrix(P, mdt)
+    ident_o = ident if q.dtype == mdt else nl.shared_identity_matrix(P, q.dtype)
+
+    # PSUM (8 banks): 6 rotating score banks, 1 bank of P^T (two halves, or one for fp32),
+    # 1 bank holding both output accumulators [128, d+1] and a [128, 128] transpose scratch.
+    s_ps = [nl.ndarray((P, KT), nl.float32, buffer=nl.psum) for _ in range(NSBUF)]
+    pt_ps = nl.ndarray((P, 2 if mdt != nl.float32 else 1, 4, P), mdt, buffer=nl.psum)
+    acc_ps = nl.ndarray((P, 4 * P), nl.float32, buffer=nl.psum)
+    o_ps = [acc_ps[:, 0:P + 1], acc_ps[:, P + 1:2 * P + 2]]
+    misc_ps = acc_ps[:, 3 * P:4 * P]
+
+    resident = Skv * d * mdt.itemsize // P + cdiv(Skv, P) * d * mdt.itemsize <= RESIDENT_KV_BYTES
+    kv_cache = {}
+
+    def load_kv(bkv, k0, width, kt, vt, kbase):
+        """DMA keys k0..k0+width (k0 - kbase a multiple of 128) into K^T [d, *] / V [128, *, d]."""
+        c_lo = k0 - kbase
+        if tp_k:
+            for c in range(cdiv(width, P)):
+                kc = min(P, width - c * P)
+                r0 = k0 + c * P
+                raw = nl.ndarray((kc, d), k.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=raw, src=k[bkv, r0:r0 + kc, :])
+                nisa.nc_matmul(misc_ps[:d, :kc], raw, ident_k[:kc, :kc], is_transpose=True)
+                nisa.tensor_copy(kt[:, c_lo + c * P:c_lo + c * P + kc], misc_ps[:d, :kc])
+        else:
+            nisa.dma_copy(dst=kt[:, c_lo:c_lo + width], src=k[bkv, :, k0:k0 + width])
+        ch0 = c_lo // P
+        full = width // P
+        # V_aug = [V | 1]: the ones column makes the P V matmuls also produce the row sums
+        nisa.memset(vt[:, ch0:ch0 + cdiv(width, P), d:d + 1], 1.0, engine=nisa.engine.gpsimd)
+        if full:
+            # one DMA: row k0 + c*128 + p of v goes to partition p, chunk ch0 + c
+            nisa.dma_copy(dst=vt[:, ch0:ch0 + full, :d], src=v.ap(
+                [[d, P], [P * d, full], [1, d]], offset=(bkv * Skv + k0) * d))
+        if width % P:
+            tail = width % P
+            nisa.dma_copy(dst=vt[:tail, ch0 + full, :d], src=v[bkv, k0 + full * P:k0 + width, :])
+
+    def kv_get(bkv, sk0, swidth):
+        """(K^T, V, first key held) covering keys sk0..sk0+swidth of kv batch bkv.
+
+        Resident mode keeps the whole K^T [d, Skv] / V [128, Skv/128, d] of the kv batch in
+        SBUF, loaded in blocks of 2048 keys so the first section only waits for its block."""
+        if not resident:
+            kt = nl.ndarray((d, swidth), mdt, buffer=nl.sbuf)
+            vt = nl.ndarray((P, cdiv(swidth, P), d + 1), mdt, buffer=nl.sbuf)
+            load_kv(bkv, sk0, swidth, kt, vt, sk0)
+            return kt, vt, sk0
+        if bkv not in kv_cache:
+            kv_cache.clear()  # drop the previous kv batch (frees its SBUF)
+            kt = nl.ndarray((d, Skv), mdt, buffer=nl.sbuf)
+            vt = nl.ndarray((P, cdiv(Skv, P), d + 1), mdt, buffer=nl.sbuf)
+            for b0 in range(0, Skv, SEC * KT):
+                load_kv(bkv, b0, min(SEC * KT, Skv - b0), kt, vt, 0)
+            kv_cache[bkv] = (kt, vt)
+        kt, vt = kv_cache[bkv]
+        return kt, vt, 0
+
+    ident_k = ident if (not tp_k or k.dtype == mdt) else nl.shared_identity_matrix(P, k.dtype)
+
+    items = []
+    for bkv in range(Bkv):
+        # longest query tiles (most keys under a causal mask) first: the pipeline fills with
+        # long sections and the short tiles drain it
+        for qi in range(nqt - 1, -1, -1):
+            for g in range(group):
+                items.append((bkv * group + g, bkv, qi))
+    pid = nl.program_id(0)
+    nprog = nl.num_programs()
+    mine = [items[n] for n in range(pid, len(items), nprog)]
+
+    # Flat list of sections: (item index, section index, tiles, last section of the item?)
+    jobs = []
+    for n in range(len(mine)):
+        b, bkv, qi = mine[n]
+        q0 = qi * P
+        rows = min(P, Sq - q0)
+        hi = min(Skv, q0 + rows) if causal_mask else Skv
+        lo = max(0, q0 - sliding_window + 1) if sliding_window is not None else 0
+        lo = (lo // P) * P
+        tiles = [(k0, min(KT, hi - k0)) for k0 in range(lo, hi, KT)]
+        if not tiles:
+            arg_error("attention_cte", f"query rows {q0}..{q0 + rows - 1} keep no key (Skv={Skv}, "
+                      f"sliding_window={sliding_window})", "every query needs at least one key")
+        nsec = cdiv(len(tiles), SEC)
+        for si in range(nsec):
+            jobs.append((n, si, tiles[si * SEC:(si + 1) * SEC], si == nsec - 1))
+
+    states = {}
+    masks = {}
+    counter = [0, 0, 0]  # score tiles seen (max-engine balance), P^T half, score buffer
+
+    def mask_for(rows, kw, q0, k0, causal, window):
+        key = (rows, kw, q0 - k0 if causal else None, k0 - q0 if window is not None else None)
+        if key not in masks:
+            mask = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+            _mask_tile(rows, kw, q0, k0, causal, window, mask)
+            masks[key] = mask
+        return masks[key]
+
+    def next_sbuf():
+        counter[2] += 1
+        return counter[2] % NSBUF
+
+    def a_init(job):
+        """Section start: Q^T (first section of a query tile) and the K^T / V it needs."""
+        n, si, sec, last = job
+        b, bkv, qi = mine[n]
+        q0 = qi * P
+        rows = min(P, Sq - q0)
+        if si == 0:
+            # Q^T [d, rows], pre-multiplied by the softmax scale
+            qT = nl.ndarray((d, P), mdt, buffer=nl.sbuf)
+            if tp_q:
+                qraw = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=qraw, src=q[b, q0:q0 + rows, :])
+                nisa.nc_matmul(misc_ps[:d, :rows], qraw, ident_o[:rows, :rows], is_transpose=True)
+                nisa.tensor_scalar(qT[:, :rows], misc_ps[:d, :rows], nl.multiply, float(scale))
+            else:
+                qraw = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=qraw, src=q[b, :, q0:q0 + rows])
+                nisa.tensor_scalar(qT[:, :rows], qraw, nl.multiply, float(scale))
+            states[n] = {"qT": qT, "nm": None, "o": o_ps[n % 2], "first": True}
+        sk0 = sec[0][0]
+        kt, vt, kbase = kv_get(bkv, sk0, sec[-1][0] + sec[-1][1] - sk0)
+        return {"n": n, "b": b, "qi": qi, "q0": q0, "rows": rows, "sec": sec, "last": last,
+                "st": states[n], "kt": kt, "vt": vt, "kbase": kbase, "alpha": None,
+                "tmax": nl.ndarray((rows, len(sec)), nl.float32, buffer=nl.sbuf),
+                "pts": [None] * len(sec), "sidx": [next_sbuf() for _ in sec]}
+
+    def a_tile(js, t):
+        """Scores of one key tile (+ mask) and their row maximum."""
+        k0, kw = js["sec"][t]
+        rows, q0, kbase = js["rows"], js["q0"], js["kbase"]
+        s = s_ps[js["sidx"][t]][:rows, :kw]
+        need_causal = causal_mask and k0 + kw - 1 > q0
+        need_window = sliding_window is not None and k0 <= q0 + rows - 1 - sliding_window
+        nisa.nc_matmul(s, js["st"]["qT"][:, :rows], js["kt"][:, k0 - kbase:k0 - kbase + kw],
+                       accumulate=False)
+        if need_causal or need_window:
+            # add the 0/-3e38 mask on TensorE (I @ mask accumulates into the scores): TensorE is
+            # 2.5x faster than VectorE per element and GpSimd cannot read PSUM. Only the columns
+            # some row drops need it: j > q0 - k0 (causal), j <= q0 + rows - 1 - W - k0 (window).
+            lo_c = max(0, q0 - k0 + 1) if need_causal else kw
+            hi_c = min(kw, q0 + rows - sliding_window - k0) if need_window else 0
+            c0 = min(lo_c, 0 if need_window else kw)
+            c1 = max(kw if need_causal else 0, hi_c)
+            mask = mask_for(rows, c1 - c0, q0, k0 + c0, need_causal,
+                            sliding_window if need_window else None)
+            nisa.nc_matmul(s[:, c0:c1], ident[:rows, :rows], mask, accumulate=True)
+        tmax = js["tmax"]
+        # Row maxima on VectorE, or for SCALAR_MAX_SLOTS on ScalarE (a copy activation with a
+        # max reduction) -- balances VectorE (max + P^T copies) against ScalarE (exp).
+        if counter[0] % 16 in SCALAR_MAX_SLOTS:
+            junk = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+            nisa.activation(junk, nl.copy, s, reduce_op=nl.maximum, reduce_res=tmax[:, t:t + 1])
+        else:
+            nisa.tensor_reduce(tmax[:, t:t + 1], nl.maximum, s, axis=1)
+        counter[0] += 1
+
+    def a_softmax(js):
+        """New running max, rescale factor and P = exp(S - m) of the section."""
+        rows, st, sec = js["rows"], js["st"], js["sec"]
+        nt = len(sec)
+        # Running max on the otherwise idle GpSimd engine: pairwise maxima of the tile maxima
+        # (tensor_scalar with [P, 1] operands), then the old running max, then negate.
+        cols = [js["tmax"][:, t:t + 1] for t in range(nt)]
+        if st["nm"] is not None:
+            cols.append(st["m"])
+        while len(cols) > 1:
+            nxt = []
+            for i in range(0, len(cols) - 1, 2):
+                mx = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(mx, cols[i], nl.maximum, cols[i + 1],
+                                   engine=nisa.engine.gpsimd)
+                nxt.append(mx)
+            if len(cols) % 2:
+                nxt.append(cols[-1])
+            cols = nxt
+        m_new = cols[0]
+        nm_new = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(nm_new, m_new, nl.multiply, -1.0, engine=nisa.engine.gpsimd)
+        if st["nm"] is not None:
+            alpha = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            # exp(m_old - m_new) = exp(-nm_old + nm_new)
+            nisa.activation(alpha, nl.exp, st["nm"], bias=nm_new, scale=-1.0)
+            js["alpha"] = alpha
+        probs = []
+        for t in range(nt):
+            k0, kw = sec[t]
+            p_sb = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+            nisa.activation(p_sb, nl.exp, s_ps[js["sidx"][t]][:rows, :kw], bias=nm_new)
+            probs.append(p_sb)
+        js["probs"] = probs
+        st["nm"] = nm_new
+        st["m"] = m_new
+
+    def b_init(js):
+        """Rescale the PSUM accumulator by exp(m_old - m_new) before this section's P V."""
+        if js["alpha"] is not None:
+            o_acc, rows = js["st"]["o"], js["rows"]
+            nisa.tensor_scalar(o_acc[:rows, :d + 1], o_acc[:rows, :d + 1], nl.multiply,
+                               js["alpha"])
+
+    def b_transpose(js, t):
+        """P^T of one key tile: 128x128 TensorE transposes into PSUM, one copy to SBUF."""
+        k0, kw = js["sec"][t]
+        rows = js["rows"]
+        nch = cdiv(kw, P)
+        p_sb = js["probs"][t]
+        half = pt_ps[:, counter[1] % pt_ps.shape[1]]
+        counter[1] += 1
+        for c in range(nch):
+            kc = min(P, kw - c * P)
+            nisa.nc_matmul(half[:kc, c, :rows], p_sb[:, c * P:c * P + kc],
+                           ident[:rows, :rows], is_transpose=True)
+        pT = nl.ndarray((P, 4, P), mdt, buffer=nl.sbuf)
+        if kw == KT:
+            nisa.tensor_copy(pT[:, :, :rows], half[:, :, :rows])
+        else:
+            for c in range(nch):
+                kc = min(P, kw - c * P)
+                nisa.tensor_copy(pT[:kc, c, :rows], half[:kc, c, :rows])
+        js["probs"][t] = None
+        js["pts"][t] = pT
+
+    def b_pv(js, t):
+        """O_aug += P V_aug for one key tile (the ones column accumulates the row sums)."""
+        k0, kw = js["sec"][t]
+        rows, st = js["rows"], js["st"]
+        for c in range(cdiv(kw, P)):
+            kc = min(P, kw - c * P)
+            ch = (k0 - js["kbase"]) // P + c
+            nisa.nc_matmul(st["o"][:rows, :d + 1], js["pts"][t][:kc, c, :rows],
+                           js["vt"][:kc, ch, :], accumulate=not st["first"])
+            st["first"] = False
+        js["pts"][t] = None
+
+    def b_final(js):
+        """Normalise by the row sums and store (and the log-sum-exp with cache_softmax)."""
+        rows, st, b, q0, qi = js["rows"], js["st"], js["b"], js["q0"], js["qi"]
+        o_acc = st["o"]
+        rinv = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(rinv, o_acc[:rows, d:d + 1])
+        o_sb = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
+        nisa.activation(o_sb, nl.copy, o_acc[:rows, :d], scale=rinv)  # (ScalarE: VectorE is busier)
+        if tp_out:
+            nisa.nc_matmul(misc_ps[:d, :rows], o_sb, ident_o[:rows, :rows], is_transpose=True)
+            o_t = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(o_t, misc_ps[:d, :rows])
+            nisa.dma_copy(dst=out[b, :, q0:q0 + rows], src=o_t)
+        else:
+            nisa.dma_copy(dst=out[b, q0:q0 + rows, :], src=o_sb)
+        if cache_softmax:
+            lg = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            nisa.activation(lg, nl.log, o_acc[:rows, d:d + 1])
+            nisa.tensor_tensor(lg, lg, st["nm"], nl.subtract)  # log(l) + m
+            nisa.dma_copy(dst=lse[b, :rows, qi:qi + 1], src=lg)
+        del states[js["n"]]
+
+    # Software pipeline over sections: the scores and row maxima of section j+LAG are issued
+    # interleaved, tile by tile, with the transposes and P V matmuls of section j, and the
+    # exps of j+LAG after them -- so no engine's in-order queue waits behind another's chain.
+    queue = []
+    for job in jobs + [None] * LAG:
+        cur = a_init(job) if job is not None else None
+        prev = queue.pop(0) if len(queue) == LAG or (cur is None and queue) else None
+        if prev is not None:
+            b_init(prev)
+        na = len(cur["sec"]) if cur is not None else 0
+        nb = len(prev["sec"]) if prev is not None else 0
+        # per tile: transposes + copy of section j, scores + max of section j+LAG, then P V of
+        # section j (its copy had the scores' matmul time to land)
+        # Per key tile t: transposes (+ PSUM->SBUF copy) of section j, scores (+ row max) of
+        # section j+LAG, then P V of section j's tile t-1 -- whose copy went ahead of the max
+        # in VectorE's queue, so TensorE never waits for it.
+        for t in range(max(na, nb)):
+            if t < nb:
+                b_transpose(prev, t)
+            if t < na:
+                a_tile(cur, t)
+            if 1 <= t <= nb:
+                b_pv(prev, t - 1)
+        for t in range(max(na, nb), nb + 1):
+            if t >= 1:
+                b_pv(prev, t - 1)
+        if prev is not None and prev["last"]:
+            b_final(prev)
+        if cur is not None:
+            a_softmax(cur)
+            queue.append(cur)
+    if cache_softmax:
+        return out, lse
+    return out
+
+
+def attention_ref(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_q=True,
+                  tp_k=False, tp_out=False, cache_softmax=False):
+    """PyTorch reference of :func:`attention_cte` (same layouts; computed in float32).
+
+    Returns the output in the dtype of ``q`` (and the float32 lse, in the kernel's
+    (B, 128, ceil(Sq/128)) layout with zero padding, when ``cache_softmax``).
+    """
+    import torch
+    qf = (q if tp_q else q.transpose(1, 2)).float()
+    kf = (k if tp_k else k.transpose(1, 2)).float()
+    vf = v.float()
+    B, Sq, d = qf.shape
+    Bkv, Skv, _ = kf.shape
+    g = B // Bkv
+    kf = kf.repeat_interleave(g, 0)
+    vf = vf.repeat_interleave(g, 0)
+    s = torch.einsum("bqd,bkd->bqk", qf, kf) * scale
+    i = torch.arange(Sq)[:, None]
+    j = torch.arange(Skv)[None, :]
+    keep = torch.ones(Sq, Skv, dtype=torch.bool)
+    if causal_mask:
+        keep &= j <= i
+    if sliding_window is not None:
+        keep &= (i - j) < sliding_window
+    s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.einsum("bqk,bkd->bqd", torch.exp(s - lse[..., None]), vf).to(q.dtype)
+    if tp_out:
+        o = o.transpose(1, 2).contiguous()
+    if not cache_softmax:
+        return o
+    nqt = math.ceil(Sq / P)
+    pad = torch.zeros(B, nqt * P)
+    pad[:, :Sq] = lse
+    return o, pad.reshape(B, nqt, P).transpose(1, 2).contiguous()

@@ -1,0 +1,246 @@
+"""PyTorch custom ops over the NKI-lib kernels (``torch.ops.nkilib.*``).
+
+Every op is registered with :func:`torchneuron.nki.nki_op` (a ``torch.library.custom_op``
+with an automatic fake implementation), so it runs eagerly on CPU or ``neuron`` tensors (the
+kernel runs on the simulator) and is a single node under ``torch.compile``. Ops with a
+backward kernel carry autograd (``register_autograd``).
+
+Public helpers take the usual PyTorch layouts:
+
+* :func:`attention` -- ``(B, H, Sq, d)`` queries, ``(B, Hkv, Skv, d)`` keys/values, GQA when
+  Hkv < H; forward ``attention_cte``, backward ``attention_bwd``.
+* :func:`cross_entropy` -- per-row loss, forward and backward kernels (autograd).
+* :func:`rope` -- autograd through the same kernel (RoPE is linear: dx = rope(dy, cos, -sin)).
+* :func:`moe` -- ``moe_cte`` forward; its backward is composite PyTorch (recomputed), as
+  NKI-lib has no blockwise-MoE backward kernel here.
+* :func:`rmsnorm`, :func:`mlp`, :func:`router_topk`, :func:`cumsum` -- forward only.
+
+This module imports torch; :mod:`torchneuron.nkilib` itself does not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from torchneuron.nki.torch_ops import nki_op
+
+# kernels come from their modules (the package itself loads them lazily)
+from .attention import attention_cte
+from .attention_backward import attention_bwd as attention_bwd_kernel
+from .cross_entropy import cross_entropy_bwd as _ce_bwd_kernel
+from .cross_entropy import cross_entropy_fwd as _ce_fwd_kernel
+from .gated_mlp import mlp as _mlp_kernel
+from .moe import moe_cte as _moe_kernel
+from .norm import rmsnorm as _rmsnorm_kernel
+from .rotary import rope as _rope_kernel
+from .router import router_topk as _router_kernel
+from .scan import cumsum as _cumsum_kernel
+
+
+def _c(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------------------------
+@nki_op("nkilib::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  causal: bool, sliding_window: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash-attention forward: ``(out (B, H, Sq, d), lse (B, H, 128, ceil(Sq/128)))``."""
+    B, H, Sq, d = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    o, lse = attention_cte(_c(q).reshape(B * H, Sq, d), _c(k).reshape(B * Hkv, Skv, d),
+                           _c(v).reshape(B * Hkv, Skv, d), scale=float(scale),
+                           causal_mask=bool(causal), sliding_window=sliding_window, tp_q=True,
+                           tp_k=True, tp_out=False, cache_softmax=True)
+    return o.reshape(B, H, Sq, d), lse.reshape(B, H, lse.shape[1], lse.shape[2])
+
+
+@nki_op("nkilib::attention_bwd", mutates_args=())
+def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  dy: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool,
+                  sliding_window: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flash-attention backward in (B, H, S, d) layouts: ``(dq, dk, dv)``."""
+    t = lambda x: _c(x.transpose(2, 3))  # noqa: E731  (kernel layout (B, H, d, S))
+    dq, dk, dv = attention_bwd_kernel(t(q), t(k), t(v), t(o), t(dy.to(q.dtype)), _c(lse),
+                                      use_causal_mask=bool(causal), softmax_scale=float(scale),
+                                      sliding_window=sliding_window)
+    return t(dq), t(dk), t(dv)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, scale, causal, window = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (scale, causal, window)
+
+
+def _attn_backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(q, k, v, o, do, lse, *ctx.args)
+    return dq, dk, dv, None, None, None
+
+
+attention_fwd.register_autograd(_attn_backward, setup_context=_attn_setup)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+              causal: bool = True, sliding_window: int | None = None) -> torch.Tensor:
+    """Scaled dot-product attention through the NKI kernels (differentiable).
+
+    ``q`` (B, H, Sq, d), ``k``/``v`` (B, Hkv, Skv, d) with H % Hkv == 0; ``scale`` defaults to
+    1/sqrt(d); ``causal`` is top-left aligned like ``F.scaled_dot_product_attention``.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return attention_fwd(q, k, v, float(scale), bool(causal), sliding_window)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# rmsnorm, rope, mlp, router, cumsum
+# ---------------------------------------------------------------------------------------------
+@nki_op("nkilib::rmsnorm", mutates_args=())
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (any leading dims) with weight ``w``."""
+    H = x.shape[-1]
+    return _rmsnorm_kernel(_c(x).reshape(-1, H), _c(w), eps=float(eps)).reshape(x.shape)
+
+
+@nki_op("nkilib::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` (B, S, H, d) with ``cos``/``sin`` (S, d/2)."""
+    return _rope_kernel(_c(x), _c(cos.float()), _c(sin.float()))
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _rope_backward(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    return rope(dy, cos, -sin), None, None  # the transpose of a rotation is the inverse one
+
+
+rope.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+@nki_op("nkilib::mlp", mutates_args=())
+def mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+        w_down: torch.Tensor) -> torch.Tensor:
+    """Gated MLP of ``x`` (..., H) with [in, out] weights."""
+    H = x.shape[-1]
+    return _mlp_kernel(_c(x).reshape(-1, H), _c(w_gate), _c(w_up), _c(w_down)).reshape(x.shape)
+
+
+@nki_op("nkilib::router_topk", mutates_args=())
+def router_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(affinities (T, E) fp32, indices (T, k) int32) of softmax top-k routing."""
+    return _router_kernel(_c(logits), k=int(k), normalize=bool(normalize))
+
+
+@nki_op("nkilib::cumsum", mutates_args=())
+def cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Inclusive cumulative sum along the last dim."""
+    L = x.shape[-1]
+    return _cumsum_kernel(_c(x).reshape(-1, L)).reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross entropy
+# ---------------------------------------------------------------------------------------------
+@nki_op("nkilib::cross_entropy_fwd", mutates_args=())
+def cross_entropy_fwd(logits: torch.Tensor, labels: torch.Tensor,
+                      ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss (N,), lse (N,)) for ``logits`` (N, V) and int ``labels`` (N,)."""
+    return _ce_fwd_kernel(_c(logits), _c(labels.to(torch.int32)),
+                                 ignore_index=int(ignore_index))
+
+
+@nki_op("nkilib::cross_entropy_bwd", mutates_args=())
+def cross_entropy_bwd(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+                      dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """dlogits (N, V) for the per-row loss gradient ``dloss`` (N,)."""
+    return _ce_bwd_kernel(_c(logits), _c(labels.to(torch.int32)), _c(lse),
+                                 _c(dloss.float()), ignore_index=int(ignore_index))
+
+
+def _ce_setup(ctx, inputs, output):
+    logits, labels, ignore_index = inputs
+    ctx.save_for_backward(logits, labels, output[1])
+    ctx.ignore_index = ignore_index
+
+
+def _ce_backward(ctx, dloss, dlse):
+    logits, labels, lse = ctx.saved_tensors
+    return cross_entropy_bwd(logits, labels, lse, dloss, ctx.ignore_index), None, None
+
+
+cross_entropy_fwd.register_autograd(_ce_backward, setup_context=_ce_setup)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy`` for (N, V) logits through the NKI kernels (differentiable).
+
+    ``reduction``: "none", "sum", or "mean" (over the non-ignored rows, like PyTorch)."""
+    loss = cross_entropy_fwd(logits, labels, int(ignore_index))[0]
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (labels != ignore_index).sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE
+# ---------------------------------------------------------------------------------------------
+@nki_op("nkilib::moe_cte", mutates_args=())
+def moe_cte(hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor,
+            gate_up_proj_weight: torch.Tensor, down_proj_weight: torch.Tensor,
+            token_position_to_id: torch.Tensor, block_to_expert: torch.Tensor, block_size: int,
+            lnc: int) -> torch.Tensor:
+    """Blockwise MoE (``moe_cte`` layouts); ``lnc=2`` runs the shard-on-block variant and sums
+    the two cores' partial outputs. Returns (T+1, H)."""
+    args = (_c(hidden_states), _c(expert_affinities_masked.float()), _c(gate_up_proj_weight),
+            _c(down_proj_weight), _c(token_position_to_id.to(torch.int32)),
+            _c(block_to_expert.to(torch.int32)), int(block_size))
+    if int(lnc) == 2:
+        return _moe_kernel[2](*args).sum(0, dtype=torch.float32).to(hidden_states.dtype)
+    return _moe_kernel(*args)
+
+
+def _moe_torch(x, aff, gu, dw, tp, be, block_size):
+    """Differentiable PyTorch version of moe_cte (used to compute its backward)."""
+    T1, H = x.shape
+    E = gu.shape[0]
+    affm = aff.float().reshape(T1, E)
+    out = torch.zeros(T1, H, device=x.device, dtype=torch.float32)
+    ids_all = tp.long().reshape(-1, block_size)
+    experts = be.reshape(-1).tolist()
+    for b, e in enumerate(experts):
+        ids = ids_all[b]
+        xb = x.float()[ids]
+        h = torch.nn.functional.silu(xb @ gu[e, :, 0].float()) * (xb @ gu[e, :, 1].float())
+        out = out.index_add(0, ids, (h @ dw[e].float()) * affm[ids, e][:, None])
+    return out.to(x.dtype)
+
+
+def _moe_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:6])
+    ctx.block_size = inputs[6]
+
+
+def _moe_backward(ctx, dout):
+    x, aff, gu, dw, tp, be = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in (x, aff, gu, dw)]
+        y = _moe_torch(*leaves, tp, be, ctx.block_size)
+        grads = torch.autograd.grad(y, leaves, dout, allow_unused=True)
+    return (*grads, None, None, None, None)
+
+
+moe_cte.register_autograd(_moe_backward, setup_context=_moe_setup)
