@@ -115,6 +115,11 @@ def _run_backward_on_calling_thread() -> None:
 _register()
 _patch_dlpack()
 _run_backward_on_calling_thread()
+# Eager FlexAttention on neuron: flex_attention's device allow-list is patched when that module
+# is first imported (a cheap import hook; no Dynamo or Inductor import here).
+from .compile import install_import_hooks as _install_compile_hooks  # noqa: E402
+
+_install_compile_hooks()
 if __import__("os").environ.get("TORCHNEURON_NKI_SDPA") == "1":
     from .nkilib import sdpa as _nki_sdpa  # kernels load lazily: the import is cheap
 

@@ -224,8 +224,11 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = zc.in(*bias);
   track_hot("aten::convolution_overrideable");
-  return zc.out(at::convolution_symint(in, w, b, stride, padding, dilation, transposed,
-                                       output_padding, std::move(groups)));
+  at::Tensor out = at::convolution_symint(in, w, b, stride, padding, dilation, transposed,
+                                          output_padding, std::move(groups));
+  // The meta function (what torch.compile plans with) predicts a contiguous result for this
+  // backend; CPU's mkldnn path returns channels_last for channels_last inputs.
+  return zc.out(out.is_contiguous() ? out : out.contiguous());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(

@@ -23,9 +23,24 @@ std::optional<at::Tensor> alias_opt(ZeroCopy& zc, const std::optional<at::Tensor
   return std::nullopt;
 }
 
+// FakeTensors (tracing) and symbolic shapes have no bytes to alias.
+bool opaque(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python) || t.is_meta() ||
+         t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
 int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                           std::optional<double> scale, bool enable_gqa) {
+  if (opaque(q) || opaque(k) || opaque(v) || (mask.has_value() && mask->defined() && opaque(*mask))) {
+    // While tracing, decide from metadata what CPU's selection decides for ordinary inputs:
+    // its flash kernel for 4-d float inputs without dropout.
+    const auto dt = q.scalar_type();
+    const bool flash = at::globalContext().userEnabledFlashSDP() && dropout_p == 0.0 && q.dim() == 4 &&
+                       k.dim() == 4 && v.dim() == 4 && q.sym_size(1) == k.sym_size(1) &&
+                       (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
+    return static_cast<int64_t>(flash ? sdp::SDPBackend::efficient_attention : sdp::SDPBackend::math);
+  }
   ZeroCopy zc;
   const int64_t cpu_choice = at::_ops::_fused_sdp_choice::redispatch(
       c10::DispatchKeySet(c10::DispatchKey::CPU), zc.in(q), zc.in(k), zc.in(v), alias_opt(zc, mask),
@@ -50,9 +65,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   track_hot("aten::_scaled_dot_product_efficient_attention");
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                      bias, scale);
+  // Match the op's meta function, which compiled graphs rely on: output laid out as
+  // (B, L, H, E) viewed as (B, H, L, E), logsumexp padded to a multiple of 32 (or empty).
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = v.size(3);
+  at::Tensor res = at::empty({B, L, H, E}, out.options()).transpose(1, 2);
+  res.copy_(out);
+  at::Tensor lse_padded = at::empty({B, H, compute_log_sumexp ? (L + 31) / 32 * 32 : 0}, lse.options());
+  if (compute_log_sumexp) lse_padded.narrow(2, 0, L).copy_(lse);
   // No RNG is involved (no dropout): seed and offset are zeros, as 0-dim int64 like CUDA's.
   auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());
-  return {zc.out(out), zc.out(lse), at::zeros({}, opts), at::zeros({}, opts)};
+  return {zc.out(res), zc.out(lse_padded), at::zeros({}, opts), at::zeros({}, opts)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_backward(
@@ -66,7 +88,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
               "(masks are rarely trainable) or compute attention explicitly");
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
-  at::Tensor o = zc.in(out), lse = zc.in(logsumexp);
+  at::Tensor o = zc.in(out);
+  // The forward padded logsumexp to a multiple of 32 columns; the CPU kernel wants exactly L.
+  at::Tensor lse = zc.in(logsumexp).narrow(2, 0, query.size(2)).contiguous();
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = zc.in(attn_bias);
   track_hot("aten::_scaled_dot_product_efficient_attention_backward");

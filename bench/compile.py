@@ -1,0 +1,186 @@
+"""torch.compile benchmark for the neuron backend (not a test; prints a table).
+
+Compares, in one run:
+  * neuron compiled (backend="neuron") vs neuron eager,
+  * neuron compiled vs torch.compile(backend="inductor") on CPU,
+on (a) a chain of 10 pointwise ops over 4M elements (four of them transcendental, so the fused
+kernel is compute-bound; (a') is a memory-bound chain of cheap ops), (b) a training step of the small GPT from
+examples/gpt.py (forward, backward, AdamW step; model and optimizer step compiled), (c)
+FlexAttention causal forward+backward (CPU Inductor has no FlexAttention backward: n/a).
+
+Timings: minimum of --repeat timed calls after --warmup calls (compile happens in warm-up);
+the variants of a workload are timed round-robin, so background load hits them alike.
+Usage: python bench/compile.py [--repeat 30] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+import torchneuron.compile as tnc  # noqa: E402
+
+tnc.register()
+tnc.install_import_hooks()
+
+NEURON = torch.device("neuron:0")
+
+
+def _sync(device):
+    if device.type == "neuron":
+        torch.neuron.synchronize()
+
+
+def timeit(fns, warmup, repeat):
+    """Seconds per call of each ``{name: (fn, device)}``: the minimum over ``repeat`` calls (the
+    least-disturbed run; this host is shared). Calls are interleaved round-robin so that every
+    variant sees the same background load."""
+    for fn, dev in fns.values():
+        for _ in range(warmup):  # compiles
+            fn()
+        _sync(dev)
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, (fn, dev) in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+# (a) pointwise chain ---------------------------------------------------------------------------
+
+def pointwise_chain(x):
+    x = x * 1.5
+    x = x + 0.25
+    x = torch.sin(x)
+    x = x * x
+    x = torch.exp(-x)
+    x = x - 0.5
+    x = torch.tanh(x)
+    x = torch.relu(x)
+    x = x * 3.0
+    return torch.sigmoid(x)
+
+
+def pointwise_chain_arith(x):
+    """Memory-bound variant: nine cheap arithmetic/clamp ops and one tanh."""
+    x = x * 1.5
+    x = x + 0.25
+    x = torch.relu(x)
+    x = x * x
+    x = x - 0.5
+    x = torch.abs(x)
+    x = torch.clamp(x, max=3.0)
+    x = x * 2.0
+    x = torch.tanh(x)
+    return x + 1.0
+
+
+def bench_pointwise(args, chain=pointwise_chain):
+    pointwise_chain = chain
+    n = 4 * 1024 * 1024
+    x_cpu = torch.randn(n)
+    x_dev = x_cpu.to(NEURON)
+    eager = lambda: pointwise_chain(x_dev)
+    comp_dev = torch.compile(pointwise_chain, backend="neuron")
+    comp_cpu = torch.compile(pointwise_chain, backend="inductor")
+    torch.testing.assert_close(comp_dev(x_dev).cpu(), pointwise_chain(x_cpu), atol=1e-5, rtol=1e-5)
+    return timeit({"neuron eager": (eager, NEURON),
+                   "neuron compiled": (lambda: comp_dev(x_dev), NEURON),
+                   "cpu inductor": (lambda: comp_cpu(x_cpu), torch.device("cpu"))},
+                  args.warmup, args.repeat)
+
+
+# (b) GPT training step -------------------------------------------------------------------------
+
+def _gpt_step_fn(device, compiled, backend):
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
+    model = GPT(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
+    tgt = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
+    fwd = torch.compile(model, backend=backend) if compiled else model
+    opt_step = torch.compile(opt.step, backend=backend) if compiled else opt.step
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        _, loss = fwd(idx, tgt)
+        loss.backward()
+        opt_step()
+        return loss
+
+    return step
+
+
+def bench_gpt(args):
+    cpu = torch.device("cpu")
+    return timeit({"neuron eager": (_gpt_step_fn(NEURON, False, None), NEURON),
+                   "neuron compiled": (_gpt_step_fn(NEURON, True, "neuron"), NEURON),
+                   "cpu inductor": (_gpt_step_fn(cpu, True, "inductor"), cpu)},
+                  args.warmup, args.repeat)
+
+
+# (c) FlexAttention causal fwd+bwd --------------------------------------------------------------
+
+def bench_flex(args):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, H, L, D = 4, 8, 256, 64
+    bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, L, L, device=NEURON)
+    qkv = [torch.randn(B, H, L, D, device=NEURON, requires_grad=True) for _ in range(3)]
+    grad = torch.randn(B, H, L, D, device=NEURON)
+    compiled = torch.compile(flex_attention, backend="neuron")
+
+    def run(fn):
+        def step():
+            for t in qkv:
+                t.grad = None
+            fn(*qkv, block_mask=bm).backward(grad)
+        return step
+
+    out = timeit({"neuron eager": (run(flex_attention), NEURON),
+                  "neuron compiled": (run(compiled), NEURON)}, args.warmup, args.repeat)
+    out["cpu inductor"] = float("nan")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    rows = [("(a) pointwise x10, 4M fp32", bench_pointwise(args)),
+            ("(a') arithmetic pointwise x10, 4M fp32", bench_pointwise(args, pointwise_chain_arith)),
+            ("(b) GPT train step (2L, d128, 16x64)", bench_gpt(args)),
+            ("(c) FlexAttention causal fwd+bwd (4x8x256x64)", bench_flex(args))]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, min of {args.repeat} interleaved runs")
+    hdr = f"{'workload':<46}{'neuron eager':>14}{'neuron comp':>14}{'cpu inductor':>14}{'comp/eager':>12}{'comp/cpu-ind':>14}"
+    print(hdr)
+    print("-" * len(hdr))
+    for name, r in rows:
+        e, c, i = r["neuron eager"], r["neuron compiled"], r["cpu inductor"]
+        ratio_i = c / i if i == i else float("nan")
+        fmt = lambda s: f"{s * 1e3:.3f} ms" if s == s else "n/a"
+        print(f"{name:<46}{fmt(e):>14}{fmt(c):>14}{fmt(i):>14}{c / e:>12.3f}"
+              f"{(f'{ratio_i:.3f}' if ratio_i == ratio_i else 'n/a'):>14}")
+    print("compile metrics:", torch.neuron.get_dynamo_metrics())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The Inductor/FlexAttention patches change behaviour for neuron only."""
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as fa
+from torch._inductor import config, ir, utils
+from torch._inductor.scheduler import BaseSchedulerNode
+
+from torchneuron.compile import inductor_patches
+
+
+def test_apply_is_idempotent():
+    before = (BaseSchedulerNode.is_cpu, utils.get_current_backend, ir.is_cpu, fa._validate_device)
+    inductor_patches.apply()
+    inductor_patches.apply()
+    assert before == (BaseSchedulerNode.is_cpu, utils.get_current_backend, ir.is_cpu,
+                      fa._validate_device)
+
+
+def test_current_backend_is_cpp_for_neuron_and_unchanged_for_others():
+    assert utils.get_current_backend("neuron") == config.cpu_backend == "cpp"
+    assert utils.get_current_backend("cpu") == config.cpu_backend
+    assert utils.get_current_backend("cuda") == config.cuda_backend
+    import torch._inductor.codegen.common as common
+
+    assert common.get_current_backend is utils.get_current_backend
+
+
+def test_ir_is_cpu_covers_neuron_only():
+    assert ir.is_cpu(torch.device("neuron", 0))
+    assert ir.is_cpu(torch.device("cpu"))
+    assert not ir.is_cpu(torch.device("meta"))
+
+
+def test_flex_validate_device_allows_neuron_but_still_rejects_unknown_devices():
+    q = torch.empty(1, 1, 4, 4, device="neuron", requires_grad=True)
+    fa._validate_device(q, q, q)  # no error: neuron supports forward and backward
+    m = torch.empty(1, 1, 4, 4, device="meta")
+    with pytest.raises(ValueError, match="FlexAttention is only supported"):
+        fa._validate_device(m, m, m)
+    c = torch.empty(1, 1, 4, 4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        fa._validate_device(c, c, c)
+
+
+def test_import_hook_patches_flex_attention_in_a_fresh_process():
+    from support import run_python
+
+    r = run_python(
+        "import torchneuron.compile as t; t.install_import_hooks()\n"
+        "import torch\n"
+        "from torch.nn.attention.flex_attention import flex_attention\n"
+        "q = torch.randn(1, 2, 8, 4, device='neuron')\n"
+        "print(flex_attention(q, q, q).device)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("neuron:0")
+
+
+def test_sdpa_tracing_patch_keeps_cpu_composite():
+    from torch._dispatch.python import enable_python_dispatcher
+
+    q = torch.randn(1, 2, 8, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with enable_python_dispatcher():
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, ref)

@@ -1,0 +1,146 @@
+"""Compiled-vs-eager numerics of small models on neuron (eager CPU is the oracle)."""
+
+import pytest
+import torch
+
+from compile_models import DEV, MLP, GPTBlock, SmallCNN, assert_close, clone_to
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    torch.manual_seed(0)
+    ref = MLP().eval()
+    return ref, torch.compile(clone_to(ref, DEV), backend="neuron")
+
+
+def test_mlp_inference_matches_eager(mlp):
+    ref, compiled = mlp
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        assert_close(compiled(x.to(DEV)), ref(x))
+
+
+def test_compiled_outputs_are_on_neuron(mlp):
+    _, compiled = mlp
+    with torch.no_grad():
+        assert compiled(torch.randn(8, 16, device=DEV)).device == DEV
+
+
+def test_small_cnn_inference_matches_eager():
+    torch.manual_seed(0)
+    ref = SmallCNN().eval()
+    compiled = torch.compile(clone_to(ref, DEV), backend="neuron")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert_close(compiled(x.to(DEV)), ref(x))
+
+
+def test_gpt_block_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    ref = GPTBlock()
+    dev_model = clone_to(ref, DEV)
+    compiled = torch.compile(dev_model, backend="neuron")
+    x = torch.randn(2, 8, 32)
+    out_ref = ref(x)
+    out = compiled(x.to(DEV))
+    assert_close(out, out_ref)
+    out_ref.square().mean().backward()
+    out.square().mean().backward()
+    for (name, p_ref), p in zip(ref.named_parameters(), dev_model.parameters()):
+        assert p.grad is not None and p.grad.device == DEV, name
+        assert_close(p.grad, p_ref.grad, atol=1e-4, rtol=1e-3)
+
+
+def test_model_created_on_device_compiles():
+    torch.manual_seed(0)
+    with torch.device(DEV):
+        model = MLP()
+    ref = clone_to(model, "cpu")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert_close(torch.compile(model, backend="neuron")(x.to(DEV)), ref(x))
+
+
+def test_autocast_bf16_inside_compiled_region():
+    torch.manual_seed(0)
+    w = torch.randn(32, 32)
+
+    def f(x, w):
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            y = x @ w
+        return y, y.float().relu().sum()
+
+    x = torch.randn(16, 32)
+    y, s = torch.compile(f, backend="neuron")(x.to(DEV), w.to(DEV))
+    assert y.dtype == torch.bfloat16
+    ref = x.bfloat16().float() @ w.bfloat16().float()
+    assert_close(y.float(), ref, atol=0.1, rtol=0.02)
+    assert_close(s, ref.relu().sum(), atol=1.0, rtol=0.02)
+
+
+def test_compiler_disable_region_runs_eagerly(metrics):
+    calls = []
+
+    @torch.compiler.disable
+    def eager_part(x):
+        calls.append(torch.compiler.is_compiling())
+        return x * 3
+
+    def f(x):
+        return eager_part(x.sin()) + 1
+
+    x = torch.randn(8, device=DEV)
+    out = torch.compile(f, backend="neuron")(x)
+    torch.testing.assert_close(out.cpu(), x.cpu().sin() * 3 + 1)
+    assert calls == [False]
+    assert metrics()["compilations"] >= 1
+
+
+@pytest.mark.skipif(torch.neuron.device_count() < 2, reason="needs two neuron devices")
+def test_graph_on_second_device_allocates_and_runs_there():
+    dev1 = torch.device("neuron:1")
+    x = torch.randn(32, 32, device=dev1)
+    out = torch.compile(lambda x: (x.sin() @ x).relu() + 1, backend="neuron")(x)
+    assert out.device == dev1
+    assert_close(out, (x.cpu().sin() @ x.cpu()).relu() + 1)
+
+
+def test_channels_last_conv_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(3, 4, 3)
+    dev_conv = clone_to(ref, DEV)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last).requires_grad_()
+    xd = x.detach().to(DEV).requires_grad_()
+    out = torch.compile(dev_conv, backend="neuron")(xd)
+    out_ref = ref(x)
+    assert_close(out, out_ref)
+    out.square().sum().backward()
+    out_ref.square().sum().backward()
+    assert_close(xd.grad, x.grad)
+    assert_close(dev_conv.weight.grad, ref.weight.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["causal", "bool_mask", "gqa"])
+def test_sdpa_forward_and_backward_match_eager(variant):
+    torch.manual_seed(0)
+    kv_heads = 2 if variant == "gqa" else 4
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k = torch.randn(2, kv_heads, 16, 8, requires_grad=True)
+    v = torch.randn(2, kv_heads, 16, 8, requires_grad=True)
+    mask = torch.rand(16, 16) > 0.3
+    mask.fill_diagonal_(True)
+    kwargs = {"causal": dict(is_causal=True), "bool_mask": {}, "gqa": dict(enable_gqa=True)}[variant]
+
+    def f(q, k, v, mask):
+        m = mask if variant == "bool_mask" else None
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs)
+
+    qd, kd, vd = (t.detach().to(DEV).requires_grad_() for t in (q, k, v))
+    out = torch.compile(f, backend="neuron")(qd, kd, vd, mask.to(DEV))
+    ref = f(q, k, v, mask)
+    assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    g = torch.randn_like(ref)
+    out.backward(g.to(DEV))
+    ref.backward(g)
+    for a, b in ((qd, q), (kd, k), (vd, v)):
+        assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)

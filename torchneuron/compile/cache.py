@@ -1,0 +1,45 @@
+"""On-disk location of compiled neuron artifacts.
+
+The backend reuses Inductor's FX-graph cache and AOTAutograd cache (content-addressed by graph,
+input metadata, configuration and torch version), pointed at a neuron-specific directory:
+``$TORCHNEURON_COMPILE_CACHE_DIR``, default ``$XDG_CACHE_HOME/torchneuron/compile`` (i.e.
+``~/.cache/torchneuron/compile``). A second process compiling the same graph loads the
+generated C++/Python instead of regenerating and recompiling it. In memory, loaded modules
+stay in Inductor's ``PyCodeCache`` and Dynamo keeps compiled code per frame.
+
+The directory is only in effect while the neuron backend compiles (see :func:`scoped`), so
+``backend="inductor"`` compilations in the same process keep their usual cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+
+def cache_dir() -> str:
+    """The directory holding neuron compile artifacts (created on demand)."""
+    path = os.environ.get("TORCHNEURON_COMPILE_CACHE_DIR")
+    if not path:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "torchneuron", "compile")
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def scoped() -> Iterator[str]:
+    """Point Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, read on every lookup) at
+    :func:`cache_dir` for the duration of a neuron compilation."""
+    path = cache_dir()
+    prev = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if prev is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = prev
