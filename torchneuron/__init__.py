@@ -120,6 +120,22 @@ _run_backward_on_calling_thread()
 from .compile import install_import_hooks as _install_compile_hooks  # noqa: E402
 
 _install_compile_hooks()
+
+
+def _register_distributed() -> None:
+    """Register the ``neuron`` c10d backend (about 1 ms: ``import torch`` already loaded
+    ``torch.distributed``). A failure here must not break ``import torch``."""
+    try:
+        from . import distributed as _distributed
+
+        _distributed.register()
+    except Exception as exc:  # pragma: no cover - only on a broken install
+        import warnings
+
+        warnings.warn(f"torchneuron: distributed backend 'neuron' not registered: {exc}")
+
+
+_register_distributed()
 if __import__("os").environ.get("TORCHNEURON_NKI_SDPA") == "1":
     from .nkilib import sdpa as _nki_sdpa  # kernels load lazily: the import is cheap
 

@@ -28,6 +28,7 @@
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/mse_loss_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
 #include <ATen/ops/convolution.h>
@@ -438,6 +439,7 @@ HOT_NAME(kDiv_, "aten::div_.Tensor")
 HOT_NAME(kSum, "aten::sum.dim_IntList")
 HOT_NAME(kMean, "aten::mean.dim")
 HOT_NAME(kSoftmax, "aten::_softmax")
+HOT_NAME(kMseLoss, "aten::mse_loss")
 HOT_NAME(kLogSoftmax, "aten::_log_softmax")
 HOT_NAME(kGelu, "aten::gelu")
 HOT_NAME(kSilu, "aten::silu")
@@ -492,6 +494,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mean.dim",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
                    &at::cpu::mean, kMean>)));
+  // Registered directly: through the fallback its composite passes a 0-dim out= and warns.
+  m.impl("mse_loss", TORCH_FN((Hot<T(CT, CT, int64_t)>::call<&at::cpu::mse_loss, kMseLoss>)));
   m.impl("_softmax", TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, kSoftmax>)));
   m.impl("_log_softmax",
          TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax, kLogSoftmax>)));

@@ -42,9 +42,18 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
     return static_cast<int64_t>(flash ? sdp::SDPBackend::efficient_attention : sdp::SDPBackend::math);
   }
   ZeroCopy zc;
+  // CPU's selection looks at requires_grad (a trainable mask needs the math path); aliases are
+  // fresh leaves, so carry the flag over.
+  auto aliased = [&zc](const at::Tensor& t) {
+    at::Tensor a = zc.in(t);
+    if (t.requires_grad()) a.requires_grad_(true);
+    return a;
+  };
+  std::optional<at::Tensor> m;
+  if (mask.has_value() && mask->defined()) m = aliased(*mask);
   const int64_t cpu_choice = at::_ops::_fused_sdp_choice::redispatch(
-      c10::DispatchKeySet(c10::DispatchKey::CPU), zc.in(q), zc.in(k), zc.in(v), alias_opt(zc, mask),
-      dropout_p, is_causal, scale, enable_gqa);
+      c10::DispatchKeySet(c10::DispatchKey::CPU), aliased(q), aliased(k), aliased(v), m, dropout_p,
+      is_causal, scale, enable_gqa);
   const bool same_heads = q.dim() < 3 || k.dim() < 3 || q.size(-3) == k.size(-3);
   if (cpu_choice == static_cast<int64_t>(sdp::SDPBackend::flash_attention) && dropout_p == 0.0 &&
       same_heads) {
@@ -65,16 +74,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   track_hot("aten::_scaled_dot_product_efficient_attention");
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                      bias, scale);
-  // Match the op's meta function, which compiled graphs rely on: output laid out as
-  // (B, L, H, E) viewed as (B, H, L, E), logsumexp padded to a multiple of 32 (or empty).
+  // Output laid out as the op's meta function says, (B, L, H, E) viewed as (B, H, L, E), so
+  // compiled graphs see the strides they planned for. The logsumexp stays (B, H, L): context
+  // parallelism merges it with the output row by row, which the meta's padding to a multiple
+  // of 32 would break (the neuron compile backend does not lower this op; see compile.md).
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = v.size(3);
   at::Tensor res = at::empty({B, L, H, E}, out.options()).transpose(1, 2);
   res.copy_(out);
-  at::Tensor lse_padded = at::empty({B, H, compute_log_sumexp ? (L + 31) / 32 * 32 : 0}, lse.options());
-  if (compute_log_sumexp) lse_padded.narrow(2, 0, L).copy_(lse);
+  at::Tensor lse_out = compute_log_sumexp ? lse : at::empty({B, H, 0}, lse.options());
   // No RNG is involved (no dropout): seed and offset are zeros, as 0-dim int64 like CUDA's.
   auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());
-  return {zc.out(res), zc.out(lse_padded), at::zeros({}, opts), at::zeros({}, opts)};
+  return {zc.out(res), zc.out(lse_out), at::zeros({}, opts), at::zeros({}, opts)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_backward(
@@ -89,8 +99,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
   at::Tensor o = zc.in(out);
-  // The forward padded logsumexp to a multiple of 32 columns; the CPU kernel wants exactly L.
-  at::Tensor lse = zc.in(logsumexp).narrow(2, 0, query.size(2)).contiguous();
+  at::Tensor lse = zc.in(logsumexp);
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = zc.in(attn_bias);
   track_hot("aten::_scaled_dot_product_efficient_attention_backward");
@@ -108,6 +117,8 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::neuron_sdp_c
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // The op form answers what the stub answers (SDPA itself calls the stub).
+  m.impl("_fused_sdp_choice", TORCH_FN(torchneuron::neuron_sdp_choice));
   m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(torchneuron::efficient_attention));
   m.impl("_scaled_dot_product_efficient_attention_backward",
          TORCH_FN(torchneuron::efficient_attention_backward));

@@ -875,13 +875,8 @@ class ProcessGroupNeuron : public c10d::Backend {
 
 }  // namespace torchneuron_dist
 
-namespace torchneuron_sdpa {
-void register_kernels();  // sdpa.cpp
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using torchneuron_dist::ProcessGroupNeuron;
-  torchneuron_sdpa::register_kernels();
   // Base class c10d::Backend is torch._C._distributed_c10d.Backend (pybind type sharing).
   py::module::import("torch.distributed");
   py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(

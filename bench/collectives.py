@@ -1,0 +1,219 @@
+"""Collective bandwidth and latency: backend ``neuron`` on neuron tensors vs raw gloo on CPU
+tensors, in one run, plus the modelled Trainium time for the same collective.
+
+    python bench/collectives.py [--nproc 2] [--max-mb 64] [--rounds 3]
+
+Each side runs as its own job (``init_process_group("gloo")`` with CPU tensors, or
+``init_process_group("neuron")`` with neuron tensors), so neither pays for the other's idle gloo
+context; the jobs alternate for ``--rounds`` rounds and each figure is the best round (the
+machine is shared: the best round is the one least disturbed by other load).
+Bus bandwidth follows nccl-tests: all_reduce busbw = algbw * 2(n-1)/n, all_gather and
+reduce_scatter busbw = algbw * (n-1)/n, with algbw = total bytes / time.
+
+The model is a ring on NeuronLink: t = k(n-1)/n * bytes / link_bw + k(n-1) * alpha, with k = 2
+for all_reduce (reduce-scatter then all-gather) and 1 otherwise; link_bw is one link's share of
+``Platform.neuronlink_bytes_per_s`` (4 links per chip) and alpha the DMA fixed + issue cost of
+one step (``dma_fixed_cost_s + dma_issue_cost_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+LINKS_PER_CHIP = 4
+
+
+def sizes(max_mb):
+    s, out = 4 << 10, []
+    while s <= max_mb << 20:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def model_time(op, nbytes, n, platform):
+    link_bw = platform.neuronlink_bytes_per_s / LINKS_PER_CHIP
+    alpha = platform.dma_fixed_cost_s + platform.dma_issue_cost_s
+    k = 2 if op == "all_reduce" else 1
+    return k * (n - 1) / n * nbytes / link_bw + k * (n - 1) * alpha
+
+
+def bus_factor(op, n):
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def make(torch, op, numel, n, dev):
+    if op == "all_reduce":
+        return (torch.ones(numel, device=dev),)
+    if op == "all_gather":
+        return torch.empty(numel, device=dev), torch.ones(numel // n, device=dev)
+    return torch.empty(numel // n, device=dev), torch.ones(numel, device=dev)
+
+
+def call(dist, op, *bufs):
+    if op == "all_reduce":
+        dist.all_reduce(bufs[0])
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(bufs[0], bufs[1])
+    else:
+        dist.reduce_scatter_tensor(bufs[0], bufs[1])
+
+
+def setup(rank, n, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    import warnings
+
+    warnings.simplefilter("ignore")
+
+
+def worker(rank, n, port, side, max_mb, q):
+    """One job: every op and size on one side; rank 0 reports {(op, bytes): seconds}."""
+    setup(rank, n, port)
+    import torch
+    import torch.distributed as dist
+
+    import torchneuron.distributed as tnd
+
+    tnd.register()
+    dist.init_process_group("gloo" if side == "gloo" else "neuron", timeout=timedelta(seconds=300))
+    dev = "cpu" if side == "gloo" else "neuron"
+    out = {}
+    for nbytes in sizes(max_mb):
+        numel = nbytes // 4  # float32; nbytes is the collective's total (output) size
+        iters = max(2, min(200, int(8e6 // nbytes)))
+        for op in OPS:
+            bufs = make(torch, op, numel, n, dev)
+            for _ in range(max(2, iters // 5)):  # warm-up
+                call(dist, op, *bufs)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call(dist, op, *bufs)
+            if dev == "neuron":
+                torch.neuron.synchronize()
+            t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective
+            out[(op, nbytes)] = t.cpu().item()
+    if rank == 0:
+        q.put(out)
+    dist.destroy_process_group()
+
+
+def overhead_worker(port, q):
+    """Per-op software cost on a 1-rank group (no network): what the neuron layer adds."""
+    setup(0, 1, port)
+    import torch
+    import torch.distributed as dist
+
+    import torchneuron.distributed as tnd
+
+    tnd.register()
+    dist.init_process_group("cpu:gloo,neuron:neuron")
+    out = []
+    for op in OPS:
+        best = {}
+        for rep in range(6):
+            for dev in ("cpu", "neuron"):
+                bufs = make(torch, op, 1024, 1, dev)
+                for _ in range(100):
+                    call(dist, op, *bufs)
+                t0 = time.perf_counter()
+                for _ in range(1000):
+                    call(dist, op, *bufs)
+                best[dev] = min(best.get(dev, 1e9), (time.perf_counter() - t0) / 1000)
+        out.append((op, best["cpu"], best["neuron"]))
+    q.put(out)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fmt_size(b):
+    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+
+
+def job(ctx, target, args_fn, nproc):
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=args_fn(r, port, q)) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    import queue
+
+    try:
+        while True:  # never wait on a dead job
+            try:
+                return q.get(timeout=2)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a benchmark rank failed (see its traceback above)")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--max-mb", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torch.multiprocessing as mp
+
+    from torchneuron import platform as tplat
+
+    plat = tplat.topology().platform
+    ctx = mp.get_context("spawn")
+    n = args.nproc
+    runs = {"gloo": [], "neuron": []}
+    for r in range(args.rounds):
+        for side in (("gloo", "neuron") if r % 2 == 0 else ("neuron", "gloo")):
+            runs[side].append(job(ctx, worker, lambda rank, port, q: (rank, n, port, side, args.max_mb, q), n))
+    ovh = job(ctx, overhead_worker, lambda rank, port, q: (port, q), 1)
+
+    best = {side: {k: min(run[k] for run in rs) for k in rs[0]} for side, rs in runs.items()}
+    print(f"\nCollectives, {n} ranks, float32, best of {args.rounds} alternating rounds; gloo = "
+          f"backend gloo on CPU tensors, neuron = backend neuron on neuron tensors")
+    print(f"model: ring on {plat.chip} NeuronLink, link_bw = "
+          f"{plat.neuronlink_bytes_per_s / LINKS_PER_CHIP / 1e9:.0f} GB/s, alpha = "
+          f"{(plat.dma_fixed_cost_s + plat.dma_issue_cost_s) * 1e6:.2f} us")
+    hdr = (f"{'op':<15}{'size':>7} | {'gloo us':>10}{'busbw GB/s':>11} | {'neuron us':>10}"
+           f"{'busbw GB/s':>11} | {'neuron/gloo':>11} | {'trn model us':>12}{'busbw GB/s':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    ratios = []
+    for nbytes in sizes(args.max_mb):
+        for op in OPS:
+            tg, tn = best["gloo"][(op, nbytes)], best["neuron"][(op, nbytes)]
+            bf = bus_factor(op, n)
+            tm = model_time(op, nbytes, n, plat)
+            ratios.append(tg / tn)  # throughput ratio: > 1 means neuron is faster
+            print(f"{op:<15}{fmt_size(nbytes):>7} | {tg * 1e6:>10.1f}{nbytes / tg * bf / 1e9:>11.3f} | "
+                  f"{tn * 1e6:>10.1f}{nbytes / tn * bf / 1e9:>11.3f} | {tg / tn:>11.3f} | "
+                  f"{tm * 1e6:>12.2f}{nbytes / tm * bf / 1e9:>11.1f}")
+    print("\nper-op software cost, 1-rank group, 4 KB (no network; best of 6 x 1000 calls):")
+    for op, tc, tn in ovh:
+        print(f"  {op:<15} gloo/cpu {tc * 1e6:6.1f} us   neuron {tn * 1e6:6.1f} us   "
+              f"added {(tn - tc) * 1e6:+5.1f} us")
+    print(f"\nneuron/gloo throughput: geometric mean {statistics.geometric_mean(ratios):.3f}, "
+          f"min {min(ratios):.3f}, median {statistics.median(ratios):.3f} (target >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()
