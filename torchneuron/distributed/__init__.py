@@ -102,7 +102,7 @@ def register() -> None:
 
         if not dist.is_available():
             return
-        _ext()  # SDPA kernels for PrivateUse1 live in the same extension
+        _ext()  # load the C++ backend now: a broken build shows here, not at first use
         if BACKEND_NAME not in dist.Backend.backend_list:  # survives a module reload
             dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                           devices=["neuron"])
