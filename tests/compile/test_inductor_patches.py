@@ -56,11 +56,13 @@ def test_import_hook_patches_flex_attention_in_a_fresh_process():
     assert r.stdout.strip().endswith("neuron:0")
 
 
-def test_sdpa_tracing_patch_keeps_cpu_composite():
+def test_sdpa_on_neuron_under_the_python_dispatcher_matches_cpu():
+    # Tracing runs SDPA's composite with the Python dispatcher on; neuron's kernel choice must
+    # work there (no patch needed) and agree with CPU.
     from torch._dispatch.python import enable_python_dispatcher
 
     q = torch.randn(1, 2, 8, 4)
     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     with enable_python_dispatcher():
-        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-    torch.testing.assert_close(out, ref)
+        out = torch.nn.functional.scaled_dot_product_attention(*(q.to("neuron"),) * 3, is_causal=True)
+    torch.testing.assert_close(out.cpu(), ref)

@@ -62,8 +62,3 @@ def __getattr__(name: str) -> Any:
 
 
 from ._hooks import install_import_hooks  # noqa: E402  (light: no Dynamo import)
-from .inductor_patches import patch_sdpa_tracing as _patch_sdpa_tracing  # noqa: E402
-
-# Must be in place before Dynamo traces the first neuron graph (the backend callable runs only
-# after tracing); registers a Python-dispatcher kernel, imports nothing heavy.
-_patch_sdpa_tracing()

@@ -139,38 +139,8 @@ def patch_flex_lowering() -> None:
     del flex_mod
 
 
-@_once("sdpa_tracing")
-def patch_sdpa_tracing() -> None:
-    """While tracing (Python dispatcher on: Dynamo fake propagation, AOTAutograd), SDPA on
-    neuron decomposes to ``_scaled_dot_product_attention_math``. The CompositeImplicit SDPA
-    kernel otherwise calls neuron's ``_fused_sdp_choice`` in C++, which builds zero-copy CPU
-    aliases of its inputs and fails on FakeTensors with symbolic sizes ("Expected
-    !size_bytes_is_heap_allocated_"), so any attention model under ``dynamic=True`` / automatic
-    dynamic failed in Dynamo. Math is also the choice whose meta outputs match what runs. Other
-    devices run the original C++ composite kernel; eager execution (no Python
-    dispatcher) is unaffected. Needs no Dynamo/Inductor import: applied when
-    ``torchneuron.compile`` is imported, i.e. before Dynamo traces for the neuron backend."""
-    from torch._C import DispatchKey
-
-    op = torch.ops.aten.scaled_dot_product_attention.default
-    if DispatchKey.CompositeImplicitAutograd in op.py_kernels:
-        return
-
-    @op.py_impl(DispatchKey.CompositeImplicitAutograd)
-    def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False):
-        if query.device.type == "neuron":
-            return torch.ops.aten._scaled_dot_product_attention_math(
-                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
-                enable_gqa=enable_gqa)[0]
-        # The C++ composite kernel itself (``op.decompose`` would call this function again).
-        return op._op_dk(DispatchKey.CompositeImplicitAutograd, query, key, value, attn_mask,
-                         dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-
-
 def apply() -> None:
     """Apply every patch (idempotent)."""
-    patch_sdpa_tracing()
     patch_scheduler_is_cpu()
     patch_get_current_backend()
     patch_ir_is_cpu()

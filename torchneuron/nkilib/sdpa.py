@@ -46,13 +46,32 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return attention_fwd(query, key, value, s, bool(is_causal), None)[0]
 
 
+def _traced(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+    # With the Python dispatcher on (tracing, once Inductor's decompositions are loaded), a
+    # CompositeImplicitAutograd op can be decomposed before its autograd-key kernel is reached;
+    # this Python kernel keeps neuron SDPA on the NKI path there too.
+    if query.device.type == "neuron":
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    from torch._C import DispatchKey
+
+    return torch.ops.aten.scaled_dot_product_attention.default._op_dk(
+        DispatchKey.CompositeImplicitAutograd, query, key, value, attn_mask, dropout_p, is_causal,
+        scale=scale, enable_gqa=enable_gqa)
+
+
 def enable() -> None:
     """Make SDPA on ``neuron`` tensors use the NKI attention kernels (idempotent)."""
     global _LIB
     if _LIB is not None:
         return
+    from torch._C import DispatchKey
+
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    if DispatchKey.CompositeImplicitAutograd not in op.py_kernels:
+        op.py_impl(DispatchKey.CompositeImplicitAutograd)(_traced)
     _LIB = lib
 
 
@@ -60,8 +79,14 @@ def disable() -> None:
     """Undo :func:`enable` (the host kernel path is used again)."""
     global _LIB
     if _LIB is not None:
+        from torch._C import DispatchKey
+
         _LIB._destroy()
         _LIB = None
+        op = torch.ops.aten.scaled_dot_product_attention.default
+        if op.py_kernels.get(DispatchKey.CompositeImplicitAutograd) is _traced:
+            del op.py_kernels[DispatchKey.CompositeImplicitAutograd]
+            op._dispatch_cache.clear()
 
 
 def enabled() -> bool:
