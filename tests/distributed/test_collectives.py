@@ -219,6 +219,7 @@ def case_barrier_and_monitored_barrier(rank, size):
 
     dist.barrier()
     tnd.monitored_barrier(timeout=timedelta(seconds=10), wait_all_ranks=True)
+    dist.monitored_barrier(timeout=timedelta(seconds=10), wait_all_ranks=True)  # the standard API
 
 
 def case_async_work_future_holds_neuron_tensors(rank, size):

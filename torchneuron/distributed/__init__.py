@@ -106,7 +106,36 @@ def register() -> None:
         if BACKEND_NAME not in dist.Backend.backend_list:  # survives a module reload
             dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                           devices=["neuron"])
+        _patch_monitored_barrier()
         _registered = True
+
+
+def _patch_monitored_barrier() -> None:
+    """``dist.monitored_barrier`` refuses every backend not named gloo (a Python check in torch
+    2.13), although ours has a gloo transport that implements it. Route neuron groups to it;
+    other groups keep the original behaviour."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.monitored_barrier
+    if getattr(original, "_torchneuron", False):
+        return
+
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = group if group is not None else c10d._get_default_group()
+        if dist.get_backend(pg) != dist.Backend.GLOO:
+            try:
+                pg._get_backend(torch.device("neuron"))
+            except RuntimeError:
+                pass  # no neuron backend in this group: let torch report its own error
+            else:
+                return globals()["monitored_barrier"](pg, timeout, wait_all_ranks)
+        return original(group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._torchneuron = True
+    monitored_barrier.__doc__ = original.__doc__
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
 
 
 def is_registered() -> bool:
