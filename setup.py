@@ -14,7 +14,8 @@ cmdclass = {}
 if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    flags = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter"]
+    # -Wno-interference-size: torch headers use std::hardware_destructive_interference_size.
+    flags = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-interference-size"]
     core = sorted(glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/backend/*.cpp")) + ["csrc/module.cpp"]
     ext_modules.append(CppExtension(name="torchneuron._C", sources=core, extra_compile_args=flags))
     dist = sorted(glob.glob("csrc/distributed/*.cpp"))

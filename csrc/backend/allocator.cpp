@@ -105,6 +105,29 @@ inline void stat_add(StatArray& arr, bool large, int64_t delta) {
   apply(arr[static_cast<size_t>(large ? StatType::LARGE_POOL : StatType::SMALL_POOL)]);
 }
 
+template <class F>
+void for_each_stat(DeviceStats& s, F f) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
+                       &s.requested_bytes}) {
+    for (Stat& st : *a) f(st);
+  }
+}
+
+// Adopted memory is its own segment, fully allocated: it moves every counter at once.
+// Caller holds c.mu; sign is +1 on adoption, -1 on release.
+void count_adopted(DeviceCache& c, size_t nbytes, int sign) {
+  const bool large = nbytes > kSmallSize;
+  const int64_t bytes = sign * static_cast<int64_t>(nbytes);
+  stat_add(c.stats.allocation, large, sign);
+  stat_add(c.stats.active, large, sign);
+  stat_add(c.stats.segment, large, sign);
+  stat_add(c.stats.allocated_bytes, large, bytes);
+  stat_add(c.stats.active_bytes, large, bytes);
+  stat_add(c.stats.requested_bytes, large, bytes);
+  stat_add(c.stats.reserved_bytes, large, bytes);
+}
+
 std::string format_size(size_t bytes) {
   char buf[64];
   if (bytes < (1 << 10)) snprintf(buf, sizeof buf, "%zu bytes", bytes);
@@ -273,14 +296,7 @@ void delete_adopted(void* ctx) {
   auto& c = g_cache[a->device];
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    const bool large = a->nbytes > kSmallSize;
-    stat_add(c.stats.allocation, large, -1);
-    stat_add(c.stats.active, large, -1);
-    stat_add(c.stats.segment, large, -1);
-    stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(a->nbytes));
-    stat_add(c.stats.active_bytes, large, -static_cast<int64_t>(a->nbytes));
-    stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(a->nbytes));
-    stat_add(c.stats.reserved_bytes, large, -static_cast<int64_t>(a->nbytes));
+    count_adopted(c, a->nbytes, -1);
     c.adopted.erase(a);
     report_usage(c, a->device, a->cpu.get(), -static_cast<int64_t>(a->nbytes));
   }
@@ -318,14 +334,7 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
   auto* a = new Adopted{std::move(cpu_data), device, nbytes};
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    const bool large = nbytes > kSmallSize;
-    stat_add(c.stats.allocation, large, 1);
-    stat_add(c.stats.active, large, 1);
-    stat_add(c.stats.segment, large, 1);
-    stat_add(c.stats.allocated_bytes, large, static_cast<int64_t>(nbytes));
-    stat_add(c.stats.active_bytes, large, static_cast<int64_t>(nbytes));
-    stat_add(c.stats.requested_bytes, large, static_cast<int64_t>(nbytes));
-    stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(nbytes));
+    count_adopted(c, nbytes, 1);
     c.adopted.insert(a);
     report_usage(c, device, ptr, static_cast<int64_t>(nbytes));
   }
@@ -362,10 +371,7 @@ void NeuronAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   neuron::rt::check_device(device);
   auto& c = g_cache[device];
   std::lock_guard<std::mutex> lock(c.mu);
-  auto reset = [](StatArray& a) { for (auto& s : a) s.reset_accumulated(); };
-  reset(c.stats.allocation); reset(c.stats.segment); reset(c.stats.active);
-  reset(c.stats.inactive_split); reset(c.stats.allocated_bytes); reset(c.stats.reserved_bytes);
-  reset(c.stats.active_bytes); reset(c.stats.inactive_split_bytes); reset(c.stats.requested_bytes);
+  for_each_stat(c.stats, [](Stat& s) { s.reset_accumulated(); });
   c.stats.num_alloc_retries = 0;
   c.stats.num_ooms = 0;
   c.stats.num_device_alloc = 0;
@@ -376,10 +382,7 @@ void NeuronAllocator::resetPeakStats(c10::DeviceIndex device) {
   neuron::rt::check_device(device);
   auto& c = g_cache[device];
   std::lock_guard<std::mutex> lock(c.mu);
-  auto reset = [](StatArray& a) { for (auto& s : a) s.reset_peak(); };
-  reset(c.stats.allocation); reset(c.stats.segment); reset(c.stats.active);
-  reset(c.stats.inactive_split); reset(c.stats.allocated_bytes); reset(c.stats.reserved_bytes);
-  reset(c.stats.active_bytes); reset(c.stats.inactive_split_bytes); reset(c.stats.requested_bytes);
+  for_each_stat(c.stats, [](Stat& s) { s.reset_peak(); });
 }
 
 std::pair<size_t, size_t> NeuronAllocator::getMemoryInfo(c10::DeviceIndex device) {
