@@ -77,6 +77,8 @@ PYBIND11_MODULE(_C, m) {
     torchneuron::check_device_index(d);
     neuron::rt::set_current_device(d);
   });
+  m.def("_check_device", &torchneuron::check_device_index,
+        "Raise RuntimeError naming the valid range if the index is not a visible device.");
   m.def("_device_capacity", [](int d) {
     torchneuron::check_device_index(d);
     return neuron::rt::capacity(d);

@@ -243,7 +243,7 @@ Block* malloc_block(int device, size_t nbytes) {
 
 // Merge `b` with free neighbour `n` (n is b->prev or b->next). Caller holds the lock.
 void try_merge(std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
-  if (!n || n->allocated || !n->stream_uses.empty()) return;
+  if (!n || n->allocated) return;
   pool.erase(n);
   if (n == b->prev) {
     b->ptr = n->ptr;

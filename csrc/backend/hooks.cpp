@@ -1,14 +1,12 @@
 // PrivateUse1 hooks: what ATen asks of an accelerator (availability, generators, pinned
 // memory, storage resize, pointer → device).
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <ATen/native/Resize.h>
 #include <c10/core/StorageImpl.h>
-
-#include <cstring>
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "generator.h"
+#include "zero_copy.h"
 
 namespace torchneuron {
 namespace {
@@ -48,17 +46,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   // UntypedStorage.resize_ and FSDP2's resize_(0): reallocate on the storage's device and
   // keep the common prefix of the old bytes.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-    const size_t old = impl->nbytes();
-    const int device = impl->data_ptr().device().index() >= 0
-                           ? impl->data_ptr().device().index()
-                           : neuron::rt::current_device();
-    c10::DataPtr fresh = device_allocator()->allocate_on(device, newsize);
-    const size_t keep = std::min(old, newsize);
-    if (keep > 0 && impl->data() != nullptr) std::memcpy(fresh.get(), impl->data(), keep);
-    impl->set_data_ptr_noswap(std::move(fresh));
-    impl->set_nbytes(newsize);
+    resize_storage_bytes(storage.unsafeGetStorageImpl(), newsize);
   }
 };
 

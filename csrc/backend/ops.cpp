@@ -164,18 +164,16 @@ at::Tensor& set_empty(at::Tensor& self) {
 // Both sides become CPU tensors over the same bytes and the CPU copy kernel does the rest:
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  ZeroCopy zc;
-  at::Tensor src = zc.in(self, /*allow_cpu=*/true);
-  if (dst.device() != self.device() && dst.is_privateuseone() && self.is_privateuseone()) {
-    zc = ZeroCopy();  // neuron:i -> neuron:j is a legal copy: alias each side separately
-    src = zc.in(self);
-    ZeroCopy zd;
-    at::Tensor d = zd.in(dst);
-    d.copy_(src, non_blocking);
+  if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
+    // neuron:i -> neuron:j is a legal copy, unlike an op mixing devices: alias each side alone.
+    ZeroCopy zs, zd;
+    zd.in(dst).copy_(zs.in(self), non_blocking);
     return dst;
   }
-  at::Tensor d = zc.in(dst, /*allow_cpu=*/true);
-  d.copy_(src, non_blocking);
+  // One alias set for both sides, so a copy between overlapping views sees the sharing.
+  ZeroCopy zc;
+  at::Tensor src = zc.in(self, /*allow_cpu=*/true);
+  zc.in(dst, /*allow_cpu=*/true).copy_(src, non_blocking);
   return dst;
 }
 

@@ -81,12 +81,8 @@ def init() -> None:
 
 
 def _check_index(index: int) -> None:
-    n = device_count()
-    if not 0 <= index < n:
-        raise RuntimeError(
-            f"Invalid device index neuron:{index}: this process has {n} neuron device(s) "
-            f"(valid indices 0..{n - 1}). Check NEURON_RT_VISIBLE_CORES, "
-            "NEURON_LOGICAL_NC_CONFIG and TORCHNEURON_NUM_CHIPS.")
+    """Raise RuntimeError naming the valid range unless ``index`` is a visible device."""
+    _C._check_device(index)
 
 
 def current_device() -> int:

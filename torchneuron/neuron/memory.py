@@ -37,21 +37,7 @@ def empty_cache() -> None:
 
 def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     """Allocator statistics of ``device`` as a flat dict, keys as in ``torch.cuda.memory_stats``."""
-    index = _index(device)
-    stats = torch._C._accelerator_getDeviceStats(index)
-    flat: list[tuple[str, Any]] = []
-
-    def flatten(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                flatten(f"{prefix}.{k}" if prefix else k, v)
-        else:
-            flat.append((prefix, value))
-
-    flatten("", stats)
-    # CUDA's name for "allocated" counts is "allocation"; keep both spellings usable.
-    flat.sort()
-    return OrderedDict(flat)
+    return torch.accelerator.memory_stats(_index(device))
 
 
 def memory_allocated(device: Any = None) -> int:
