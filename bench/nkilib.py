@@ -74,6 +74,11 @@ def cases(quick: bool):
                 (z(T + 1, H), z((T + 1) * E, 1, dtype=np.float32), z(E, H, 2, I), z(E, I, H),
                  z(NB * B, dtype=np.int32), z(NB, 1, dtype=np.int32), B), {}, 1,
                 6.0 * NB * B * H * I, (2 * NB * B * H + 3 * E * H * I) * 2, "bfloat16"))
+    T, G, K, N = 4096, 8, 2048, 1536
+    ends = tuple((g + 1) * T // G for g in range(G))
+    out.append((f"grouped_mm T={T} G={G} K={K} N={N}", nkilib.grouped_mm,
+                (z(T, K), z(G, K, N), ends), {}, 1, 2.0 * T * K * N,
+                (T * K + G * K * N + T * N) * 2, "bfloat16"))
     out.append(("router_topk T=4096 E=128 k=8", nkilib.router_topk,
                 (z(4096, 128, dtype=np.float32),), dict(k=8), 1, 0.0,
                 4096 * 128 * 8 + 4096 * 8 * 4, ""))

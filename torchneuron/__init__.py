@@ -140,6 +140,10 @@ if __import__("os").environ.get("TORCHNEURON_NKI_SDPA") == "1":
     from .nkilib import sdpa as _nki_sdpa  # kernels load lazily: the import is cheap
 
     _nki_sdpa.enable()
+if __import__("os").environ.get("TORCHNEURON_NKI_GROUPED_MM") == "1":
+    from .nkilib import gmm_routing as _nki_gmm  # routes torch._grouped_mm on neuron to NKI
+
+    _nki_gmm.enable()
 import atexit as _atexit  # noqa: E402
 
 _atexit.register(_let_autograd_threads_finish)

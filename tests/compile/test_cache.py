@@ -36,10 +36,21 @@ def test_cache_dir_follows_environment(tmp_path, monkeypatch):
     from torchneuron.compile import cache
 
     monkeypatch.setenv("TORCHNEURON_COMPILE_CACHE_DIR", str(tmp_path / "c"))
-    assert cache.cache_dir() == str(tmp_path / "c")
+    assert os.path.dirname(cache.cache_dir()) == str(tmp_path / "c")
     monkeypatch.delenv("TORCHNEURON_COMPILE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.cache_dir() == str(tmp_path / "xdg" / "torchneuron" / "compile")
+    assert os.path.dirname(cache.cache_dir()) == str(tmp_path / "xdg" / "torchneuron" / "compile")
+
+
+def test_cache_is_separated_by_code_generator_and_tanh_variant(tmp_path, monkeypatch):
+    # Inductor's key does not cover torchneuron's codegen: a stale artifact must not hit.
+    from torchneuron.compile import cache
+
+    monkeypatch.setenv("TORCHNEURON_COMPILE_CACHE_DIR", str(tmp_path))
+    fast = os.path.basename(cache.cache_dir())
+    monkeypatch.setenv("TORCHNEURON_COMPILE_FAST_TANH", "0")
+    precise = os.path.basename(cache.cache_dir())
+    assert fast.startswith("gen-") and precise == fast + "-precise-tanh"
 
 
 def test_cache_dir_is_scoped_to_neuron_compilations(tmp_path, monkeypatch):
@@ -47,6 +58,7 @@ def test_cache_dir_is_scoped_to_neuron_compilations(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TORCHNEURON_COMPILE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
-    with cache.scoped():
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    with cache.scoped() as path:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
+        assert os.path.dirname(path) == str(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"

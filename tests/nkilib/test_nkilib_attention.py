@@ -91,6 +91,55 @@ def test_cte_cache_softmax_returns_lse():
     torch.testing.assert_close(out, rout, atol=1e-5, rtol=1e-5)
 
 
+def test_cte_sink_adds_a_logit_to_the_softmax_denominator():
+    # GPT-OSS attention sinks: softmax over [scores, sink_b], the sink column dropped
+    q, k, v = _qkv(4, 2, 200, 200, 64, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    sink = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    s = torch.einsum("bqd,bkd->bqk", q, k.repeat_interleave(2, 0)) / 8
+    s = s.masked_fill(torch.ones(200, 200, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.cat([s, sink[:, None, None].expand(4, 200, 1)], -1).softmax(-1)[..., :-1]
+    out = _fwd(q, kt, v, scale=1 / 8, sink=sink)
+    torch.testing.assert_close(out, p @ v.repeat_interleave(2, 0), atol=1e-5, rtol=1e-5)
+
+
+def test_cte_sink_lse_includes_the_sink():
+    q, k, v = _qkv(2, 2, 130, 130, 32, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    sink = torch.tensor([1.5, -0.5])
+    _, lse = _fwd(q, kt, v, scale=0.2, sink=sink, cache_softmax=True)
+    _, ref = attention_ref(q, kt, v, scale=0.2, sink=sink, cache_softmax=True)
+    _, plain = attention_ref(q, kt, v, scale=0.2, cache_softmax=True)
+    assert (ref - plain)[:, :, 0].min() > 0  # the sink raises every row's lse
+    torch.testing.assert_close(lse[:, :, 0], ref[:, :, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_cte_cp_offset_shifts_the_causal_diagonal():
+    # a rank holding queries 384.. of a context-parallel sequence sees keys j <= 384 + i
+    q, k, v = _qkv(1, 1, 200, 700, 32, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    out = _fwd(q, kt, v, scale=0.2, cp_offset=384)
+    keep = torch.arange(700)[None, :] <= torch.arange(200)[:, None] + 384
+    p = (q @ k.transpose(1, 2) * 0.2).masked_fill(~keep, float("-inf")).softmax(-1)
+    torch.testing.assert_close(out, p @ v, atol=1e-5, rtol=1e-5)
+
+
+def test_cte_cp_offset_with_sliding_window():
+    _check_fwd(1, 1, 300, 900, 32, torch.float32, cp_offset=500, sliding_window=250)
+
+
+def test_cte_prefix_kv_is_not_implemented():
+    q, k, v = _qkv(1, 1, 128, 128, 32, torch.float32)
+    with pytest.raises(NotImplementedError, match="k_prior"):
+        _fwd(q, k.transpose(1, 2).contiguous(), v, k_prior=k, v_prior=v)
+
+
+def test_cte_rejects_sink_of_wrong_shape():
+    q, k, v = _qkv(2, 2, 128, 128, 32, torch.float32)
+    with pytest.raises(NKIShapeError, match=r"expected \(2,\)"):
+        _fwd(q, k.transpose(1, 2).contiguous(), v, sink=torch.zeros(3))
+
+
 def test_cte_rejects_head_dim_over_128():
     q, k, v = _qkv(1, 1, 128, 128, 192, torch.float32)
     with pytest.raises(NKIShapeError, match="d <= 128"):

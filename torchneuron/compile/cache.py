@@ -14,6 +14,8 @@ The directory is only in effect while the neuron backend compiles (see :func:`sc
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 from typing import Iterator
 
@@ -24,9 +26,30 @@ def cache_dir() -> str:
     if not path:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         path = os.path.join(base, "torchneuron", "compile")
-    path = os.path.abspath(path)
+    path = os.path.join(os.path.abspath(path), _codegen_tag())
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def _codegen_tag() -> str:
+    """Subdirectory naming the code generator: Inductor's cache key covers the graph, its
+    configuration and the torch version, but not this package's code generation (wrapper,
+    kernel overrides, patches) or its switches, so artifacts written by another torchneuron
+    version, or with the other tanh variant, would otherwise be loaded as hits."""
+    from .inductor import fast_tanh_enabled
+
+    return f"gen-{_source_hash()}" + ("" if fast_tanh_enabled() else "-precise-tanh")
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:12]
 
 
 @contextlib.contextmanager

@@ -8,11 +8,12 @@ with a PyTorch reference (``*_ref``) beside it:
 * :func:`attention_bwd` -- flash-attention backward (dq, dk, dv)
 * :func:`rmsnorm`, :func:`rope`, :func:`mlp` (SwiGLU), :func:`moe_cte` (blockwise MoE),
   :func:`router_topk`, :func:`cross_entropy_fwd` / :func:`cross_entropy_bwd`,
-  :func:`cumsum`
+  :func:`cumsum`, :func:`grouped_mm` / :func:`grouped_mm_wgrad` (``torch._grouped_mm``)
 
 PyTorch custom ops (autograd, ``torch.compile``) live in :mod:`torchneuron.nkilib.ops`
 (imports torch; this package does not). ``torchneuron.nkilib.sdpa.enable()`` routes
-``F.scaled_dot_product_attention`` on ``neuron`` tensors through the NKI attention kernels.
+``F.scaled_dot_product_attention`` on ``neuron`` tensors through the NKI attention kernels;
+``torchneuron.nkilib.gmm_routing.enable()`` does the same for ``torch._grouped_mm``.
 Layouts, limits, numerics and modelled performance: docs/nkilib.md.
 """
 
@@ -29,6 +30,8 @@ _WHERE = {
     "moe_cte": "moe", "moe_cte_ref": "moe", "make_blocks": "moe",
     "rmsnorm": "norm", "rmsnorm_ref": "norm", "rope": "rotary", "rope_ref": "rotary",
     "router_topk": "router", "router_topk_ref": "router",
+    "grouped_mm": "grouped_matmul", "grouped_mm_ref": "grouped_matmul",
+    "grouped_mm_wgrad": "grouped_matmul", "grouped_mm_wgrad_ref": "grouped_matmul",
 }
 
 __all__ = list(_WHERE)

@@ -17,13 +17,21 @@ Masks: ``causal_mask`` keeps key ``j`` for query ``i`` when ``j <= i`` (top-left
 additionally drops keys with ``i - j >= W`` (each query sees at most W keys, itself included).
 Every query must keep at least one key (always true with the causal mask).
 
+Options: ``sink`` (B,) -- attention sinks (GPT-OSS): one extra logit per query batch in the
+softmax denominator, ``softmax([scale * q.k..., sink[b]])`` with the sink's column dropped (lse
+includes it). ``cp_offset`` -- context parallelism with contiguous query slices: query row i
+sits at global position ``cp_offset + i`` for the causal and sliding-window masks (keys are
+the full sequence); ``global_cp_deg`` is accepted for signature compatibility. Not
+implemented (NotImplementedError): ``k_prior``/``v_prior``/``prior_used_len`` (prefix KV) and
+``cp_strided_q_slicing``.
+
 Limits: d <= 128 (one TensorE contraction); ``scale`` > 0; any Sq, Skv >= 1 (ragged tiles are
 handled); B % Bkv == 0.
 
 Algorithm (per query tile of 128 rows, keys in tiles of 512 grouped in sections of 4):
 S = (scale * Q) K^T lands in PSUM (one matmul per 512 keys, K^T [d, 512] as the moving tile);
-each tile's row max is taken on VectorE (or, for 6 tiles in 16, on ScalarE); the running max
-is combined on GpSimd once per section; ScalarE computes P = exp(S - m) straight from PSUM;
+each tile's row max is taken on VectorE (or, for 6 tiles in 16, on ScalarE) and folded into
+the running max on GpSimd as it lands; ScalarE computes P = exp(S - m) straight from PSUM;
 TensorE transposes P in 128x128 blocks (keys must be on partitions to be contracted) and
 accumulates [O | l] += P [V | 1] in PSUM -- the ones column appended to V yields the row sums
 l of the *rounded* P in the same matmuls. O is rescaled by exp(m_old - m_new) once per
@@ -33,8 +41,11 @@ with 6 rotating PSUM score banks. Fully masked key tiles are skipped; tiles cros
 causal diagonal or the window edge get an additive 0/-3e38 mask (built once per offset on
 GpSimd, added by an identity matmul on TensorE). K^T and V of a kv batch stay resident in
 SBUF while its query tiles run (when they fit in 96 KiB/partition, else they are streamed
-per section). LNC=2 splits the (batch, query tile) work items between the two programs,
-interleaved so a causal mask keeps them balanced.
+per section), loaded in 2048-key blocks on first use; under a causal mask a few query tiles
+that need only the first block run first, while the DMA queues bring in the rest. The final
+normalisation runs on GpSimd after one ScalarE copy out of PSUM. LNC=2 splits the (batch,
+query tile) work items between the two programs, interleaved so a causal mask keeps them
+balanced.
 
 Numerics: matmuls run in bf16 (fp32 for fp32 inputs) with fp32 PSUM accumulation; max, exp,
 sums and rescaling in fp32; P is rounded to the matmul dtype before P V (as on hardware).
@@ -58,8 +69,12 @@ NSBUF = 6  # rotating PSUM score buffers (one bank each)
 # Of every 16 score tiles these 6 take their row max on ScalarE, the rest on VectorE: VectorE
 # also copies every P^T out of PSUM, ScalarE computes every exp (tuned with nki.benchmark).
 SCALAR_MAX_SLOTS = (1, 4, 6, 9, 12, 14)
-LAG = 2  # sections between a section's softmax and its P V (software-pipeline depth)
+LAG = 2  # pipeline iterations between a section's scores and its P V
 RESIDENT_KV_BYTES = 96 * 1024  # per-partition SBUF budget for a resident K^T + V
+KVBLK = SEC * KT  # keys per DMA of a resident K^T / V
+# Causal: this many query tiles that only need the first K/V block run first, so TensorE has
+# work while the DMA queues bring in the rest of K/V (tuned with nki.benchmark).
+WARMUP_TILES = 4
 
 
 def _mask_tile(rows, kw, q0, k0, causal, window, mask_sb):
@@ -104,14 +119,40 @@ def _check(q, k, v, scale, tp_q, tp_k, sliding_window):
     return B, Sq, d, Bkv, Skv
 
 
+def _check_options(k_prior, v_prior, prior_used_len, sink, B, cp_offset, global_cp_deg,
+                   cp_strided_q_slicing):
+    name = "attention_cte"
+    if k_prior is not None or v_prior is not None or prior_used_len is not None:
+        raise NotImplementedError(f"{name}: k_prior / v_prior / prior_used_len (prefix KV "
+                                  "attended without the causal mask) are not implemented; "
+                                  "concatenate the prefix into k/v and shift with cp_offset")
+    if cp_strided_q_slicing:
+        raise NotImplementedError(f"{name}: cp_strided_q_slicing (strided query slices under "
+                                  "context parallelism) is not implemented; use contiguous "
+                                  "slices with cp_offset")
+    if int(cp_offset) != cp_offset or cp_offset < 0:
+        arg_error(name, f"cp_offset={cp_offset} must be an int >= 0 (the global position of "
+                  "this rank's first query)", "pass rank * (global Sq / global_cp_deg)")
+    if int(global_cp_deg) != global_cp_deg or global_cp_deg < 1:
+        arg_error(name, f"global_cp_deg={global_cp_deg} must be an int >= 1",
+                  "pass the context-parallel degree")
+    if sink is not None and tuple(sink.shape) != (B,):
+        shape_error(name, f"sink has shape {tuple(sink.shape)}, expected ({B},): one logit per "
+                    "query batch (heads folded into the batch)", "pass sinks repeated per batch")
+
+
 @nki.jit
-def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_q=True,
-                  tp_k=False, tp_out=False, cache_softmax=False):
+def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=None,
+                  prior_used_len=None, sink=None, sliding_window=None, tp_q=True, tp_k=False,
+                  tp_out=False, cache_softmax=False, cp_offset=0, global_cp_deg=1,
+                  cp_strided_q_slicing=False):
     """Flash-attention forward (prefill). See the module docstring for layouts and limits.
 
     Returns ``out``, or ``(out, lse)`` with ``cache_softmax=True``.
     """
     B, Sq, d, Bkv, Skv = _check(q, k, v, scale, tp_q, tp_k, sliding_window)
+    _check_options(k_prior, v_prior, prior_used_len, sink, B, cp_offset, global_cp_deg,
+                   cp_strided_q_slicing)
     mdt = matmul_dtype(q.dtype)
     group = B // Bkv
     nqt = cdiv(Sq, P)
@@ -172,10 +213,14 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
             kv_cache.clear()  # drop the previous kv batch (frees its SBUF)
             kt = nl.ndarray((d, Skv), mdt, buffer=nl.sbuf)
             vt = nl.ndarray((P, cdiv(Skv, P), d + 1), mdt, buffer=nl.sbuf)
-            for b0 in range(0, Skv, SEC * KT):
-                load_kv(bkv, b0, min(SEC * KT, Skv - b0), kt, vt, 0)
-            kv_cache[bkv] = (kt, vt)
-        kt, vt = kv_cache[bkv]
+            kv_cache[bkv] = (kt, vt, set())
+        kt, vt, loaded = kv_cache[bkv]
+        # Blocks are loaded on first use, so the DMA queues carry them in the order the
+        # sections need them, interleaved with the Q loads (not all of K/V ahead of them).
+        for b0 in range((sk0 // KVBLK) * KVBLK, sk0 + swidth, KVBLK):
+            if b0 not in loaded:
+                loaded.add(b0)
+                load_kv(bkv, b0, min(KVBLK, Skv - b0), kt, vt, 0)
         return kt, vt, 0
 
     ident_k = ident if (not tp_k or k.dtype == mdt) else nl.shared_identity_matrix(P, k.dtype)
@@ -183,8 +228,13 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
     items = []
     for bkv in range(Bkv):
         # longest query tiles (most keys under a causal mask) first: the pipeline fills with
-        # long sections and the short tiles drain it
-        for qi in range(nqt - 1, -1, -1):
+        # long sections and the short tiles drain it -- except for a few tiles that need only
+        # the first K/V block, which keep TensorE busy while the rest of K/V is loaded
+        order = list(range(nqt - 1, -1, -1))
+        if causal_mask and resident:
+            first = [qi for qi in order if (qi + 1) * P <= KVBLK][:WARMUP_TILES]
+            order = first + [qi for qi in order if qi not in first]
+        for qi in order:
             for g in range(group):
                 items.append((bkv * group + g, bkv, qi))
     pid = nl.program_id(0)
@@ -197,8 +247,9 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
         b, bkv, qi = mine[n]
         q0 = qi * P
         rows = min(P, Sq - q0)
-        hi = min(Skv, q0 + rows) if causal_mask else Skv
-        lo = max(0, q0 - sliding_window + 1) if sliding_window is not None else 0
+        qp = q0 + cp_offset  # position of query row q0 for the masks
+        hi = min(Skv, qp + rows) if causal_mask else Skv
+        lo = max(0, qp - sliding_window + 1) if sliding_window is not None else 0
         lo = (lo // P) * P
         tiles = [(k0, min(KT, hi - k0)) for k0 in range(lo, hi, KT)]
         if not tiles:
@@ -224,25 +275,33 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
         counter[2] += 1
         return counter[2] % NSBUF
 
+    def q_prep(n):
+        """Q^T [d, rows] of work item n, pre-multiplied by the softmax scale, and its state."""
+        b, bkv, qi = mine[n]
+        q0 = qi * P
+        rows = min(P, Sq - q0)
+        qT = nl.ndarray((d, P), mdt, buffer=nl.sbuf)
+        if tp_q:
+            qraw = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=qraw, src=q[b, q0:q0 + rows, :])
+            nisa.nc_matmul(misc_ps[:d, :rows], qraw, ident_o[:rows, :rows], is_transpose=True)
+            nisa.tensor_scalar(qT[:, :rows], misc_ps[:d, :rows], nl.multiply, float(scale))
+        else:
+            qraw = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=qraw, src=q[b, :, q0:q0 + rows])
+            # GpSimd: idle, and this never touches PSUM
+            nisa.tensor_scalar(qT[:, :rows], qraw, nl.multiply, float(scale),
+                               engine=nisa.engine.gpsimd)
+        states[n] = {"qT": qT, "nm": None, "m": None, "o": o_ps[n % 2], "first": True}
+
     def a_init(job):
         """Section start: Q^T (first section of a query tile) and the K^T / V it needs."""
         n, si, sec, last = job
         b, bkv, qi = mine[n]
         q0 = qi * P
         rows = min(P, Sq - q0)
-        if si == 0:
-            # Q^T [d, rows], pre-multiplied by the softmax scale
-            qT = nl.ndarray((d, P), mdt, buffer=nl.sbuf)
-            if tp_q:
-                qraw = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=qraw, src=q[b, q0:q0 + rows, :])
-                nisa.nc_matmul(misc_ps[:d, :rows], qraw, ident_o[:rows, :rows], is_transpose=True)
-                nisa.tensor_scalar(qT[:, :rows], misc_ps[:d, :rows], nl.multiply, float(scale))
-            else:
-                qraw = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=qraw, src=q[b, :, q0:q0 + rows])
-                nisa.tensor_scalar(qT[:, :rows], qraw, nl.multiply, float(scale))
-            states[n] = {"qT": qT, "nm": None, "o": o_ps[n % 2], "first": True}
+        if n not in states:
+            q_prep(n)
         sk0 = sec[0][0]
         kt, vt, kbase = kv_get(bkv, sk0, sec[-1][0] + sec[-1][1] - sk0)
         return {"n": n, "b": b, "qi": qi, "q0": q0, "rows": rows, "sec": sec, "last": last,
@@ -253,7 +312,8 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
     def a_tile(js, t):
         """Scores of one key tile (+ mask) and their row maximum."""
         k0, kw = js["sec"][t]
-        rows, q0, kbase = js["rows"], js["q0"], js["kbase"]
+        rows, kbase = js["rows"], js["kbase"]
+        q0 = js["q0"] + cp_offset  # mask position (context parallelism shifts it)
         s = s_ps[js["sidx"][t]][:rows, :kw]
         need_causal = causal_mask and k0 + kw - 1 > q0
         need_window = sliding_window is not None and k0 <= q0 + rows - 1 - sliding_window
@@ -279,43 +339,50 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
         else:
             nisa.tensor_reduce(tmax[:, t:t + 1], nl.maximum, s, axis=1)
         counter[0] += 1
-
-    def a_softmax(js):
-        """New running max, rescale factor and P = exp(S - m) of the section."""
-        rows, st, sec = js["rows"], js["st"], js["sec"]
-        nt = len(sec)
-        # Running max on the otherwise idle GpSimd engine: pairwise maxima of the tile maxima
-        # (tensor_scalar with [P, 1] operands), then the old running max, then negate.
-        cols = [js["tmax"][:, t:t + 1] for t in range(nt)]
-        if st["nm"] is not None:
-            cols.append(st["m"])
-        while len(cols) > 1:
-            nxt = []
-            for i in range(0, len(cols) - 1, 2):
-                mx = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(mx, cols[i], nl.maximum, cols[i + 1],
+        # Running max folded on the otherwise idle GpSimd as each tile's max lands, so when the
+        # section's last max is done only one [P, 1] op separates it from the exps (a tree
+        # over the whole section put ~5 GpSimd ops on ScalarE's critical path).
+        st, last = js["st"], t == len(js["sec"]) - 1
+        prev = js["run"] if t else st["m"]
+        col = tmax[:, t:t + 1]
+        if last:
+            nm_new = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            if prev is None:
+                nisa.tensor_scalar(nm_new, col, nl.multiply, -1.0, engine=nisa.engine.gpsimd)
+                js["m_new"] = col
+            else:
+                nisa.tensor_scalar(nm_new, col, nl.maximum, prev, op1=nl.multiply, operand1=-1.0,
                                    engine=nisa.engine.gpsimd)
-                nxt.append(mx)
-            if len(cols) % 2:
-                nxt.append(cols[-1])
-            cols = nxt
-        m_new = cols[0]
-        nm_new = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(nm_new, m_new, nl.multiply, -1.0, engine=nisa.engine.gpsimd)
-        if st["nm"] is not None:
-            alpha = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+                m_new = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(m_new, col, nl.maximum, prev, engine=nisa.engine.gpsimd)
+                js["m_new"] = m_new
+            js["nm_new"] = nm_new
+            js["nm_old"] = st["nm"]
+            st["nm"], st["m"] = nm_new, js["m_new"]
+        elif prev is None:
+            js["run"] = col
+        else:
+            run = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(run, col, nl.maximum, prev, engine=nisa.engine.gpsimd)
+            js["run"] = run
+
+    def a_exp(js, t):
+        """P = exp(S - m) of one key tile, m the running max after the whole section."""
+        k0, kw = js["sec"][t]
+        rows = js["rows"]
+        if t == 0:
+            js["probs"] = [None] * len(js["sec"])
+        p_sb = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+        nisa.activation(p_sb, nl.exp, s_ps[js["sidx"][t]][:rows, :kw], bias=js["nm_new"])
+        js["probs"][t] = p_sb
+
+    def a_alpha(js):
+        """Rescale factor exp(m_old - m_new) of the section (b_init needs it one step later)."""
+        if js["nm_old"] is not None:
+            alpha = nl.ndarray((js["rows"], 1), nl.float32, buffer=nl.sbuf)
             # exp(m_old - m_new) = exp(-nm_old + nm_new)
-            nisa.activation(alpha, nl.exp, st["nm"], bias=nm_new, scale=-1.0)
+            nisa.activation(alpha, nl.exp, js["nm_old"], bias=js["nm_new"], scale=-1.0)
             js["alpha"] = alpha
-        probs = []
-        for t in range(nt):
-            k0, kw = sec[t]
-            p_sb = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
-            nisa.activation(p_sb, nl.exp, s_ps[js["sidx"][t]][:rows, :kw], bias=nm_new)
-            probs.append(p_sb)
-        js["probs"] = probs
-        st["nm"] = nm_new
-        st["m"] = m_new
 
     def b_init(js):
         """Rescale the PSUM accumulator by exp(m_old - m_new) before this section's P V."""
@@ -362,10 +429,20 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
         """Normalise by the row sums and store (and the log-sum-exp with cache_softmax)."""
         rows, st, b, q0, qi = js["rows"], js["st"], js["b"], js["q0"], js["qi"]
         o_acc = st["o"]
-        rinv = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(rinv, o_acc[:rows, d:d + 1])
+        # One ScalarE copy frees the PSUM accumulator; the rest runs on the idle GpSimd
+        # (VectorE, which also copies every P^T, is the busier of the PSUM readers).
+        o_f = nl.ndarray((rows, d + 1), nl.float32, buffer=nl.sbuf)
+        nisa.activation(o_f, nl.copy, o_acc[:rows, :d + 1])
+        lsum = o_f[:, d:d + 1]
+        if sink is not None:
+            # the sink is one more logit in the softmax denominator, exp(sink - m), with no value
+            sk = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=sk, src=sink.ap([[0, rows], [1, 1]], offset=b))
+            es = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+            nisa.activation(es, nl.exp, sk, bias=st["nm"])
+            nisa.tensor_tensor(lsum, lsum, es, nl.add, engine=nisa.engine.gpsimd)
         o_sb = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
-        nisa.activation(o_sb, nl.copy, o_acc[:rows, :d], scale=rinv)  # (ScalarE: VectorE is busier)
+        nisa.tensor_scalar(o_sb, o_f[:, :d], nl.divide, lsum, engine=nisa.engine.gpsimd)
         if tp_out:
             nisa.nc_matmul(misc_ps[:d, :rows], o_sb, ident_o[:rows, :rows], is_transpose=True)
             o_t = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
@@ -375,7 +452,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
             nisa.dma_copy(dst=out[b, q0:q0 + rows, :], src=o_sb)
         if cache_softmax:
             lg = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-            nisa.activation(lg, nl.log, o_acc[:rows, d:d + 1])
+            nisa.activation(lg, nl.log, lsum)
             nisa.tensor_tensor(lg, lg, st["nm"], nl.subtract)  # log(l) + m
             nisa.dma_copy(dst=lse[b, :rows, qi:qi + 1], src=lg)
         del states[js["n"]]
@@ -391,33 +468,32 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
             b_init(prev)
         na = len(cur["sec"]) if cur is not None else 0
         nb = len(prev["sec"]) if prev is not None else 0
-        # per tile: transposes + copy of section j, scores + max of section j+LAG, then P V of
-        # section j (its copy had the scores' matmul time to land)
         # Per key tile t: transposes (+ PSUM->SBUF copy) of section j, scores (+ row max) of
         # section j+LAG, then P V of section j's tile t-1 -- whose copy went ahead of the max
         # in VectorE's queue, so TensorE never waits for it.
-        for t in range(max(na, nb)):
+        for t in range(max(na, nb + 1)):
             if t < nb:
                 b_transpose(prev, t)
             if t < na:
                 a_tile(cur, t)
             if 1 <= t <= nb:
                 b_pv(prev, t - 1)
-        for t in range(max(na, nb), nb + 1):
-            if t >= 1:
-                b_pv(prev, t - 1)
         if prev is not None and prev["last"]:
             b_final(prev)
         if cur is not None:
-            a_softmax(cur)
+            for t in range(na):
+                a_exp(cur, t)
+            a_alpha(cur)
             queue.append(cur)
     if cache_softmax:
         return out, lse
     return out
 
 
-def attention_ref(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_q=True,
-                  tp_k=False, tp_out=False, cache_softmax=False):
+def attention_ref(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=None,
+                  prior_used_len=None, sink=None, sliding_window=None, tp_q=True, tp_k=False,
+                  tp_out=False, cache_softmax=False, cp_offset=0, global_cp_deg=1,
+                  cp_strided_q_slicing=False):
     """PyTorch reference of :func:`attention_cte` (same layouts; computed in float32).
 
     Returns the output in the dtype of ``q`` (and the float32 lse, in the kernel's
@@ -433,7 +509,7 @@ def attention_ref(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
     kf = kf.repeat_interleave(g, 0)
     vf = vf.repeat_interleave(g, 0)
     s = torch.einsum("bqd,bkd->bqk", qf, kf) * scale
-    i = torch.arange(Sq)[:, None]
+    i = torch.arange(Sq)[:, None] + cp_offset
     j = torch.arange(Skv)[None, :]
     keep = torch.ones(Sq, Skv, dtype=torch.bool)
     if causal_mask:
@@ -441,7 +517,12 @@ def attention_ref(q, k, v, scale=1.0, causal_mask=True, sliding_window=None, tp_
     if sliding_window is not None:
         keep &= (i - j) < sliding_window
     s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
+    if sink is not None:
+        # softmax over [scores, sink]; the sink's column carries no value
+        sk = sink.float().reshape(B, 1, 1).expand(B, Sq, 1)
+        lse = torch.logsumexp(torch.cat([s, sk], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
     o = torch.einsum("bqk,bkd->bqd", torch.exp(s - lse[..., None]), vf).to(q.dtype)
     if tp_out:
         o = o.transpose(1, 2).contiguous()

@@ -244,3 +244,116 @@ def _moe_backward(ctx, dout):
 
 
 moe_cte.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# grouped matmul (torch._grouped_mm)
+# ---------------------------------------------------------------------------------------------
+def _ends(offs: torch.Tensor) -> tuple:
+    # The kernels specialise on the group ends (trace-time constants), so they are read on
+    # the host -- a sync a real device would avoid with a run-time-offset kernel.
+    return tuple(int(e) for e in offs.detach().cpu().tolist())
+
+
+@torch.library.custom_op("nkilib::grouped_mm", mutates_args=())
+def grouped_mm_2d3d(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` 2-D x 3-D: a (T, K), b (G, K, N), offs (G,) int32 -> (T, N)."""
+    from .grouped_matmul import grouped_mm as kernel
+    return kernel(_c(a), _c(b), _ends(offs))
+
+
+@grouped_mm_2d3d.register_fake
+def _(a, b, offs):
+    return a.new_empty((a.shape[0], b.shape[2]))
+
+
+@torch.library.custom_op("nkilib::grouped_mm_wgrad", mutates_args=())
+def grouped_mm_wgrad(x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Per-group ``x^T y``: x (T, M), y (T, N), offs (G,) int32 -> (G, M, N)."""
+    from .grouped_matmul import grouped_mm_wgrad as kernel
+    return kernel(_c(x), _c(y), _ends(offs))
+
+
+@grouped_mm_wgrad.register_fake
+def _(x, y, offs):
+    return x.new_empty((offs.shape[0], x.shape[1], y.shape[1]))
+
+
+def _gmm_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _gmm_backward(ctx, dout):
+    a, b, offs = ctx.saved_tensors
+    dout = dout.to(a.dtype)
+    da = grouped_mm_2d3d(dout, b.transpose(1, 2), offs) if ctx.needs_input_grad[0] else None
+    db = grouped_mm_wgrad(a, dout, offs) if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+def _wgrad_backward(ctx, dout):
+    x, y, offs = ctx.saved_tensors
+    dout = dout.to(x.dtype)
+    dx = grouped_mm_2d3d(y, dout.transpose(1, 2), offs) if ctx.needs_input_grad[0] else None
+    dy = grouped_mm_2d3d(x, dout, offs) if ctx.needs_input_grad[1] else None
+    return dx, dy, None
+
+
+grouped_mm_2d3d.register_autograd(_gmm_backward, setup_context=_gmm_setup)
+grouped_mm_wgrad.register_autograd(_wgrad_backward, setup_context=_gmm_setup)
+
+
+def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None,
+               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``torch._grouped_mm`` on the NKI kernels (differentiable), every layout it accepts:
+
+    * 2-D x 3-D: a (T, K), b (G, K, N), offs = cumulative row ends -> (T, N)
+    * 3-D x 3-D: a (G, M, K), b (G, K, N), no offs -> (G, M, N) (a batched matmul)
+    * 3-D x 2-D: a (G, M, K), b (K, Ntot), offs = cumulative column ends -> (M, Ntot)
+    * 2-D x 2-D: a (M, Ktot), b (Ktot, N), offs = cumulative ends along K -> (G, M, N)
+
+    ``bias`` and an ``out_dtype`` other than the inputs' raise NotImplementedError.
+    """
+    name = "nkilib grouped_mm (torch._grouped_mm)"
+    if bias is not None:
+        raise NotImplementedError(f"{name}: bias is not supported; add it after the call")
+    if out_dtype is not None and out_dtype != mat_a.dtype:
+        raise NotImplementedError(f"{name}: out_dtype={out_dtype} differs from the input dtype "
+                                  f"{mat_a.dtype}; only same-dtype outputs are supported")
+    if mat_a.dtype != mat_b.dtype or not mat_a.is_floating_point():
+        raise TypeError(f"{name}: mat_a and mat_b must share a floating dtype, got "
+                        f"{mat_a.dtype} and {mat_b.dtype}")
+    if offs is not None and offs.dtype != torch.int32:
+        raise TypeError(f"{name}: offs must be int32 (as torch._grouped_mm requires), got "
+                        f"{offs.dtype}")
+    da, db = mat_a.dim(), mat_b.dim()
+    if (da, db) != (3, 3) and (offs is None or offs.dim() != 1):
+        raise ValueError(f"{name}: a {da}-D x {db}-D grouped matmul needs offs, a 1-D int32 "
+                         "tensor of cumulative group ends")
+    if (da, db) == (2, 3):
+        if mat_a.shape[1] != mat_b.shape[1] or offs.shape[0] != mat_b.shape[0]:
+            raise ValueError(f"{name}: expected a (T, K), b (G, K, N), offs (G,), got "
+                             f"{tuple(mat_a.shape)}, {tuple(mat_b.shape)}, {tuple(offs.shape)}")
+        return grouped_mm_2d3d(mat_a, mat_b, offs)
+    if (da, db) == (3, 3):
+        G, M, K = mat_a.shape
+        if offs is not None or mat_b.shape[0] != G or mat_b.shape[1] != K:
+            raise ValueError(f"{name}: 3-D x 3-D takes a (G, M, K), b (G, K, N) and no offs, got "
+                             f"{tuple(mat_a.shape)}, {tuple(mat_b.shape)}")
+        ends = torch.arange(1, G + 1, dtype=torch.int32) * M
+        return grouped_mm_2d3d(mat_a.reshape(G * M, K), mat_b, ends).reshape(G, M, -1)
+    if (da, db) == (3, 2):
+        G, M, K = mat_a.shape
+        if mat_b.shape[0] != K or offs.shape[0] != G:
+            raise ValueError(f"{name}: 3-D x 2-D takes a (G, M, K), b (K, Ntot), offs (G,), got "
+                             f"{tuple(mat_a.shape)}, {tuple(mat_b.shape)}, {tuple(offs.shape)}")
+        # out[:, cols of g] = a[g] @ b[:, cols of g]  <=>  out^T = grouped(b^T, a^T)
+        return grouped_mm_2d3d(mat_b.t(), mat_a.transpose(1, 2), offs).t()
+    if (da, db) == (2, 2):
+        if mat_a.shape[1] != mat_b.shape[0]:
+            raise ValueError(f"{name}: 2-D x 2-D takes a (M, Ktot), b (Ktot, N), got "
+                             f"{tuple(mat_a.shape)}, {tuple(mat_b.shape)}")
+        return grouped_mm_wgrad(mat_a.t(), mat_b, offs)
+    raise ValueError(f"{name}: unsupported operand ranks {da}-D x {db}-D (mat_a and mat_b must "
+                     "be 2-D or 3-D)")
