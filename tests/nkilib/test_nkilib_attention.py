@@ -8,7 +8,7 @@ import torch
 import nki
 import torchneuron.nkilib.attention as attn_mod
 from nkilib import attention_bwd, attention_bwd_ref, attention_cte, attention_ref
-from torchneuron.nki import NKIShapeError
+from torchneuron.nki import NKIArgumentError, NKIShapeError
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -128,10 +128,157 @@ def test_cte_cp_offset_with_sliding_window():
     _check_fwd(1, 1, 300, 900, 32, torch.float32, cp_offset=500, sliding_window=250)
 
 
-def test_cte_prefix_kv_is_not_implemented():
+# ---- prefix KV (k_prior / v_prior / prior_used_len) and strided context parallelism -----------
+def _keep_mask(Sq, Skv, Sp, used, causal=True, window=None, cp_offset=0, step=1):
+    """Boolean keep mask over concat(k_prior (all Sp), k), written out independently of
+    attention_ref: prefix index j sits at position j - used (valid iff j < used), chunk key j at
+    j, query row i at cp_offset + i * step."""
+    t = (torch.arange(Sq) * step + cp_offset)[:, None]
+    pos = torch.cat([torch.arange(Sp) - used, torch.arange(Skv)])[None, :]
+    keep = torch.cat([torch.arange(Sp) < used, torch.ones(Skv, dtype=torch.bool)])[None, :]
+    keep = keep.expand(Sq, Sp + Skv).clone()
+    keep[:, Sp:] &= (pos[:, Sp:] <= t) if causal else True
+    if window is not None:
+        keep &= (t - pos) < window
+    return keep
+
+
+def _sdpa_masked(q, k, v, keep, scale):
+    """F.scaled_dot_product_attention with an explicit boolean mask; (B, S, d) layouts, GQA by
+    repeating k / v."""
+    g = q.shape[0] // k.shape[0]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(g, 0), v.float().repeat_interleave(g, 0),
+        attn_mask=keep, scale=scale)
+
+
+def _check_prefix(B, Bkv, Sq, Skv, Sp, d, dtype, used, lnc=1, causal=True, window=None, **kw):
+    """Kernel vs attention_ref (out and lse), and attention_ref vs SDPA with an explicit mask."""
+    q, k, v = _qkv(B, Bkv, Sq, Skv, d, dtype)
+    _, kp, vp = _qkv(B, Bkv, 1, Sp, d, dtype, seed=5)
+    sc = 1 / math.sqrt(d)
+    kt, kpt = k.transpose(1, 2).contiguous(), kp.transpose(1, 2).contiguous()
+    pul = torch.tensor([used], dtype=torch.int32) if isinstance(used, tuple) else used
+    n = Sp if used is None else (used[0] if isinstance(used, tuple) else used)
+    args = dict(scale=sc, causal_mask=causal, sliding_window=window, k_prior=kpt, v_prior=vp,
+                prior_used_len=pul, cache_softmax=True, **kw)
+    out, lse = _fwd(q, kt, v, lnc, **args)
+    ref, rlse = attention_ref(q, kt, v, **args)
+    assert out.dtype == dtype and out.shape == ref.shape == (B, Sq, d)
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    valid = lambda x: x.transpose(1, 2).reshape(B, -1)[:, :Sq]  # noqa: E731
+    torch.testing.assert_close(valid(lse), valid(rlse), atol=TOL[dtype], rtol=TOL[dtype])
+    step = kw.get("global_cp_deg", 1) if kw.get("cp_strided_q_slicing") else 1
+    keep = _keep_mask(Sq, Skv, Sp, n, causal, window, kw.get("cp_offset", 0), step)
+    sd = _sdpa_masked(q, torch.cat([kp, k], 1), torch.cat([vp, v], 1), keep, sc)
+    torch.testing.assert_close(ref.float(), sd.to(dtype).float(), atol=TOL[dtype], rtol=TOL[dtype])
+    return out
+
+
+def test_cte_prefix_causal_fp32_gqa_ragged():
+    # prefix 300 and chunk 200: neither a multiple of the 128 / 512 tiles
+    _check_prefix(4, 2, 200, 200, 300, 32, torch.float32, used=None)
+
+
+def test_cte_prefix_used_len_tensor_bf16():
+    # run-time prior_used_len (AWS's (1,) tensor) < prefix length: dynamic mask
+    _check_prefix(2, 1, 200, 200, 300, 64, torch.bfloat16, used=(170,))
+
+
+def test_cte_prefix_non_causal_lnc2():
+    _check_prefix(4, 2, 150, 260, 300, 32, torch.float32, used=(250,), lnc=2, causal=False)
+
+
+def test_cte_prefix_bf16_lnc2_static_used_len():
+    _check_prefix(2, 2, 256, 256, 400, 64, torch.bfloat16, used=333, lnc=2)
+
+
+@pytest.mark.parametrize("used", [250, (250,)], ids=["int", "tensor"])
+def test_cte_prefix_sliding_window_reaches_into_the_prefix(used):
+    # query at position t keeps prefix key j iff t - (j - used) < W: the first 149 queries
+    # still see the tail of the prefix
+    _check_prefix(2, 1, 300, 300, 300, 32, torch.float32, used=used, window=150)
+
+
+def test_cte_prefix_used_len_zero_is_plain_attention():
+    q, k, v = _qkv(2, 1, 200, 200, 32, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    kp, vp = torch.full((1, 32, 300), 9.0), torch.full((1, 300, 32), 9.0)
+    for pul in (0, torch.tensor([0], dtype=torch.int32)):
+        out = _fwd(q, kt, v, scale=0.2, k_prior=kp, v_prior=vp, prior_used_len=pul)
+        torch.testing.assert_close(out, attention_ref(q, kt, v, scale=0.2), atol=1e-5, rtol=1e-5)
+
+
+def test_cte_prefix_tp_k_sink_streamed_kv(monkeypatch):
+    # k_prior follows k's layout (tp_k=True: (Bkv, Sp, d)); K/V streamed per section
+    monkeypatch.setattr(attn_mod, "RESIDENT_KV_BYTES", 0)
+    q, k, v = _qkv(2, 1, 140, 300, 48, torch.float32)
+    _, kp, vp = _qkv(2, 1, 1, 700, 48, torch.float32, seed=3)
+    kw = dict(scale=0.2, tp_k=True, k_prior=kp, v_prior=vp, sink=torch.tensor([1.0, -2.0]),
+              prior_used_len=torch.tensor([600], dtype=torch.int32))
+    torch.testing.assert_close(_fwd(q, k, v, **kw), attention_ref(q, k, v, **kw),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_cte_cp_strided_matches_rows_of_global_causal_attention(rank):
+    # rank r of G=3 holds query rows r, r+3, r+6, ... of a global causal sequence of 600
+    G, S = 3, 600
+    q, k, v = _qkv(2, 1, S, S, 32, torch.float32)
+    kt = k.transpose(1, 2).contiguous()
+    full = torch.nn.functional.scaled_dot_product_attention(
+        q, k.expand(2, S, 32), v.expand(2, S, 32), is_causal=True, scale=0.2)
+    kw = dict(scale=0.2, cp_offset=rank, global_cp_deg=G, cp_strided_q_slicing=True)
+    out = _fwd(q[:, rank::G].contiguous(), kt, v, **kw)
+    torch.testing.assert_close(out, full[:, rank::G], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attention_ref(q[:, rank::G], kt, v, **kw), full[:, rank::G],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_cte_cp_strided_sliding_window_lnc2():
+    _check_fwd(2, 1, 200, 700, 32, torch.float32, lnc=2, cp_offset=1, global_cp_deg=3,
+               cp_strided_q_slicing=True, sliding_window=100)
+
+
+def test_cte_cp_strided_with_prefix_bf16():
+    _check_prefix(2, 1, 150, 500, 200, 32, torch.bfloat16, used=(120,), cp_offset=1,
+                  global_cp_deg=3, cp_strided_q_slicing=True)
+
+
+def _bad(**kw):
+    q, k, v = _qkv(2, 1, 128, 128, 32, torch.float32)
+    kw.setdefault("k_prior", torch.zeros(1, 32, 200))
+    kw.setdefault("v_prior", torch.zeros(1, 200, 32))
+    return _fwd(q, k.transpose(1, 2).contiguous(), v, **kw)
+
+
+def test_cte_prefix_rejects_bad_inputs():
+    with pytest.raises(NKIShapeError, match=r"inconsistent prefix shapes.*expected k_prior"):
+        _bad(k_prior=torch.zeros(1, 200, 32))  # tp_k=False wants (Bkv, d, Sp)
+    with pytest.raises(NKIShapeError, match=r"v_prior \(1, 150, 32\)"):
+        _bad(v_prior=torch.zeros(1, 150, 32))
+    with pytest.raises(NKIShapeError, match="inconsistent prefix shapes"):
+        _bad(k_prior=torch.zeros(2, 32, 200), v_prior=torch.zeros(2, 200, 32))  # Bkv 2 != 1
+    for n in (-1, 201):
+        with pytest.raises(NKIArgumentError, match=r"prior_used_len=.* out of range.*\[0, 200\]"):
+            _bad(prior_used_len=n)
+    with pytest.raises(NKIShapeError, match="1-element tensor"):
+        _bad(prior_used_len=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(NKIArgumentError, match="both k_prior and v_prior"):
+        _bad(v_prior=None)
+    with pytest.raises(NKIArgumentError, match="without k_prior"):
+        _bad(k_prior=None, v_prior=None, prior_used_len=3)
+    q, k, v = _qkv(1, 1, 10, 10, 8, torch.float32)
+    with pytest.raises(ValueError, match="prior_used_len=11"):
+        attention_ref(q, k.transpose(1, 2), v, k_prior=k.transpose(1, 2), v_prior=v,
+                      prior_used_len=torch.tensor([11], dtype=torch.int32))
+
+
+def test_cte_cp_strided_rejects_offset_beyond_degree():
     q, k, v = _qkv(1, 1, 128, 128, 32, torch.float32)
-    with pytest.raises(NotImplementedError, match="k_prior"):
-        _fwd(q, k.transpose(1, 2).contiguous(), v, k_prior=k, v_prior=v)
+    with pytest.raises(NKIArgumentError, match="must be < global_cp_deg=2"):
+        _fwd(q, k.transpose(1, 2).contiguous(), v, cp_offset=2, global_cp_deg=2,
+             cp_strided_q_slicing=True)
 
 
 def test_cte_rejects_sink_of_wrong_shape():

@@ -15,15 +15,31 @@ GQA: query batch ``b`` uses kv batch ``b // (B // Bkv)`` (B must be a multiple o
 Masks: ``causal_mask`` keeps key ``j`` for query ``i`` when ``j <= i`` (top-left aligned, as
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``); ``sliding_window=W``
 additionally drops keys with ``i - j >= W`` (each query sees at most W keys, itself included).
-Every query must keep at least one key (always true with the causal mask).
+Every query must keep at least one key (always true with the causal mask; not checked for
+the prefix with a run-time ``prior_used_len``).
 
 Options: ``sink`` (B,) -- attention sinks (GPT-OSS): one extra logit per query batch in the
 softmax denominator, ``softmax([scale * q.k..., sink[b]])`` with the sink's column dropped (lse
-includes it). ``cp_offset`` -- context parallelism with contiguous query slices: query row i
-sits at global position ``cp_offset + i`` for the causal and sliding-window masks (keys are
-the full sequence); ``global_cp_deg`` is accepted for signature compatibility. Not
-implemented (NotImplementedError): ``k_prior``/``v_prior``/``prior_used_len`` (prefix KV) and
-``cp_strided_q_slicing``.
+includes it).
+
+Prefix KV (``k_prior``, ``v_prior``, ``prior_used_len``; as AWS's prefix caching): k_prior has
+the layout of k ((Bkv, d, Sp), or (Bkv, Sp, d) with tp_k), v_prior that of v (Bkv, Sp, d), same
+dtypes; GQA as for k/v. The keys are ``concat(k_prior[:used], k)`` with positions
+``-used .. -1`` for the prefix and ``0 .. Skv-1`` for the chunk (queries at ``cp_offset + i``):
+the causal mask never drops a prefix key, the sliding window applies to these absolute
+positions (query at position t keeps prefix key j iff ``t - (j - used) < W``; AWS's reference
+does the same), prefix positions ``j >= used`` are dropped, and the lse includes the prefix.
+``prior_used_len`` (``used``) is either a Python int in [0, Sp] (static: unused prefix tiles
+are skipped) or, as in AWS's API, a 1-element int32/float tensor of shape (1,) -- one length for
+all batches, read at run time (the prefix tiles then get a dynamic mask: all Sp keys are
+computed; a value outside [0, Sp] is not checked by the kernel and gives undefined results;
+``attention_ref`` raises). None means ``used = Sp``.
+
+Context parallelism: the kernel holds a slice of the queries and the full k/v. Query row i
+sits at global position ``cp_offset + i`` (contiguous slices: cp_offset = rank * local Sq), or
+with ``cp_strided_q_slicing=True`` at ``cp_offset + i * global_cp_deg`` (row-strided slices:
+cp_offset = rank in [0, global_cp_deg)), as in AWS's API; the causal / window masks compare
+these positions with the key positions. ``global_cp_deg`` only matters when strided.
 
 Limits: d <= 128 (one TensorE contraction); ``scale`` > 0; any Sq, Skv >= 1 (ragged tiles are
 handled); B % Bkv == 0.
@@ -46,6 +62,17 @@ that need only the first block run first, while the DMA queues bring in the rest
 normalisation runs on GpSimd after one ScalarE copy out of PSUM. LNC=2 splits the (batch,
 query tile) work items between the two programs, interleaved so a causal mask keeps them
 balanced.
+
+Prefix KV: the prefix occupies key indices 0..Sp-1 of the resident / streamed K^T and V, the
+chunk starts at Sp rounded up to 128 (so each 128-key chunk has one source: the V DMAs stay
+whole-chunk); a query tile's prefix tiles run first. Prefix tiles that need masking (a
+run-time ``prior_used_len``, or a window edge) are masked by one VectorE ``range_select`` on
+the scores in PSUM, in place, which also produces the row maximum (replacing the max
+reduction, so the mask costs no extra instruction). A row whose keys in a section are all
+masked gets a max of -3.4e38 and P = 1 there; the online-softmax rescale
+exp(m_old - m_new) = 0 of a later section with a kept key removes it (there always is one:
+the chunk's own keys come last). Strided CP only changes the mask geometry (channel
+multiplier ``global_cp_deg`` in the affine masks, key ranges per query tile).
 
 Numerics: matmuls run in bf16 (fp32 for fp32 inputs) with fp32 PSUM accumulation; max, exp,
 sums and rescaling in fp32; P is rounded to the matmul dtype before P V (as on hardware).
@@ -77,21 +104,22 @@ KVBLK = SEC * KT  # keys per DMA of a resident K^T / V
 WARMUP_TILES = 4
 
 
-def _mask_tile(rows, kw, q0, k0, causal, window, mask_sb):
+def _mask_tile(rows, kw, q0, k0, causal, window, mask_sb, qstep=1):
     """Build an additive mask [rows, kw] (0 keep / NEG_BIG drop) on GpSimd for the score tile
-    whose query rows start at q0 and key columns at k0."""
+    whose query rows sit at positions q0 + qstep * p and key columns at k0 + j."""
     zeros = nl.ndarray((rows, kw), mask_sb.dtype, buffer=nl.sbuf)
     nisa.memset(zeros, 0.0, engine=nisa.engine.gpsimd)
     src = zeros
     if causal:
-        # keep where (q0 + p) - (k0 + j) >= 0
-        nisa.affine_select(mask_sb, pattern=[[-1, kw]], channel_multiplier=1, on_true_tile=src,
-                           on_false_value=NEG_BIG, cmp_op=nl.greater_equal, offset=q0 - k0)
+        # keep where (q0 + qstep * p) - (k0 + j) >= 0
+        nisa.affine_select(mask_sb, pattern=[[-1, kw]], channel_multiplier=qstep,
+                           on_true_tile=src, on_false_value=NEG_BIG, cmp_op=nl.greater_equal,
+                           offset=q0 - k0)
         src = mask_sb
     if window is not None:
-        # keep where (q0 + p) - (k0 + j) < W  <=>  W - 1 - q0 + k0 - p + j >= 0
-        nisa.affine_select(mask_sb, pattern=[[1, kw]], channel_multiplier=-1, on_true_tile=src,
-                           on_false_value=NEG_BIG, cmp_op=nl.greater_equal,
+        # keep where (q0 + qstep * p) - (k0 + j) < W  <=>  W - 1 - q0 + k0 - qstep * p + j >= 0
+        nisa.affine_select(mask_sb, pattern=[[1, kw]], channel_multiplier=-qstep,
+                           on_true_tile=src, on_false_value=NEG_BIG, cmp_op=nl.greater_equal,
                            offset=window - 1 - q0 + k0)
 
 
@@ -119,26 +147,63 @@ def _check(q, k, v, scale, tp_q, tp_k, sliding_window):
     return B, Sq, d, Bkv, Skv
 
 
-def _check_options(k_prior, v_prior, prior_used_len, sink, B, cp_offset, global_cp_deg,
-                   cp_strided_q_slicing):
+def _check_options(k, v, k_prior, v_prior, prior_used_len, sink, B, Bkv, d, tp_k, cp_offset,
+                   global_cp_deg, cp_strided_q_slicing):
+    """Validate the optional arguments; returns (prefix length Sp (0 without a prefix),
+    prior_used_len as an int when it is static, query position step)."""
     name = "attention_cte"
-    if k_prior is not None or v_prior is not None or prior_used_len is not None:
-        raise NotImplementedError(f"{name}: k_prior / v_prior / prior_used_len (prefix KV "
-                                  "attended without the causal mask) are not implemented; "
-                                  "concatenate the prefix into k/v and shift with cp_offset")
-    if cp_strided_q_slicing:
-        raise NotImplementedError(f"{name}: cp_strided_q_slicing (strided query slices under "
-                                  "context parallelism) is not implemented; use contiguous "
-                                  "slices with cp_offset")
     if int(cp_offset) != cp_offset or cp_offset < 0:
         arg_error(name, f"cp_offset={cp_offset} must be an int >= 0 (the global position of "
-                  "this rank's first query)", "pass rank * (global Sq / global_cp_deg)")
+                  "this rank's first query)", "pass rank * (global Sq / global_cp_deg), or the "
+                  "rank with cp_strided_q_slicing=True")
     if int(global_cp_deg) != global_cp_deg or global_cp_deg < 1:
         arg_error(name, f"global_cp_deg={global_cp_deg} must be an int >= 1",
                   "pass the context-parallel degree")
+    qstep = 1
+    if cp_strided_q_slicing:
+        if cp_offset >= global_cp_deg:
+            arg_error(name, f"cp_offset={cp_offset} must be < global_cp_deg={global_cp_deg} with "
+                      "cp_strided_q_slicing=True (query row i sits at global position "
+                      "cp_offset + i * global_cp_deg)", "pass the rank id as cp_offset")
+        qstep = int(global_cp_deg)
     if sink is not None and tuple(sink.shape) != (B,):
         shape_error(name, f"sink has shape {tuple(sink.shape)}, expected ({B},): one logit per "
                     "query batch (heads folded into the batch)", "pass sinks repeated per batch")
+    if k_prior is None and v_prior is None:
+        if prior_used_len is not None:
+            arg_error(name, "prior_used_len is given without k_prior / v_prior",
+                      "pass k_prior and v_prior (the prefix keys / values) too, or drop it")
+        return 0, 0, qstep
+    if k_prior is None or v_prior is None:
+        arg_error(name, f"prefix KV needs both k_prior and v_prior, got only "
+                  f"{'k_prior' if v_prior is None else 'v_prior'}",
+                  "pass both (k_prior in the layout of k, v_prior in the layout of v)")
+    if k_prior.ndim != 3 or v_prior.ndim != 3:
+        shape_error(name, f"k_prior {tuple(k_prior.shape)} and v_prior {tuple(v_prior.shape)} "
+                    "must be 3-D", "use the layouts of k and v")
+    Sp = k_prior.shape[1] if tp_k else k_prior.shape[2]
+    kp_want = (Bkv, Sp, d) if tp_k else (Bkv, d, Sp)
+    if tuple(k_prior.shape) != kp_want or tuple(v_prior.shape) != (Bkv, Sp, d):
+        shape_error(name, f"inconsistent prefix shapes k_prior {tuple(k_prior.shape)}, v_prior "
+                    f"{tuple(v_prior.shape)} (tp_k={tp_k}): expected k_prior {kp_want} and "
+                    f"v_prior {(Bkv, Sp, d)} (the layouts of k and v with the prefix length)",
+                    "pass the prefix with the kv batch and head dim of k / v")
+    if k_prior.dtype != k.dtype or v_prior.dtype != v.dtype:
+        arg_error(name, f"k_prior / v_prior dtypes ({k_prior.dtype}, {v_prior.dtype}) must match "
+                  f"k / v ({k.dtype}, {v.dtype})", "cast the prefix to the dtype of k / v")
+    if prior_used_len is None:
+        return Sp, Sp, qstep
+    if isinstance(prior_used_len, (int, float)) and not isinstance(prior_used_len, bool):
+        if int(prior_used_len) != prior_used_len or not 0 <= prior_used_len <= Sp:
+            arg_error(name, f"prior_used_len={prior_used_len} is out of range: it must be an int "
+                      f"in [0, {Sp}] (the prefix length of k_prior / v_prior)",
+                      "pass the number of valid prefix positions")
+        return Sp, int(prior_used_len), qstep
+    if not hasattr(prior_used_len, "shape") or prior_used_len.size != 1:
+        shape_error(name, f"prior_used_len must be an int or a 1-element tensor (shape (1,)), got "
+                    f"{getattr(prior_used_len, 'shape', type(prior_used_len).__name__)}",
+                    "pass one length shared by all batches")
+    return Sp, None, qstep  # run-time value: masked dynamically
 
 
 @nki.jit
@@ -151,8 +216,12 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     Returns ``out``, or ``(out, lse)`` with ``cache_softmax=True``.
     """
     B, Sq, d, Bkv, Skv = _check(q, k, v, scale, tp_q, tp_k, sliding_window)
-    _check_options(k_prior, v_prior, prior_used_len, sink, B, cp_offset, global_cp_deg,
-                   cp_strided_q_slicing)
+    Sp, used, qstep = _check_options(k, v, k_prior, v_prior, prior_used_len, sink, B, Bkv, d,
+                                     tp_k, cp_offset, global_cp_deg, cp_strided_q_slicing)
+    # Key index space of K^T / V in SBUF: prefix keys 0..Sp-1, the chunk's keys from Spad
+    # (Sp rounded up to 128, so every 128-key chunk holds keys of one source only).
+    Spad = cdiv(Sp, P) * P
+    Ktot = Spad + Skv
     mdt = matmul_dtype(q.dtype)
     group = B // Bkv
     nqt = cdiv(Sq, P)
@@ -171,33 +240,43 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     o_ps = [acc_ps[:, 0:P + 1], acc_ps[:, P + 1:2 * P + 2]]
     misc_ps = acc_ps[:, 3 * P:4 * P]
 
-    resident = Skv * d * mdt.itemsize // P + cdiv(Skv, P) * d * mdt.itemsize <= RESIDENT_KV_BYTES
+    resident = Ktot * d * mdt.itemsize // P + cdiv(Ktot, P) * d * mdt.itemsize <= RESIDENT_KV_BYTES
     kv_cache = {}
 
-    def load_kv(bkv, k0, width, kt, vt, kbase):
-        """DMA keys k0..k0+width (k0 - kbase a multiple of 128) into K^T [d, *] / V [128, *, d]."""
+    def load_seg(ks, vs, Ss, bkv, k0, r0, width, kt, vt, kbase):
+        """DMA rows r0..r0+width of (ks, vs) (sequence length Ss) to key index k0 (k0 - kbase a
+        multiple of 128) of K^T [d, *] / V [128, *, d]."""
         c_lo = k0 - kbase
         if tp_k:
             for c in range(cdiv(width, P)):
                 kc = min(P, width - c * P)
-                r0 = k0 + c * P
+                rc = r0 + c * P
                 raw = nl.ndarray((kc, d), k.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=raw, src=k[bkv, r0:r0 + kc, :])
+                nisa.dma_copy(dst=raw, src=ks[bkv, rc:rc + kc, :])
                 nisa.nc_matmul(misc_ps[:d, :kc], raw, ident_k[:kc, :kc], is_transpose=True)
                 nisa.tensor_copy(kt[:, c_lo + c * P:c_lo + c * P + kc], misc_ps[:d, :kc])
         else:
-            nisa.dma_copy(dst=kt[:, c_lo:c_lo + width], src=k[bkv, :, k0:k0 + width])
+            nisa.dma_copy(dst=kt[:, c_lo:c_lo + width], src=ks[bkv, :, r0:r0 + width])
         ch0 = c_lo // P
         full = width // P
         # V_aug = [V | 1]: the ones column makes the P V matmuls also produce the row sums
         nisa.memset(vt[:, ch0:ch0 + cdiv(width, P), d:d + 1], 1.0, engine=nisa.engine.gpsimd)
         if full:
-            # one DMA: row k0 + c*128 + p of v goes to partition p, chunk ch0 + c
-            nisa.dma_copy(dst=vt[:, ch0:ch0 + full, :d], src=v.ap(
-                [[d, P], [P * d, full], [1, d]], offset=(bkv * Skv + k0) * d))
+            # one DMA: row r0 + c*128 + p of v goes to partition p, chunk ch0 + c
+            nisa.dma_copy(dst=vt[:, ch0:ch0 + full, :d], src=vs.ap(
+                [[d, P], [P * d, full], [1, d]], offset=(bkv * Ss + r0) * d))
         if width % P:
             tail = width % P
-            nisa.dma_copy(dst=vt[:tail, ch0 + full, :d], src=v[bkv, k0 + full * P:k0 + width, :])
+            nisa.dma_copy(dst=vt[:tail, ch0 + full, :d], src=vs[bkv, r0 + full * P:r0 + width, :])
+
+    def load_kv(bkv, k0, width, kt, vt, kbase):
+        """Keys k0..k0+width of the SBUF key index space: prefix part, then the chunk's part."""
+        if k0 < Sp:
+            w = min(width, Sp - k0)
+            load_seg(k_prior, v_prior, Sp, bkv, k0, k0, w, kt, vt, kbase)
+        if k0 + width > Spad:
+            a = max(k0, Spad)
+            load_seg(k, v, Skv, bkv, a, a - Spad, k0 + width - a, kt, vt, kbase)
 
     def kv_get(bkv, sk0, swidth):
         """(K^T, V, first key held) covering keys sk0..sk0+swidth of kv batch bkv.
@@ -211,8 +290,8 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
             return kt, vt, sk0
         if bkv not in kv_cache:
             kv_cache.clear()  # drop the previous kv batch (frees its SBUF)
-            kt = nl.ndarray((d, Skv), mdt, buffer=nl.sbuf)
-            vt = nl.ndarray((P, cdiv(Skv, P), d + 1), mdt, buffer=nl.sbuf)
+            kt = nl.ndarray((d, Ktot), mdt, buffer=nl.sbuf)
+            vt = nl.ndarray((P, cdiv(Ktot, P), d + 1), mdt, buffer=nl.sbuf)
             kv_cache[bkv] = (kt, vt, set())
         kt, vt, loaded = kv_cache[bkv]
         # Blocks are loaded on first use, so the DMA queues carry them in the order the
@@ -220,10 +299,15 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         for b0 in range((sk0 // KVBLK) * KVBLK, sk0 + swidth, KVBLK):
             if b0 not in loaded:
                 loaded.add(b0)
-                load_kv(bkv, b0, min(KVBLK, Skv - b0), kt, vt, 0)
+                load_kv(bkv, b0, min(KVBLK, Ktot - b0), kt, vt, 0)
         return kt, vt, 0
 
     ident_k = ident if (not tp_k or k.dtype == mdt) else nl.shared_identity_matrix(P, k.dtype)
+    used_sb = None
+    if Sp and used is None:
+        # run-time prior_used_len, broadcast to every partition (as fp32, for range_select)
+        used_sb = nl.ndarray((P, 1), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=used_sb, src=prior_used_len.ap([[0, P], [1, 1]]))
 
     items = []
     for bkv in range(Bkv):
@@ -231,7 +315,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         # long sections and the short tiles drain it -- except for a few tiles that need only
         # the first K/V block, which keep TensorE busy while the rest of K/V is loaded
         order = list(range(nqt - 1, -1, -1))
-        if causal_mask and resident:
+        if causal_mask and resident and not Sp and qstep == 1:
             first = [qi for qi in order if (qi + 1) * P <= KVBLK][:WARMUP_TILES]
             order = first + [qi for qi in order if qi not in first]
         for qi in order:
@@ -241,20 +325,35 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     nprog = nl.num_programs()
     mine = [items[n] for n in range(pid, len(items), nprog)]
 
+    W = sliding_window
+
+    def qpos(q0, rows):
+        """Global positions of the first and last query row of a tile (for the masks)."""
+        return cp_offset + q0 * qstep, cp_offset + (q0 + rows - 1) * qstep
+
     # Flat list of sections: (item index, section index, tiles, last section of the item?)
+    # Tiles are (first key index in SBUF, width); prefix tiles (index < Spad) come first.
     jobs = []
     for n in range(len(mine)):
         b, bkv, qi = mine[n]
         q0 = qi * P
         rows = min(P, Sq - q0)
-        qp = q0 + cp_offset  # position of query row q0 for the masks
-        hi = min(Skv, qp + rows) if causal_mask else Skv
-        lo = max(0, qp - sliding_window + 1) if sliding_window is not None else 0
+        qp, ql = qpos(q0, rows)
+        tiles = []
+        # prefix key j sits at position j - prior_used_len: causal never drops it, the window
+        # keeps j >= pos + used - W + 1 (only queries at positions <= W - 2 can see the prefix)
+        if Sp and used != 0 and (W is None or qp <= W - 2):
+            p_hi = Sp if used is None else used
+            p_lo = 0 if W is None or used is None else max(0, qp + used - W + 1) // P * P
+            tiles += [(k0, min(KT, p_hi - k0)) for k0 in range(p_lo, p_hi, KT)]
+        hi = min(Skv, ql + 1) if causal_mask else Skv
+        lo = max(0, qp - W + 1) if W is not None else 0
         lo = (lo // P) * P
-        tiles = [(k0, min(KT, hi - k0)) for k0 in range(lo, hi, KT)]
+        tiles += [(Spad + k0, min(KT, hi - k0)) for k0 in range(lo, hi, KT)]
         if not tiles:
             arg_error("attention_cte", f"query rows {q0}..{q0 + rows - 1} keep no key (Skv={Skv}, "
-                      f"sliding_window={sliding_window})", "every query needs at least one key")
+                      f"sliding_window={W}, prefix keys used={used})",
+                      "every query needs at least one key")
         nsec = cdiv(len(tiles), SEC)
         for si in range(nsec):
             jobs.append((n, si, tiles[si * SEC:(si + 1) * SEC], si == nsec - 1))
@@ -267,7 +366,27 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         key = (rows, kw, q0 - k0 if causal else None, k0 - q0 if window is not None else None)
         if key not in masks:
             mask = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
-            _mask_tile(rows, kw, q0, k0, causal, window, mask)
+            _mask_tile(rows, kw, q0, k0, causal, window, mask, qstep)
+            masks[key] = mask
+        return masks[key]
+
+    def prefix_mask(rows, kw, k0, qp, ub, st):
+        """0 / NEG_BIG mask [rows, kw] of a prefix tile (see a_tile), built on GpSimd; without a
+        window it does not depend on the query rows (cached per tile)."""
+        key = ("prefix", rows, kw, k0, qp if W is not None else None)
+        if key not in masks:
+            idx = nl.ndarray((rows, kw), nl.float32, buffer=nl.sbuf)
+            nisa.iota(idx, [[1, kw]], offset=k0, channel_multiplier=0)
+            mask = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+            # drop j >= used: (j >= used) * NEG_BIG
+            nisa.tensor_scalar(mask, idx, nl.greater_equal, ub, op1=nl.multiply,
+                               operand1=NEG_BIG, engine=nisa.engine.gpsimd)
+            if W is not None:
+                # drop j < pos_p + used - W + 1; min() of two 0 / NEG_BIG masks (no -inf)
+                low = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
+                nisa.tensor_scalar(low, idx, nl.less, st["pb"], op1=nl.multiply,
+                                   operand1=NEG_BIG, engine=nisa.engine.gpsimd)
+                nisa.tensor_tensor(mask, mask, low, nl.minimum, engine=nisa.engine.gpsimd)
             masks[key] = mask
         return masks[key]
 
@@ -313,27 +432,57 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         """Scores of one key tile (+ mask) and their row maximum."""
         k0, kw = js["sec"][t]
         rows, kbase = js["rows"], js["kbase"]
-        q0 = js["q0"] + cp_offset  # mask position (context parallelism shifts it)
+        qp, ql = qpos(js["q0"], rows)  # mask positions of the first / last query row
         s = s_ps[js["sidx"][t]][:rows, :kw]
-        need_causal = causal_mask and k0 + kw - 1 > q0
-        need_window = sliding_window is not None and k0 <= q0 + rows - 1 - sliding_window
         nisa.nc_matmul(s, js["st"]["qT"][:, :rows], js["kt"][:, k0 - kbase:k0 - kbase + kw],
                        accumulate=False)
-        if need_causal or need_window:
-            # add the 0/-3e38 mask on TensorE (I @ mask accumulates into the scores): TensorE is
-            # 2.5x faster than VectorE per element and GpSimd cannot read PSUM. Only the columns
-            # some row drops need it: j > q0 - k0 (causal), j <= q0 + rows - 1 - W - k0 (window).
-            lo_c = max(0, q0 - k0 + 1) if need_causal else kw
-            hi_c = min(kw, q0 + rows - sliding_window - k0) if need_window else 0
-            c0 = min(lo_c, 0 if need_window else kw)
-            c1 = max(kw if need_causal else 0, hi_c)
-            mask = mask_for(rows, c1 - c0, q0, k0 + c0, need_causal,
-                            sliding_window if need_window else None)
-            nisa.nc_matmul(s[:, c0:c1], ident[:rows, :rows], mask, accumulate=True)
         tmax = js["tmax"]
+        pmask = k0 < Spad and (used is None or (W is not None and ql + used - W + 1 > k0))
+        if k0 >= Spad:
+            kp = k0 - Spad  # position of the tile's first key
+            need_causal = causal_mask and kp + kw - 1 > qp
+            need_window = W is not None and kp <= ql - W
+            if need_causal or need_window:
+                # add the 0/-3e38 mask on TensorE (I @ mask accumulates into the scores): TensorE
+                # is 2.5x faster than VectorE per element and GpSimd cannot read PSUM. Only the
+                # columns some row drops need it: j > qp - kp (causal), j <= ql - W - kp (window).
+                lo_c = max(0, qp - kp + 1) if need_causal else kw
+                hi_c = min(kw, ql - W + 1 - kp) if need_window else 0
+                c0 = min(lo_c, 0 if need_window else kw)
+                c1 = max(kw if need_causal else 0, hi_c)
+                mask = mask_for(rows, c1 - c0, qp, kp + c0, need_causal,
+                                W if need_window else None)
+                nisa.nc_matmul(s[:, c0:c1], ident[:rows, :rows], mask, accumulate=True)
+        use_scalar = counter[0] % 16 in SCALAR_MAX_SLOTS
+        if pmask:
+            # Prefix tile: keep prefix index j < prior_used_len (a run-time value when it is a
+            # tensor) and, with a window, j >= pos + prior_used_len - W + 1.
+            st = js["st"]
+            ub = float(used) if used is not None else used_sb[:rows]
+            if W is not None and "pb" not in st:
+                # per-row lower bound pos_p + used - W + 1 (pos_p = qp + qstep * p)
+                pb = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+                nisa.iota(pb, [[1, 1]], offset=qp - W + 1 + (used or 0), channel_multiplier=qstep)
+                if used is None:
+                    nisa.tensor_tensor(pb, pb, used_sb[:rows], nl.add, engine=nisa.engine.gpsimd)
+                st["pb"] = pb
+            if use_scalar:
+                # ScalarE max slot: an additive mask built on GpSimd, added on TensorE
+                nisa.nc_matmul(s, ident[:rows, :rows], prefix_mask(rows, kw, k0, qp, ub, st),
+                               accumulate=True)
+                pmask = False
+            else:
+                # one VectorE range_select on the scores in PSUM (in place) that also yields
+                # the row maximum (replacing the max reduction)
+                nisa.range_select(s, s, nl.less, nl.greater_equal, ub,
+                                  st["pb"] if W is not None else 0.0,
+                                  reduce_res=tmax[:, t:t + 1], reduce_op=nl.maximum,
+                                  range_start=float(k0))
         # Row maxima on VectorE, or for SCALAR_MAX_SLOTS on ScalarE (a copy activation with a
         # max reduction) -- balances VectorE (max + P^T copies) against ScalarE (exp).
-        if counter[0] % 16 in SCALAR_MAX_SLOTS:
+        if pmask:
+            pass  # the range_select produced the row max
+        elif use_scalar:
             junk = nl.ndarray((rows, kw), mdt, buffer=nl.sbuf)
             nisa.activation(junk, nl.copy, s, reduce_op=nl.maximum, reduce_res=tmax[:, t:t + 1])
         else:
@@ -496,8 +645,11 @@ def attention_ref(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
                   cp_strided_q_slicing=False):
     """PyTorch reference of :func:`attention_cte` (same layouts; computed in float32).
 
-    Returns the output in the dtype of ``q`` (and the float32 lse, in the kernel's
-    (B, 128, ceil(Sq/128)) layout with zero padding, when ``cache_softmax``).
+    Keys are ``concat(k_prior[:prior_used_len], k)`` at positions ``-used .. -1, 0 .. Skv-1``;
+    query row i sits at position ``cp_offset + i`` (``cp_offset + i * global_cp_deg`` with
+    ``cp_strided_q_slicing``). Causal keeps key positions <= the query's, the window keeps
+    query - key < W. Returns the output in the dtype of ``q`` (and the float32 lse, in the
+    kernel's (B, 128, ceil(Sq/128)) layout with zero padding, when ``cache_softmax``).
     """
     import torch
     qf = (q if tp_q else q.transpose(1, 2)).float()
@@ -505,13 +657,23 @@ def attention_ref(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     vf = v.float()
     B, Sq, d = qf.shape
     Bkv, Skv, _ = kf.shape
+    used = 0
+    if k_prior is not None:
+        kp = (k_prior if tp_k else k_prior.transpose(1, 2)).float()
+        Sp = kp.shape[1]
+        used = Sp if prior_used_len is None else int(torch.as_tensor(prior_used_len).reshape(-1)[0])
+        if not 0 <= used <= Sp:
+            raise ValueError(f"attention_ref: prior_used_len={used} must be in [0, {Sp}]")
+        kf = torch.cat([kp[:, :used], kf], dim=1)
+        vf = torch.cat([v_prior.float()[:, :used], vf], dim=1)
     g = B // Bkv
     kf = kf.repeat_interleave(g, 0)
     vf = vf.repeat_interleave(g, 0)
     s = torch.einsum("bqd,bkd->bqk", qf, kf) * scale
-    i = torch.arange(Sq)[:, None] + cp_offset
-    j = torch.arange(Skv)[None, :]
-    keep = torch.ones(Sq, Skv, dtype=torch.bool)
+    step = global_cp_deg if cp_strided_q_slicing else 1
+    i = (torch.arange(Sq) * step + cp_offset)[:, None]  # query positions
+    j = (torch.arange(used + Skv) - used)[None, :]  # key positions (prefix negative)
+    keep = torch.ones(Sq, used + Skv, dtype=torch.bool)
     if causal_mask:
         keep &= j <= i
     if sliding_window is not None:
