@@ -346,3 +346,36 @@ def case_collective_on_side_stream(rank, size):
 
 
 def test_collective_on_side_stream(world2): world2.run(case_collective_on_side_stream)
+
+
+def case_repeated_ops_complete_in_order(rank, size):
+    # Works complete on the waiting thread (polling first, unless TORCH_NEURON_WAIT_SPIN_US=0);
+    # gloo's reduce-scatter Work has no Future, which the backend remembers after the first
+    # call: later calls, and a Future asked for explicitly, must still complete correctly.
+    src = torch.arange(2.0 * size)
+    for i in range(20):
+        t = on_dev(inp(rank) + i)
+        dist.all_reduce(t)
+        assert_close(t.cpu(), sum(inp(r) + i for r in range(size)))
+        out = on_dev(torch.empty(2))
+        dist.reduce_scatter_tensor(out, on_dev(src * (rank + 1) + i))
+        assert_close(out.cpu(), sum(src[2 * rank:2 * rank + 2] * (r + 1) + i for r in range(size)))
+    out = on_dev(torch.empty(2))
+    work = dist.reduce_scatter_tensor(out, on_dev(src), async_op=True)
+    vals = work.get_future().wait()
+    assert vals[0].device.type == "neuron"
+    assert_close(out.cpu(), src[2 * rank:2 * rank + 2] * size)
+
+
+def test_repeated_ops_complete_in_order(world2): world2.run(case_repeated_ops_complete_in_order)
+
+
+def test_repeated_ops_complete_without_spin_wait():
+    from world import World
+
+    w = World(2, extra_env={"TORCH_NEURON_WAIT_SPIN_US": "0"})
+    w.start()
+    try:
+        w.run(case_repeated_ops_complete_in_order)
+    finally:
+        w.stop()
