@@ -1,14 +1,13 @@
 """grouped_mm / grouped_mm_wgrad kernels against torch._grouped_mm on the CPU, the torch op
 (every torch._grouped_mm layout, autograd) and the routing of torch._grouped_mm on neuron."""
 
-import os
 
 import pytest
 import torch
 
 import nki
 from nkilib import grouped_mm, grouped_mm_ref, grouped_mm_wgrad, grouped_mm_wgrad_ref
-from support import REPO, run_python
+from support import run_python
 from torchneuron.nki import NKIArgumentError
 
 OFFS = [40, 40, 170, 300]  # an empty group, groups starting mid-tile, 20 rows past the end
@@ -119,9 +118,32 @@ def test_enable_routes_neuron_grouped_mm_through_the_kernel():
 
 
 def test_env_var_routes_neuron_grouped_mm_through_the_kernel():
-    with open(os.path.join(REPO, "torchneuron", "__init__.py")) as f:
-        if "TORCHNEURON_NKI_GROUPED_MM" not in f.read():
-            pytest.skip("the TORCHNEURON_NKI_GROUPED_MM hook is not in torchneuron/__init__.py")
     p = run_python(_ROUTED.format(enable=""), env={"TORCHNEURON_NKI_GROUPED_MM": "1"})
     assert p.returncode == 0, p.stderr
     assert p.stdout.split()[-1] == "1"
+
+
+_COMPILED = """
+import torch, torchneuron
+from torchneuron.nkilib import gmm_routing
+gmm_routing.enable()
+a = torch.randn(40, 32, dtype=torch.bfloat16); b = torch.randn(3, 32, 24, dtype=torch.bfloat16)
+offs = torch.tensor([10, 10, 33], dtype=torch.int32)
+ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
+ref = torch._grouped_mm(ar, br, offs=offs)
+ref[:33].float().sum().backward()
+an, bn = a.to("neuron").requires_grad_(), b.to("neuron").requires_grad_()
+f = torch.compile(lambda x, y, o: torch._grouped_mm(x, y, offs=o), backend="neuron", fullgraph=True)
+out = f(an, bn, offs.to("neuron"))
+out[:33].float().sum().backward()
+assert (out.cpu()[:33].float() - ref[:33].float()).abs().max() < 1e-2
+assert (an.grad.cpu().float() - ar.grad.float()).abs().max() < 5e-2
+assert (bn.grad.cpu().float() - br.grad.float()).abs().max() < 5e-2
+print(gmm_routing.calls()["nki"])
+"""
+
+
+def test_compiled_grouped_mm_routes_through_the_kernel_with_gradients():
+    p = run_python(_COMPILED, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert int(p.stdout.split()[-1]) >= 1
