@@ -1,7 +1,6 @@
 """grouped_mm / grouped_mm_wgrad kernels against torch._grouped_mm on the CPU, the torch op
 (every torch._grouped_mm layout, autograd) and the routing of torch._grouped_mm on neuron."""
 
-
 import pytest
 import torch
 
@@ -127,6 +126,7 @@ _COMPILED = """
 import torch, torchneuron
 from torchneuron.nkilib import gmm_routing
 gmm_routing.enable()
+torch.manual_seed(0)
 a = torch.randn(40, 32, dtype=torch.bfloat16); b = torch.randn(3, 32, 24, dtype=torch.bfloat16)
 offs = torch.tensor([10, 10, 33], dtype=torch.int32)
 ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
@@ -137,8 +137,9 @@ f = torch.compile(lambda x, y, o: torch._grouped_mm(x, y, offs=o), backend="neur
 out = f(an, bn, offs.to("neuron"))
 out[:33].float().sum().backward()
 assert (out.cpu()[:33].float() - ref[:33].float()).abs().max() < 1e-2
-assert (an.grad.cpu().float() - ar.grad.float()).abs().max() < 5e-2
-assert (bn.grad.cpu().float() - br.grad.float()).abs().max() < 5e-2
+rel = lambda x, y: ((x.cpu().float() - y.float()).abs().max() / y.float().abs().max()).item()
+# rows past offs[-1] belong to no group: torch leaves their gradient undefined
+assert rel(an.grad[:33], ar.grad[:33]) < 2e-2 and rel(bn.grad, br.grad) < 2e-2
 print(gmm_routing.calls()["nki"])
 """
 
