@@ -46,22 +46,26 @@ handled); B % Bkv == 0.
 
 Algorithm (per query tile of 128 rows, keys in tiles of 512 grouped in sections of 4):
 S = (scale * Q) K^T lands in PSUM (one matmul per 512 keys, K^T [d, 512] as the moving tile);
-each tile's row max is taken on VectorE (or, for 6 tiles in 16, on ScalarE) and folded into
-the running max on GpSimd as it lands; ScalarE computes P = exp(S - m) straight from PSUM;
-TensorE transposes P in 128x128 blocks (keys must be on partitions to be contracted) and
-accumulates [O | l] += P [V | 1] in PSUM -- the ones column appended to V yields the row sums
-l of the *rounded* P in the same matmuls. O is rescaled by exp(m_old - m_new) once per
-section (online softmax) and normalised at the end. The sections are software-pipelined two
-deep (scores and maxima of section j+2 interleave with the transposes and P V of section j),
-with 6 rotating PSUM score banks. Fully masked key tiles are skipped; tiles crossing the
-causal diagonal or the window edge get an additive 0/-3e38 mask (built once per offset on
-GpSimd, added by an identity matmul on TensorE). K^T and V of a kv batch stay resident in
-SBUF while its query tiles run (when they fit in 96 KiB/partition, else they are streamed
-per section), loaded in 2048-key blocks on first use; under a causal mask a few query tiles
-that need only the first block run first, while the DMA queues bring in the rest. The final
-normalisation runs on GpSimd after one ScalarE copy out of PSUM. LNC=2 splits the (batch,
-query tile) work items between the two programs, interleaved so a causal mask keeps them
-balanced.
+each tile's row max is taken on VectorE (or, for 6 tiles in 16 -- 4 on trn3 --, on ScalarE)
+and folded into the running max on GpSimd as it lands; ScalarE computes P = exp(S - m)
+straight from PSUM; TensorE transposes P in 128x128 blocks (keys must be on partitions to be
+contracted) and accumulates [O | l] += P [V | 1] in PSUM -- the ones column appended to V
+yields the row sums l of the *rounded* P in the same matmuls. O is rescaled by
+exp(m_old - m_new) once per section (online softmax) and normalised at the end. The sections
+are software-pipelined two deep (scores and maxima of step j+2 interleave with the transposes
+and P V of step j), with 6 rotating PSUM score banks; a pipeline step holds up to 4 key
+tiles: one section or, under a causal mask, the partial (< 4 tile) sections of two query
+tiles (ordered so that a last section of r tiles is followed by a first section of 4 - r).
+Fully masked key tiles are skipped; tiles crossing the causal diagonal or the window edge get
+an additive 0/-3e38 mask (built once per offset on GpSimd, added by an identity matmul on
+TensorE). K^T and V of a kv batch stay resident in SBUF while its query tiles run (when they
+fit in 96 KiB/partition, else they are streamed per section), loaded in 2048-key blocks on
+first use; under a causal mask a few query tiles that need only the first block run first,
+while the DMA queues bring in the rest (the very first block's K^T goes first, partly in
+128-key DMAs). Q tiles are loaded a few work items ahead and transposed on TensorE one step
+before VectorE scales them. The final normalisation runs on GpSimd after one ScalarE copy out
+of PSUM. LNC=2 splits the (batch, query tile) work items between the two programs,
+interleaved so a causal mask keeps them balanced.
 
 Prefix KV: the prefix occupies key indices 0..Sp-1 of the resident / streamed K^T and V, the
 chunk starts at Sp rounded up to 128 (so each 128-key chunk has one source: the V DMAs stay
@@ -96,12 +100,19 @@ NSBUF = 6  # rotating PSUM score buffers (one bank each)
 # Of every 16 score tiles these 6 take their row max on ScalarE, the rest on VectorE: VectorE
 # also copies every P^T out of PSUM, ScalarE computes every exp (tuned with nki.benchmark).
 SCALAR_MAX_SLOTS = (1, 4, 6, 9, 12, 14)
+# NeuronCore-v4 (trn3): VectorE is 1.25x faster and takes more of the maxima (4 of 16 on ScalarE)
+SCALAR_MAX_SLOTS_V4 = (1, 5, 9, 13)
 LAG = 2  # pipeline iterations between a section's scores and its P V
 RESIDENT_KV_BYTES = 96 * 1024  # per-partition SBUF budget for a resident K^T + V
 KVBLK = SEC * KT  # keys per DMA of a resident K^T / V
 # Causal: this many query tiles that only need the first K/V block run first, so TensorE has
 # work while the DMA queues bring in the rest of K/V (tuned with nki.benchmark).
 WARMUP_TILES = 4
+# Causal: query tiles are ordered so that one whose last section has r < SEC key tiles is
+# followed by one with SEC - r, and the two partial sections share one pipeline step.
+PAIR = True
+KPIECES = 8  # first block: K^T of its first KPIECES * 128 keys in 128-key DMAs
+QPF = 2  # Q tiles are loaded this many work items ahead of the next one
 
 
 def _mask_tile(rows, kw, q0, k0, causal, window, mask_sb, qstep=1):
@@ -239,24 +250,36 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     acc_ps = nl.ndarray((P, 4 * P), nl.float32, buffer=nl.psum)
     o_ps = [acc_ps[:, 0:P + 1], acc_ps[:, P + 1:2 * P + 2]]
     misc_ps = acc_ps[:, 3 * P:4 * P]
+    misc_q = []  # work item whose transposed Q waits in misc_ps for q_prep
+
+    def misc_free():
+        """Finish a Q tile parked in misc_ps before another use of misc_ps overwrites it."""
+        if misc_q:
+            q_prep(misc_q[0])
 
     resident = Ktot * d * mdt.itemsize // P + cdiv(Ktot, P) * d * mdt.itemsize <= RESIDENT_KV_BYTES
     kv_cache = {}
+    kv_started = []
 
-    def load_seg(ks, vs, Ss, bkv, k0, r0, width, kt, vt, kbase):
+    def load_seg(ks, vs, Ss, bkv, k0, r0, width, kt, vt, kbase, parts="kv"):
         """DMA rows r0..r0+width of (ks, vs) (sequence length Ss) to key index k0 (k0 - kbase a
-        multiple of 128) of K^T [d, *] / V [128, *, d]."""
+        multiple of 128) of K^T [d, *] / V [128, *, d] (parts: "k", "v" or both)."""
         c_lo = k0 - kbase
-        if tp_k:
+        if "k" not in parts:
+            pass
+        elif tp_k:
             for c in range(cdiv(width, P)):
                 kc = min(P, width - c * P)
                 rc = r0 + c * P
                 raw = nl.ndarray((kc, d), k.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=raw, src=ks[bkv, rc:rc + kc, :])
+                misc_free()
                 nisa.nc_matmul(misc_ps[:d, :kc], raw, ident_k[:kc, :kc], is_transpose=True)
                 nisa.tensor_copy(kt[:, c_lo + c * P:c_lo + c * P + kc], misc_ps[:d, :kc])
         else:
             nisa.dma_copy(dst=kt[:, c_lo:c_lo + width], src=ks[bkv, :, r0:r0 + width])
+        if "v" not in parts:
+            return
         ch0 = c_lo // P
         full = width // P
         # V_aug = [V | 1]: the ones column makes the P V matmuls also produce the row sums
@@ -269,14 +292,14 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
             tail = width % P
             nisa.dma_copy(dst=vt[:tail, ch0 + full, :d], src=vs[bkv, r0 + full * P:r0 + width, :])
 
-    def load_kv(bkv, k0, width, kt, vt, kbase):
+    def load_kv(bkv, k0, width, kt, vt, kbase, parts="kv"):
         """Keys k0..k0+width of the SBUF key index space: prefix part, then the chunk's part."""
         if k0 < Sp:
             w = min(width, Sp - k0)
-            load_seg(k_prior, v_prior, Sp, bkv, k0, k0, w, kt, vt, kbase)
+            load_seg(k_prior, v_prior, Sp, bkv, k0, k0, w, kt, vt, kbase, parts)
         if k0 + width > Spad:
             a = max(k0, Spad)
-            load_seg(k, v, Skv, bkv, a, a - Spad, k0 + width - a, kt, vt, kbase)
+            load_seg(k, v, Skv, bkv, a, a - Spad, k0 + width - a, kt, vt, kbase, parts)
 
     def kv_get(bkv, sk0, swidth):
         """(K^T, V, first key held) covering keys sk0..sk0+swidth of kv batch bkv.
@@ -299,7 +322,19 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         for b0 in range((sk0 // KVBLK) * KVBLK, sk0 + swidth, KVBLK):
             if b0 not in loaded:
                 loaded.add(b0)
-                load_kv(bkv, b0, min(KVBLK, Ktot - b0), kt, vt, 0)
+                bw = min(KVBLK, Ktot - b0)
+                if not kv_started:
+                    # the kernel's very first block: K^T first, in 128-key DMAs (small
+                    # transfers side by side on the queues, ~2.7 us each instead of ~4.2 us
+                    # per 64 KiB chunk), then V (needed only by the P V two steps later)
+                    kv_started.append(True)
+                    for lo in range(0, min(bw, KPIECES * P), P):
+                        load_kv(bkv, b0 + lo, min(P, bw - lo), kt, vt, 0, "k")
+                    if KPIECES * P < bw:
+                        load_kv(bkv, b0 + KPIECES * P, bw - KPIECES * P, kt, vt, 0, "k")
+                    load_kv(bkv, b0, bw, kt, vt, 0, "v")
+                else:
+                    load_kv(bkv, b0, bw, kt, vt, 0)
         return kt, vt, 0
 
     ident_k = ident if (not tp_k or k.dtype == mdt) else nl.shared_identity_matrix(P, k.dtype)
@@ -310,6 +345,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         nisa.dma_copy(dst=used_sb, src=prior_used_len.ap([[0, P], [1, 1]]))
 
     items = []
+    warm = set()  # (kv batch, query tile) of the causal warm-up tiles
     for bkv in range(Bkv):
         # longest query tiles (most keys under a causal mask) first: the pipeline fills with
         # long sections and the short tiles drain it -- except for a few tiles that need only
@@ -318,12 +354,34 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         if causal_mask and resident and not Sp and qstep == 1:
             first = [qi for qi in order if (qi + 1) * P <= KVBLK][:WARMUP_TILES]
             order = first + [qi for qi in order if qi not in first]
+            warm.update((bkv, qi) for qi in first)
         for qi in order:
             for g in range(group):
                 items.append((bkv * group + g, bkv, qi))
     pid = nl.program_id(0)
     nprog = nl.num_programs()
     mine = [items[n] for n in range(pid, len(items), nprog)]
+    if PAIR and warm:
+        # Causal: a query tile whose last section has r < SEC key tiles is followed (same kv
+        # batch) by one with SEC - r (2 by 2), so the pipeline runs the two partial sections as
+        # one SEC-tile step (see the section grouping below); warm-up tiles stay first.
+        def rem(it):
+            return cdiv(min(Skv, cp_offset + it[2] * P + P), KT) % SEC
+        paired = []
+        for bkv in dict.fromkeys(it[1] for it in mine):  # kv batches in order
+            seg = [it for it in mine if it[1] == bkv]
+            paired += [it for it in seg if (bkv, it[2]) in warm]
+            pool = [it for it in seg if (bkv, it[2]) not in warm]
+            while pool:
+                it = pool.pop(0)
+                paired.append(it)
+                r = rem(it)
+                if r and 2 * r != SEC:
+                    mate = [x for x in pool if rem(x) == SEC - r]
+                    if mate:
+                        pool.remove(mate[0])
+                        paired.append(mate[0])
+        mine = paired
 
     W = sliding_window
 
@@ -333,7 +391,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
 
     # Flat list of sections: (item index, section index, tiles, last section of the item?)
     # Tiles are (first key index in SBUF, width); prefix tiles (index < Spad) come first.
-    jobs = []
+    groups = []  # pipeline steps: lists of sections (of different items)
     for n in range(len(mine)):
         b, bkv, qi = mine[n]
         q0 = qi * P
@@ -354,12 +412,28 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
             arg_error("attention_cte", f"query rows {q0}..{q0 + rows - 1} keep no key (Skv={Skv}, "
                       f"sliding_window={W}, prefix keys used={used})",
                       "every query needs at least one key")
-        nsec = cdiv(len(tiles), SEC)
+        r = len(tiles) % SEC
+        pl = groups[-1] if groups else None
+        merge = (PAIR and r and pl is not None and len(pl) == 1 and pl[0][3]
+                 and pl[0][0] == n - 1 and len(pl[0][2]) + r <= SEC)
+        if merge:
+            # this item's partial section goes first and shares a pipeline step with the
+            # previous item's partial last section (two items, two PSUM accumulators)
+            bounds = [0] + list(range(r, len(tiles) + 1, SEC))
+        else:
+            bounds = list(range(0, len(tiles), SEC)) + [len(tiles)]
+        nsec = len(bounds) - 1
         for si in range(nsec):
-            jobs.append((n, si, tiles[si * SEC:(si + 1) * SEC], si == nsec - 1))
+            job = (n, si, tiles[bounds[si]:bounds[si + 1]], si == nsec - 1)
+            if merge and si == 0:
+                pl.append(job)
+            else:
+                groups.append([job])
 
     states = {}
     masks = {}
+    max_slots = SCALAR_MAX_SLOTS_V4 if nisa.get_nc_version() == nisa.nc_version.gen4 \
+        else SCALAR_MAX_SLOTS
     counter = [0, 0, 0]  # score tiles seen (max-engine balance), P^T half, score buffer
 
     def mask_for(rows, kw, q0, k0, causal, window):
@@ -394,22 +468,52 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         counter[2] += 1
         return counter[2] % NSBUF
 
-    def q_prep(n):
-        """Q^T [d, rows] of work item n, pre-multiplied by the softmax scale, and its state."""
+    qpend = {}  # work item -> Q tiles loaded (and maybe transposed) ahead of use
+
+    def q_load(n):
+        """Issue the DMA of work item n's Q tile (prefetched a few items ahead of its use)."""
+        if n >= len(mine) or n in states or n in qpend:
+            return
         b, bkv, qi = mine[n]
         q0 = qi * P
         rows = min(P, Sq - q0)
-        qT = nl.ndarray((d, P), mdt, buffer=nl.sbuf)
         if tp_q:
             qraw = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=qraw, src=q[b, q0:q0 + rows, :])
-            nisa.nc_matmul(misc_ps[:d, :rows], qraw, ident_o[:rows, :rows], is_transpose=True)
-            nisa.tensor_scalar(qT[:, :rows], misc_ps[:d, :rows], nl.multiply, float(scale))
         else:
             qraw = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=qraw, src=q[b, :, q0:q0 + rows])
+        qpend[n] = {"raw": qraw, "rows": rows, "tp": False}
+
+    def q_transpose(n):
+        """TensorE transpose of item n's Q tile into misc_ps (tp_q), parked there until
+        q_prep(n) (other users of misc_ps call misc_free() first)."""
+        if n >= len(mine) or n in states:
+            return
+        q_load(n)
+        pq = qpend[n]
+        if tp_q and not pq["tp"]:
+            rows = pq["rows"]
+            misc_free()
+            nisa.nc_matmul(misc_ps[:d, :rows], pq["raw"], ident_o[:rows, :rows],
+                           is_transpose=True)
+            pq["tp"] = True
+            misc_q.append(n)
+
+    def q_prep(n):
+        """Q^T [d, rows] of work item n, pre-multiplied by the softmax scale, and its state."""
+        if n >= len(mine) or n in states:
+            return
+        q_transpose(n)
+        pq = qpend.pop(n)
+        rows = pq["rows"]
+        qT = nl.ndarray((d, P), mdt, buffer=nl.sbuf)
+        if tp_q:
+            misc_q.remove(n)
+            nisa.tensor_scalar(qT[:, :rows], misc_ps[:d, :rows], nl.multiply, float(scale))
+        else:
             # GpSimd: idle, and this never touches PSUM
-            nisa.tensor_scalar(qT[:, :rows], qraw, nl.multiply, float(scale),
+            nisa.tensor_scalar(qT[:, :rows], pq["raw"], nl.multiply, float(scale),
                                engine=nisa.engine.gpsimd)
         states[n] = {"qT": qT, "nm": None, "m": None, "o": o_ps[n % 2], "first": True}
 
@@ -419,8 +523,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         b, bkv, qi = mine[n]
         q0 = qi * P
         rows = min(P, Sq - q0)
-        if n not in states:
-            q_prep(n)
+        q_prep(n)
         sk0 = sec[0][0]
         kt, vt, kbase = kv_get(bkv, sk0, sec[-1][0] + sec[-1][1] - sk0)
         return {"n": n, "b": b, "qi": qi, "q0": q0, "rows": rows, "sec": sec, "last": last,
@@ -453,7 +556,7 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
                 mask = mask_for(rows, c1 - c0, qp, kp + c0, need_causal,
                                 W if need_window else None)
                 nisa.nc_matmul(s[:, c0:c1], ident[:rows, :rows], mask, accumulate=True)
-        use_scalar = counter[0] % 16 in SCALAR_MAX_SLOTS
+        use_scalar = counter[0] % 16 in max_slots
         if pmask:
             # Prefix tile: keep prefix index j < prior_used_len (a run-time value when it is a
             # tensor) and, with a window, j >= pos + prior_used_len - W + 1.
@@ -593,10 +696,18 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
         o_sb = nl.ndarray((rows, d), q.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(o_sb, o_f[:, :d], nl.divide, lsum, engine=nisa.engine.gpsimd)
         if tp_out:
+            misc_free()
             nisa.nc_matmul(misc_ps[:d, :rows], o_sb, ident_o[:rows, :rows], is_transpose=True)
             o_t = nl.ndarray((d, rows), q.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(o_t, misc_ps[:d, :rows])
             nisa.dma_copy(dst=out[b, :, q0:q0 + rows], src=o_t)
+        elif js["n"] >= len(mine) - 2:
+            # the kernel's last stores end the run: 8 small DMAs side by side on the queues
+            # finish sooner (the fixed cost is paid in parallel) than one 32 KiB transfer
+            step = cdiv(rows, 8)
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                nisa.dma_copy(dst=out[b, q0 + r0:q0 + r1, :], src=o_sb[r0:r1, :])
         else:
             nisa.dma_copy(dst=out[b, q0:q0 + rows, :], src=o_sb)
         if cache_softmax:
@@ -609,31 +720,47 @@ def attention_cte(q, k, v, scale=1.0, causal_mask=True, k_prior=None, v_prior=No
     # Software pipeline over sections: the scores and row maxima of section j+LAG are issued
     # interleaved, tile by tile, with the transposes and P V matmuls of section j, and the
     # exps of j+LAG after them -- so no engine's in-order queue waits behind another's chain.
-    queue = []
-    for job in jobs + [None] * LAG:
-        cur = a_init(job) if job is not None else None
-        prev = queue.pop(0) if len(queue) == LAG or (cur is None and queue) else None
-        if prev is not None:
-            b_init(prev)
-        na = len(cur["sec"]) if cur is not None else 0
-        nb = len(prev["sec"]) if prev is not None else 0
-        # Per key tile t: transposes (+ PSUM->SBUF copy) of section j, scores (+ row max) of
-        # section j+LAG, then P V of section j's tile t-1 -- whose copy went ahead of the max
+    for m in range(QPF + 2):
+        q_load(m)  # the first Q tiles ahead of the first K/V block in the DMA queues
+    hist = []
+    for i in range(len(groups) + LAG):
+        curs = [a_init(job) for job in groups[i]] if i < len(groups) else []
+        misc_free()  # scale the Q transposed last iteration (VectorE) well before its use
+        prevs = hist[i - LAG] if 0 <= i - LAG < len(groups) else []
+        if curs:
+            # Q of the next items: DMAs QPF items ahead, the next item's transpose now (TensorE)
+            # and its scaling after this iteration's tiles (VectorE), so neither engine waits
+            nxt = curs[-1]["n"] + 1
+            for m in range(nxt, nxt + 1 + QPF):
+                q_load(m)
+        for js in prevs:
+            b_init(js)
+        # Per key tile k: transposes (+ PSUM->SBUF copy) of section j, scores (+ row max) of
+        # section j+LAG, then P V of section j's tile k-1 -- whose copy went ahead of the max
         # in VectorE's queue, so TensorE never waits for it.
-        for t in range(max(na, nb + 1)):
-            if t < nb:
-                b_transpose(prev, t)
-            if t < na:
-                a_tile(cur, t)
-            if 1 <= t <= nb:
-                b_pv(prev, t - 1)
-        if prev is not None and prev["last"]:
-            b_final(prev)
-        if cur is not None:
-            for t in range(na):
-                a_exp(cur, t)
-            a_alpha(cur)
-            queue.append(cur)
+        ops = []
+        for x, (js, t) in enumerate([(js, t) for js in prevs for t in range(len(js["sec"]))]):
+            ops.append((x, 0, b_transpose, js, t))
+            ops.append((x + 1, 2, b_pv, js, t))
+        for x, (js, t) in enumerate([(js, t) for js in curs for t in range(len(js["sec"]))]):
+            ops.append((x, 1, a_tile, js, t))
+        ops.sort(key=lambda o: (o[0], o[1]))
+        for _, _, fn, js, t in ops:
+            fn(js, t)
+        for js in prevs:
+            if js["last"]:
+                b_final(js)
+        if curs:
+            # TensorE transposes the next item's Q now; VectorE scales it when the item
+            # starts (a_init), by when TensorE is long done with it
+            q_transpose(nxt)
+        for js in curs:
+            for t in range(len(js["sec"])):
+                a_exp(js, t)
+            a_alpha(js)
+        hist.append(curs)
+        if i >= LAG:
+            hist[i - LAG] = None  # done: free its tiles (and its hold on an old kv batch's K/V)
     if cache_softmax:
         return out, lse
     return out
