@@ -62,6 +62,8 @@ def cases(quick: bool):
     N, H = 4096, 4096
     out.append((f"rmsnorm N={N} H={H}", nkilib.rmsnorm, (z(N, H), z(H)), {}, 1, 0.0,
                 2 * N * H * 2, ""))
+    out.append((f"rmsnorm_bwd N={N} H={H}", nkilib.rmsnorm_bwd, (z(N, H), z(H), z(N, H)), {}, 1,
+                0.0, (3 * N * H + 2 * H) * 2, ""))
     out.append(("rope B=1 S=4096 H=32 d=128", nkilib.rope,
                 (z(1, 4096, 32, 128), z(4096, 64, dtype=np.float32),
                  z(4096, 64, dtype=np.float32)), {}, 1, 0.0, 2 * 4096 * 32 * 128 * 2 +
@@ -69,6 +71,10 @@ def cases(quick: bool):
     T, H, I = 2048, 4096, 2048
     out.append((f"mlp T={T} H={H} I={I}", nkilib.mlp, (z(T, H), z(H, I), z(H, I), z(I, H)), {}, 1,
                 6.0 * T * H * I, (2 * T * H + 3 * H * I) * 2, "bfloat16"))
+    # model FLOPs of the backward: 12 T H I (the kernel also recomputes h_g, h_u: +4 T H I)
+    out.append((f"mlp_bwd T={T} H={H} I={I}", nkilib.mlp_bwd,
+                (z(T, H), z(H, I), z(H, I), z(I, H), z(T, H)), {}, 1, 12.0 * T * H * I,
+                (4 * T * H + 6 * H * I) * 2, "bfloat16"))
     T, H, I, E, B, NB = 4096, 2048, 768, 8, 512, 16
     out.append((f"moe_cte {NB} blocks x {B} tok, H={H} I={I} E={E}", nkilib.moe_cte,
                 (z(T + 1, H), z((T + 1) * E, 1, dtype=np.float32), z(E, H, 2, I), z(E, I, H),

@@ -168,7 +168,7 @@ def test_op_rope_autograd_is_inverse_rotation():
     torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_ops_forward_only_kernels_under_torch_compile():
+def test_ops_inference_chain_under_torch_compile():
     from torchneuron.nkilib import ops
     x = torch.randn(130, 64, generator=_g())
     w = torch.randn(64, generator=_g(1))

@@ -6,7 +6,8 @@ with a PyTorch reference (``*_ref``) beside it:
 
 * :func:`attention_cte` -- flash-attention prefill forward (GQA, causal, sliding window)
 * :func:`attention_bwd` -- flash-attention backward (dq, dk, dv)
-* :func:`rmsnorm`, :func:`rope`, :func:`mlp` (SwiGLU), :func:`moe_cte` (blockwise MoE),
+* :func:`rmsnorm` / :func:`rmsnorm_bwd`, :func:`rope`, :func:`mlp` / :func:`mlp_bwd` (SwiGLU),
+  :func:`moe_cte` (blockwise MoE),
   :func:`router_topk`, :func:`cross_entropy_fwd` / :func:`cross_entropy_bwd`,
   :func:`cumsum`, :func:`grouped_mm` / :func:`grouped_mm_wgrad` (``torch._grouped_mm``)
 
@@ -27,8 +28,10 @@ _WHERE = {
     "cross_entropy_fwd": "cross_entropy", "cross_entropy_bwd": "cross_entropy",
     "cross_entropy_ref": "cross_entropy", "cross_entropy_bwd_ref": "cross_entropy",
     "cumsum": "scan", "cumsum_ref": "scan", "mlp": "gated_mlp", "mlp_ref": "gated_mlp",
+    "mlp_bwd": "gated_mlp", "mlp_bwd_ref": "gated_mlp",
     "moe_cte": "moe", "moe_cte_ref": "moe", "make_blocks": "moe",
-    "rmsnorm": "norm", "rmsnorm_ref": "norm", "rope": "rotary", "rope_ref": "rotary",
+    "rmsnorm": "norm", "rmsnorm_ref": "norm", "rmsnorm_bwd": "norm",
+    "rmsnorm_bwd_ref": "norm", "rope": "rotary", "rope_ref": "rotary",
     "router_topk": "router", "router_topk_ref": "router",
     "grouped_mm": "grouped_matmul", "grouped_mm_ref": "grouped_matmul",
     "grouped_mm_wgrad": "grouped_matmul", "grouped_mm_wgrad_ref": "grouped_matmul",

@@ -13,7 +13,14 @@ Public helpers take the usual PyTorch layouts:
 * :func:`rope` -- autograd through the same kernel (RoPE is linear: dx = rope(dy, cos, -sin)).
 * :func:`moe` -- ``moe_cte`` forward; its backward is composite PyTorch (recomputed), as
   NKI-lib has no blockwise-MoE backward kernel here.
-* :func:`rmsnorm`, :func:`mlp`, :func:`router_topk`, :func:`cumsum` -- forward only.
+* :func:`rmsnorm` -- autograd (x and w) through the ``rmsnorm_bwd`` kernel
+  (``nkilib::rmsnorm_bwd``).
+* :func:`mlp` -- autograd (x and the three weights) through the ``mlp_bwd`` kernel
+  (``nkilib::mlp_bwd``; h_g / h_u are recomputed, nothing but the inputs is saved).
+* :func:`router_topk`, :func:`cumsum` -- forward only.
+
+The backward ops take ``lnc`` (1 or 2); autograd uses 1. Under LNC=2 the kernels return one
+fp32 weight-gradient partial per core (split rows / tokens) and the op sums them.
 
 This module imports torch; :mod:`torchneuron.nkilib` itself does not.
 """
@@ -33,8 +40,10 @@ from .attention_backward import attention_bwd as attention_bwd_kernel
 from .cross_entropy import cross_entropy_bwd as _ce_bwd_kernel
 from .cross_entropy import cross_entropy_fwd as _ce_fwd_kernel
 from .gated_mlp import mlp as _mlp_kernel
+from .gated_mlp import mlp_bwd as _mlp_bwd_kernel
 from .moe import moe_cte as _moe_kernel
 from .norm import rmsnorm as _rmsnorm_kernel
+from .norm import rmsnorm_bwd as _rmsnorm_bwd_kernel
 from .rotary import rope as _rope_kernel
 from .router import router_topk as _router_kernel
 from .scan import cumsum as _cumsum_kernel
@@ -101,13 +110,47 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 
 # ---------------------------------------------------------------------------------------------
-# rmsnorm, rope, mlp, router, cumsum
+# rmsnorm, rope, mlp (with backward kernels), router, cumsum
 # ---------------------------------------------------------------------------------------------
 @nki_op("nkilib::rmsnorm", mutates_args=())
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` (any leading dims) with weight ``w``."""
     H = x.shape[-1]
     return _rmsnorm_kernel(_c(x).reshape(-1, H), _c(w), eps=float(eps)).reshape(x.shape)
+
+
+def _lnc(lnc) -> int:
+    if int(lnc) not in (1, 2):
+        raise ValueError(f"lnc must be 1 or 2, got {lnc}")
+    return int(lnc)
+
+
+@nki_op("nkilib::rmsnorm_bwd", mutates_args=())
+def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float,
+                lnc: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx like x, dw like w) of :func:`rmsnorm` for the output gradient ``dy``."""
+    H = x.shape[-1]
+    args = (_c(x).reshape(-1, H), _c(w), _c(dy.to(x.dtype)).reshape(-1, H))
+    if _lnc(lnc) == 2:  # one fp32 dw partial per core
+        dx, dw = _rmsnorm_bwd_kernel[2](*args, eps=float(eps))
+        dw = dw.sum(0).to(w.dtype)
+    else:
+        dx, dw = _rmsnorm_bwd_kernel(*args, eps=float(eps))
+    return dx.reshape(x.shape), dw
+
+
+def _rmsnorm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.eps = inputs[2]
+
+
+def _rmsnorm_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw = rmsnorm_bwd(x, w, dy, ctx.eps, 1)
+    return dx, dw, None
+
+
+rmsnorm.register_autograd(_rmsnorm_backward, setup_context=_rmsnorm_setup)
 
 
 @nki_op("nkilib::rope", mutates_args=())
@@ -134,6 +177,34 @@ def mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     """Gated MLP of ``x`` (..., H) with [in, out] weights."""
     H = x.shape[-1]
     return _mlp_kernel(_c(x).reshape(-1, H), _c(w_gate), _c(w_up), _c(w_down)).reshape(x.shape)
+
+
+@nki_op("nkilib::mlp_bwd", mutates_args=())
+def mlp_bwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+            dy: torch.Tensor, lnc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                 torch.Tensor]:
+    """(dx, dw_gate, dw_up, dw_down) of :func:`mlp` for the output gradient ``dy``."""
+    H = x.shape[-1]
+    args = (_c(x).reshape(-1, H), _c(w_gate), _c(w_up), _c(w_down),
+            _c(dy.to(x.dtype)).reshape(-1, H))
+    if _lnc(lnc) == 2:  # fp32 weight-gradient partials, one per core
+        dx, dwg, dwu, dwd = _mlp_bwd_kernel[2](*args)
+        dwg, dwu, dwd = (p.sum(0).to(w.dtype) for p, w in
+                         ((dwg, w_gate), (dwu, w_up), (dwd, w_down)))
+    else:
+        dx, dwg, dwu, dwd = _mlp_bwd_kernel(*args)
+    return dx.reshape(x.shape), dwg, dwu, dwd
+
+
+def _mlp_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _mlp_backward(ctx, dy):
+    return mlp_bwd(*ctx.saved_tensors, dy, 1)
+
+
+mlp.register_autograd(_mlp_backward, setup_context=_mlp_setup)
 
 
 @nki_op("nkilib::router_topk", mutates_args=())
