@@ -6,6 +6,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from compile_models import DEV, assert_close, attention_reference
+from support import run_python
 
 B, H, L, D = 2, 4, 128, 16
 WINDOW = 24
@@ -151,3 +152,112 @@ def test_compiled_training_learnable_score_mod_bias_gets_gradient(block_masks, c
     assert_close(out, ref.float(), atol=1e-4, rtol=1e-4)
     assert_close(bias.grad, bias_ref.grad.float(), atol=1e-3, rtol=1e-4)
     assert_close(dev[0].grad, leaves[0].grad.float(), atol=1e-4, rtol=1e-4)
+
+
+# ---- memory-bounded training path (flex_chunked) ------------------------------------------
+
+@pytest.fixture
+def chunked(monkeypatch):
+    """Every training call takes the chunked path (threshold 0), compiled afresh."""
+    monkeypatch.setenv("TORCHNEURON_FLEX_CHUNK_BYTES", "0")
+    torch._dynamo.reset()
+    yield torch.compile(flex_attention, backend="neuron")
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_chunked_training_matches_reference(mask_name, block_masks, chunked):
+    cpu, dev = _qkv(7, True)
+    out = chunked(*dev, score_mod=alibi, block_mask=block_masks[mask_name])
+    grad_out = torch.randn(B, H, L, D)
+    out.backward(grad_out.to(DEV))
+    ref, ref_grads = _reference_grads(cpu, _dense(MASKS[mask_name]), alibi, grad_out)
+    assert_close(out, ref.float(), atol=1e-4, rtol=1e-4)
+    for t, g in zip(dev, ref_grads):
+        assert_close(t.grad, g.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_training_gqa_matches_reference(block_masks, chunked):
+    cpu, dev = _qkv(8, True, kv_heads=2)
+    out = chunked(*dev, block_mask=block_masks["causal"], enable_gqa=True)
+    grad_out = torch.randn(B, H, L, D)
+    out.backward(grad_out.to(DEV))
+    ref, ref_grads = _reference_grads(cpu, _dense(causal), None, grad_out)
+    for t, g in zip(dev, ref_grads):
+        assert_close(t.grad, g.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_training_learnable_alibi_slopes_get_gradient(block_masks, chunked):
+    # A per-head bias would cancel in the softmax (zero gradient); slopes on the distance do not.
+    cpu, dev = _qkv(9, True)
+    slopes_cpu = torch.rand(H) * 0.1
+    slopes = slopes_cpu.to(DEV).requires_grad_()
+
+    def learned_alibi(score, b, h, q, kv):
+        return score - slopes[h] * (q - kv)
+
+    out = chunked(*dev, score_mod=learned_alibi, block_mask=block_masks["causal"])
+    grad_out = torch.randn(B, H, L, D)
+    out.backward(grad_out.to(DEV))
+    ref_slopes = slopes_cpu.double().requires_grad_()
+    leaves = [t.double().requires_grad_() for t in cpu]
+    ref = attention_reference(*leaves, mask=_dense(causal),
+                              score_mod=lambda s, b, h, q, kv: s - ref_slopes[h] * (q - kv))
+    ref.backward(grad_out.double())
+    assert_close(out, ref.float(), atol=1e-4, rtol=1e-4)
+    assert ref_slopes.grad.abs().max() > 1e-2  # the check below is not vacuous
+    assert_close(slopes.grad, ref_slopes.grad.float(), atol=1e-3, rtol=1e-4)
+
+
+def _peak_training_bytes(fn, n):
+    g = torch.Generator().manual_seed(10)
+    qkv = [torch.randn(1, 2, n, 16, generator=g).to(DEV).requires_grad_() for _ in range(3)]
+    bm = create_block_mask(causal, B=None, H=None, Q_LEN=n, KV_LEN=n, device=DEV)
+    fn(*qkv, block_mask=bm).sum().backward()  # compile outside the measurement
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    fn(*qkv, block_mask=bm).sum().backward()
+    return torch.neuron.max_memory_allocated() - base
+
+
+def test_large_training_call_does_not_materialise_the_score_matrix(monkeypatch):
+    n = 2048
+    scores = 2 * n * n * 4  # one fp32 score matrix: 32 MiB
+    monkeypatch.setenv("TORCHNEURON_FLEX_CHUNK_BYTES", str(scores // 2))
+    torch._dynamo.reset()
+    chunked_peak = _peak_training_bytes(torch.compile(flex_attention, backend="neuron"), n)
+    monkeypatch.setenv("TORCHNEURON_FLEX_CHUNK_BYTES", str(scores * 2))
+    torch._dynamo.reset()
+    math_peak = _peak_training_bytes(torch.compile(flex_attention, backend="neuron"), n)
+    torch._dynamo.reset()
+    assert math_peak > scores  # the fused math path keeps at least one score matrix
+    assert chunked_peak < scores * 0.75, (chunked_peak, math_peak)
+    assert chunked_peak < math_peak / 3, (chunked_peak, math_peak)
+
+
+_CHUNKED_PROGRAM = r"""
+import torch, torchneuron
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+torch.neuron.reset_dynamo_metrics()
+g = torch.Generator().manual_seed(0)
+q, k, v = [torch.randn(1, 2, 64, 16, generator=g).to("neuron").requires_grad_() for _ in range(3)]
+bm = create_block_mask(lambda b, h, i, j: i >= j, None, None, 64, 64, device="neuron")
+out = torch.compile(flex_attention, backend="neuron")(q, k, v, block_mask=bm,
+                                                     score_mod=lambda s, b, h, i, j: s - 0.1 * (i - j))
+out.sum().backward()
+m = torch.neuron.get_dynamo_metrics()
+print(m["cache_hits"], float(out.sum()), float(q.grad.abs().sum()))
+"""
+
+
+def test_chunked_path_loads_from_the_compile_cache_in_a_new_process(tmp_path):
+    # The compiled graph refers to score_mod/mask_mod by key: a cache hit, which skips
+    # tracing, must still find them.
+    env = {"TORCHNEURON_COMPILE_CACHE_DIR": str(tmp_path), "TORCHNEURON_FLEX_CHUNK_BYTES": "0"}
+    first = run_python(_CHUNKED_PROGRAM, env=env, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_python(_CHUNKED_PROGRAM, env=env, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    hits, *values = second.stdout.split()
+    assert int(hits) >= 1
+    assert values == first.stdout.split()[1:]
