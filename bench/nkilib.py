@@ -80,6 +80,12 @@ def cases(quick: bool):
                 (z(T + 1, H), z((T + 1) * E, 1, dtype=np.float32), z(E, H, 2, I), z(E, I, H),
                  z(NB * B, dtype=np.int32), z(NB, 1, dtype=np.int32), B), {}, 1,
                 6.0 * NB * B * H * I, (2 * NB * B * H + 3 * E * H * I) * 2, "bfloat16"))
+    # backward: model FLOPs 12 x (the kernel also recomputes h_g, h_u: +4); bytes: x, dout
+    # rows read, dx written, weights read, weight gradients written
+    out.append((f"moe_cte_bwd {NB} blocks x {B} tok, H={H} I={I} E={E}", nkilib.moe_cte_bwd,
+                (z(T + 1, H), z((T + 1) * E, 1, dtype=np.float32), z(E, H, 2, I), z(E, I, H),
+                 z(NB * B, dtype=np.int32), z(NB, 1, dtype=np.int32), z(T + 1, H), B), {}, 1,
+                12.0 * NB * B * H * I, (3 * NB * B * H + 6 * E * H * I) * 2, "bfloat16"))
     T, G, K, N = 4096, 8, 2048, 1536
     ends = tuple((g + 1) * T // G for g in range(G))
     out.append((f"grouped_mm T={T} G={G} K={K} N={N}", nkilib.grouped_mm,

@@ -7,7 +7,7 @@ with a PyTorch reference (``*_ref``) beside it:
 * :func:`attention_cte` -- flash-attention prefill forward (GQA, causal, sliding window)
 * :func:`attention_bwd` -- flash-attention backward (dq, dk, dv)
 * :func:`rmsnorm` / :func:`rmsnorm_bwd`, :func:`rope`, :func:`mlp` / :func:`mlp_bwd` (SwiGLU),
-  :func:`moe_cte` (blockwise MoE),
+  :func:`moe_cte` / :func:`moe_cte_bwd` (blockwise MoE),
   :func:`router_topk`, :func:`cross_entropy_fwd` / :func:`cross_entropy_bwd`,
   :func:`cumsum`, :func:`grouped_mm` / :func:`grouped_mm_wgrad` (``torch._grouped_mm``)
 
@@ -30,6 +30,7 @@ _WHERE = {
     "cumsum": "scan", "cumsum_ref": "scan", "mlp": "gated_mlp", "mlp_ref": "gated_mlp",
     "mlp_bwd": "gated_mlp", "mlp_bwd_ref": "gated_mlp",
     "moe_cte": "moe", "moe_cte_ref": "moe", "make_blocks": "moe",
+    "moe_cte_bwd": "moe", "moe_cte_bwd_ref": "moe",
     "rmsnorm": "norm", "rmsnorm_ref": "norm", "rmsnorm_bwd": "norm",
     "rmsnorm_bwd_ref": "norm", "rope": "rotary", "rope_ref": "rotary",
     "router_topk": "router", "router_topk_ref": "router",

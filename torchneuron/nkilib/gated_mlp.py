@@ -207,6 +207,33 @@ def store_row_chunks(src, dst, nrows, row_stride, col_off, ncols, offset=0):
                       src=src[:tail, full, :ncols])
 
 
+def psum_rotation(tr_shape, tr_dtype, acc_shape, n_tr=2, n_acc=6):
+    """PSUM scratch for backward kernels: ``n_tr`` transpose tiles and ``n_acc`` fp32
+    accumulators used round-robin (so consecutive matmuls never wait on one bank's
+    evacuation), and a PSUM -> SBUF copy alternating VectorE / ScalarE. Returns
+    ``(next_tr, next_acc, evacuate)``."""
+    tr_ps = [nl.ndarray(tr_shape, tr_dtype, buffer=nl.psum) for _ in range(n_tr)]
+    acc_ps = [nl.ndarray(acc_shape, nl.float32, buffer=nl.psum) for _ in range(n_acc)]
+    cnt = {"tr": 0, "acc": 0, "copy": 0}
+
+    def next_tr():
+        cnt["tr"] += 1
+        return tr_ps[cnt["tr"] % n_tr]
+
+    def next_acc():
+        cnt["acc"] += 1
+        return acc_ps[cnt["acc"] % n_acc]
+
+    def evacuate(dst, src):
+        cnt["copy"] += 1
+        if cnt["copy"] % 2:
+            nisa.tensor_copy(dst, src)
+        else:
+            nisa.activation(dst, nl.identity, src)
+
+    return next_tr, next_acc, evacuate
+
+
 @nki.jit
 def mlp_bwd(x, w_gate, w_up, w_down, dy):
     """Backward of :func:`mlp`: ``(dx, dw_gate, dw_up, dw_down)`` for the upstream gradient
@@ -278,25 +305,7 @@ def mlp_bwd(x, w_gate, w_up, w_down, dy):
                     "dh_g^T, dh_u^T [I, tokens] and streamed weight blocks)",
                     "split the MLP (e.g. shard I across calls and sum dx)")
     ident = nl.shared_identity_matrix(P, mdt)
-    tr_ps = [nl.ndarray((P, TT), mdt, buffer=nl.psum) for _ in range(2)]
-    acc_ps = [nl.ndarray((P, HO), nl.float32, buffer=nl.psum) for _ in range(6)]
-    cnt = {"tr": 0, "acc": 0, "copy": 0}
-
-    def next_tr():
-        cnt["tr"] += 1
-        return tr_ps[cnt["tr"] % 2]
-
-    def next_acc():
-        cnt["acc"] += 1
-        return acc_ps[cnt["acc"] % 6]
-
-    def evacuate(dst, src):
-        """PSUM -> SBUF copy, alternating VectorE / ScalarE."""
-        cnt["copy"] += 1
-        if cnt["copy"] % 2:
-            nisa.tensor_copy(dst, src)
-        else:
-            nisa.activation(dst, nl.identity, src)
+    next_tr, next_acc, evacuate = psum_rotation((P, TT), mdt, (P, HO))
 
     # ---- phase 0: transposed weights in private HBM scratch ---------------------------------
     wgT = nl.ndarray((I, H), mdt, buffer=nl.private_hbm)

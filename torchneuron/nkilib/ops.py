@@ -11,8 +11,8 @@ Public helpers take the usual PyTorch layouts:
   Hkv < H; forward ``attention_cte``, backward ``attention_bwd``.
 * :func:`cross_entropy` -- per-row loss, forward and backward kernels (autograd).
 * :func:`rope` -- autograd through the same kernel (RoPE is linear: dx = rope(dy, cos, -sin)).
-* :func:`moe` -- ``moe_cte`` forward; its backward is composite PyTorch (recomputed), as
-  NKI-lib has no blockwise-MoE backward kernel here.
+* :func:`moe_cte` -- blockwise MoE, forward ``moe_cte``, backward the ``moe_cte_bwd`` kernel
+  (``nkilib::moe_cte_bwd``; h_g / h_u recomputed, row T of the output gradient ignored).
 * :func:`rmsnorm` -- autograd (x and w) through the ``rmsnorm_bwd`` kernel
   (``nkilib::rmsnorm_bwd``).
 * :func:`mlp` -- autograd (x and the three weights) through the ``mlp_bwd`` kernel
@@ -42,6 +42,7 @@ from .cross_entropy import cross_entropy_fwd as _ce_fwd_kernel
 from .gated_mlp import mlp as _mlp_kernel
 from .gated_mlp import mlp_bwd as _mlp_bwd_kernel
 from .moe import moe_cte as _moe_kernel
+from .moe import moe_cte_bwd as _moe_bwd_kernel
 from .norm import rmsnorm as _rmsnorm_kernel
 from .norm import rmsnorm_bwd as _rmsnorm_bwd_kernel
 from .rotary import rope as _rope_kernel
@@ -285,7 +286,7 @@ def moe_cte(hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor,
 
 
 def _moe_torch(x, aff, gu, dw, tp, be, block_size):
-    """Differentiable PyTorch version of moe_cte (used to compute its backward)."""
+    """Differentiable PyTorch version of moe_cte (the tests' autograd reference)."""
     T1, H = x.shape
     E = gu.shape[0]
     affm = aff.float().reshape(T1, E)
@@ -300,6 +301,30 @@ def _moe_torch(x, aff, gu, dw, tp, be, block_size):
     return out.to(x.dtype)
 
 
+@nki_op("nkilib::moe_cte_bwd", mutates_args=())
+def moe_cte_bwd(hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor,
+                gate_up_proj_weight: torch.Tensor, down_proj_weight: torch.Tensor,
+                token_position_to_id: torch.Tensor, block_to_expert: torch.Tensor,
+                dout: torch.Tensor, block_size: int,
+                lnc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d_hidden, d_affinities (like expert_affinities_masked), d_gate_up, d_down) of
+    :func:`moe_cte` for the output gradient ``dout`` (row T ignored; row T of d_hidden and
+    d_affinities is 0). ``lnc=2`` sums the shard-on-block fp32 partials."""
+    args = (_c(hidden_states), _c(expert_affinities_masked.float()), _c(gate_up_proj_weight),
+            _c(down_proj_weight), _c(token_position_to_id.to(torch.int32)),
+            _c(block_to_expert.to(torch.int32)), _c(dout.to(hidden_states.dtype)),
+            int(block_size))
+    if _lnc(lnc) == 2:
+        parts = _moe_bwd_kernel[2](*args)
+        dx, daff, dgu, ddn = (p.sum(0).to(like.dtype) for p, like in zip(
+            parts, (hidden_states, expert_affinities_masked, gate_up_proj_weight,
+                    down_proj_weight)))
+    else:
+        dx, daff, dgu, ddn = _moe_bwd_kernel(*args)
+        daff = daff.to(expert_affinities_masked.dtype)
+    return dx, daff.reshape(expert_affinities_masked.shape), dgu, ddn
+
+
 def _moe_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:6])
     ctx.block_size = inputs[6]
@@ -307,11 +332,8 @@ def _moe_setup(ctx, inputs, output):
 
 def _moe_backward(ctx, dout):
     x, aff, gu, dw, tp, be = ctx.saved_tensors
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in (x, aff, gu, dw)]
-        y = _moe_torch(*leaves, tp, be, ctx.block_size)
-        grads = torch.autograd.grad(y, leaves, dout, allow_unused=True)
-    return (*grads, None, None, None, None)
+    dx, daff, dgu, ddn = moe_cte_bwd(x, aff, gu, dw, tp, be, dout, ctx.block_size, 1)
+    return dx, daff, dgu, ddn, None, None, None, None
 
 
 moe_cte.register_autograd(_moe_backward, setup_context=_moe_setup)
