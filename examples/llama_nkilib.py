@@ -1,10 +1,11 @@
-"""A small Llama-style MoE language model whose attention, RoPE, MoE and loss run on NKI-lib
-kernels, trained for a few steps on the ``neuron`` device, then the modelled Trainium time of
+"""A small Llama-style MoE language model whose norms, attention, RoPE, MoE and loss run on
+NKI-lib kernels, trained for a few steps on the ``neuron`` device, then the modelled Trainium time of
 one training step's kernels.
 
-Per layer: RMSNorm -> q/k/v projections -> RoPE (``nkilib.rope``) -> causal GQA attention
-(``attention_cte`` forward, ``attention_bwd`` backward) -> output projection -> RMSNorm ->
-router (softmax top-k) -> blockwise MoE (``moe_cte``; its backward is composite PyTorch).
+Per layer: RMSNorm (``rmsnorm`` / ``rmsnorm_bwd``) -> q/k/v projections -> RoPE
+(``nkilib.rope``) -> causal GQA attention (``attention_cte`` forward, ``attention_bwd``
+backward) -> output projection -> RMSNorm -> router (softmax top-k) -> blockwise MoE
+(``moe_cte`` forward, ``moe_cte_bwd`` backward).
 The loss is ``cross_entropy_fwd`` / ``cross_entropy_bwd``. Every kernel runs on the NKI
 simulator (the device is emulated); ``nki.benchmark`` then models each kernel on trn2.
 
@@ -31,6 +32,18 @@ CALLS: Counter = Counter()  # (kernel name, shapes...) -> calls in one training 
 
 def record(name, *shapes, **kw):
     CALLS[(name, shapes, tuple(sorted(kw.items())))] += 1
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm through the NKI-lib kernels (forward ``rmsnorm``, backward ``rmsnorm_bwd``)."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        record("rmsnorm", x.numel() // x.shape[-1], x.shape[-1])
+        return ops.rmsnorm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -83,9 +96,9 @@ class MoE(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.n1 = nn.RMSNorm(cfg.dim)
+        self.n1 = RMSNorm(cfg.dim)
         self.attn = Attention(cfg.dim, cfg.heads, cfg.kv_heads)
-        self.n2 = nn.RMSNorm(cfg.dim)
+        self.n2 = RMSNorm(cfg.dim)
         self.moe = MoE(cfg.dim, cfg.hidden, cfg.experts, cfg.top_k, cfg.block_size)
 
     def forward(self, x, cos, sin):
@@ -98,7 +111,7 @@ class Model(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.RMSNorm(cfg.dim)
+        self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         d = cfg.dim // cfg.heads
         inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
@@ -144,10 +157,17 @@ def modelled_step(platform: str) -> None:
                      dict(softmax_scale=1 / math.sqrt(d)), 1)]
         elif name == "moe_cte":
             T, D, I, E, NB, BS = shapes
-            jobs = [("moe_cte fwd", nkilib.moe_cte,
-                     (np.zeros((T + 1, D), bf), np.zeros(((T + 1) * E, 1), np.float32),
-                      np.zeros((E, D, 2, I), bf), np.zeros((E, I, D), bf),
-                      np.zeros(NB * BS, np.int32), np.zeros((NB, 1), np.int32), BS), {}, 1)]
+            moe_args = (np.zeros((T + 1, D), bf), np.zeros(((T + 1) * E, 1), np.float32),
+                        np.zeros((E, D, 2, I), bf), np.zeros((E, I, D), bf),
+                        np.zeros(NB * BS, np.int32), np.zeros((NB, 1), np.int32))
+            jobs = [("moe_cte fwd", nkilib.moe_cte, moe_args + (BS,), {}, 1),
+                    ("moe_cte bwd", nkilib.moe_cte_bwd,
+                     moe_args + (np.zeros((T + 1, D), bf), BS), {}, 1)]
+        elif name == "rmsnorm":
+            N, D = shapes
+            x, w = np.zeros((N, D), bf), np.zeros(D, bf)
+            jobs = [("rmsnorm fwd", nkilib.rmsnorm, (x, w), {}, 1),
+                    ("rmsnorm bwd", nkilib.rmsnorm_bwd, (x, w, np.zeros((N, D), bf)), {}, 1)]
         else:
             N, V = shapes
             jobs = [("cross_entropy fwd", nkilib.cross_entropy_fwd,
