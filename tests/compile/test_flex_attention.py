@@ -261,3 +261,47 @@ def test_chunked_path_loads_from_the_compile_cache_in_a_new_process(tmp_path):
     hits, *values = second.stdout.split()
     assert int(hits) >= 1
     assert values == first.stdout.split()[1:]
+
+
+@pytest.mark.parametrize("kind", ["causal", "sliding_window", "document"])
+def test_chunked_training_skips_masked_key_blocks_exactly(kind, monkeypatch):
+    # 512 tokens in 128-blocks: chunks of 128 query rows skip the key blocks the BlockMask
+    # rules out (all but the diagonal ones for a 24-token window), which must not change results.
+    n, window = 512, 24
+    docs_cpu = torch.arange(n) // 100
+    docs = docs_cpu.to(DEV)
+    mods = {"causal": lambda b, h, q, kv: q >= kv,
+            "sliding_window": lambda b, h, q, kv: (q >= kv) & (q - kv <= window),
+            "document": lambda b, h, q, kv: (docs[q] == docs[kv]) & (q >= kv)}
+    qi, ki = torch.arange(n).view(n, 1), torch.arange(n).view(1, n)
+    dense = {"causal": qi >= ki, "sliding_window": (qi >= ki) & (qi - ki <= window),
+             "document": (docs_cpu[qi] == docs_cpu[ki]) & (qi >= ki)}[kind]
+    monkeypatch.setenv("TORCHNEURON_FLEX_CHUNK_BYTES", "0")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(11)
+    cpu = [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
+    dev = [t.to(DEV).requires_grad_() for t in cpu]
+    bm = create_block_mask(mods[kind], B=None, H=None, Q_LEN=n, KV_LEN=n, device=DEV)
+    out = torch.compile(flex_attention, backend="neuron")(*dev, score_mod=alibi, block_mask=bm)
+    grad_out = torch.randn(1, 2, n, 16, generator=g)
+    out.backward(grad_out.to(DEV))
+    torch._dynamo.reset()
+    leaves = [t.double().requires_grad_() for t in cpu]
+    ref = attention_reference(*leaves, mask=dense, score_mod=alibi)
+    ref.backward(grad_out.double())
+    assert_close(out, ref.float(), atol=1e-4, rtol=1e-4)
+    for t, r in zip(dev, leaves):
+        assert_close(t.grad, r.grad.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_key_ranges_follow_the_block_mask():
+    from torchneuron.compile.flex_chunked import _key_ranges
+
+    n = 512
+    bm = create_block_mask(lambda b, h, q, kv: (q >= kv) & (q - kv <= 24), B=None, H=None,
+                           Q_LEN=n, KV_LEN=n, device="cpu")
+    t = bm.as_tuple()
+    ranges = _key_ranges(n, n, 128, [x for x in t[2:6] if x is not None], t[-3], t[-2])
+    # query block i needs key blocks i-1 and i (window 24 < 128), nothing else
+    assert ranges == [(0, 128, 0, 128), (128, 256, 0, 256), (256, 384, 128, 384),
+                      (384, 512, 256, 512)]
