@@ -207,31 +207,70 @@ def store_row_chunks(src, dst, nrows, row_stride, col_off, ncols, offset=0):
                       src=src[:tail, full, :ncols])
 
 
-def psum_rotation(tr_shape, tr_dtype, acc_shape, n_tr=2, n_acc=6):
-    """PSUM scratch for backward kernels: ``n_tr`` transpose tiles and ``n_acc`` fp32
-    accumulators used round-robin (so consecutive matmuls never wait on one bank's
-    evacuation), and a PSUM -> SBUF copy alternating VectorE / ScalarE. Returns
-    ``(next_tr, next_acc, evacuate)``."""
-    tr_ps = [nl.ndarray(tr_shape, tr_dtype, buffer=nl.psum) for _ in range(n_tr)]
-    acc_ps = [nl.ndarray(acc_shape, nl.float32, buffer=nl.psum) for _ in range(n_acc)]
-    cnt = {"tr": 0, "acc": 0, "copy": 0}
+class TensorEScratch:
+    """TensorE working state shared by the backward kernels: the identity for transposes,
+    ``n_tr`` PSUM transpose tiles and ``n_acc`` fp32 PSUM accumulators used round-robin (so
+    consecutive matmuls never wait on one bank's evacuation), PSUM -> SBUF copies alternating
+    VectorE / ScalarE, and the two transposes built from them."""
 
-    def next_tr():
-        cnt["tr"] += 1
-        return tr_ps[cnt["tr"] % n_tr]
+    def __init__(self, mdt, tr_shape, acc_shape, n_tr=2, n_acc=6):
+        self.mdt = mdt
+        self.ident = nl.shared_identity_matrix(P, mdt)
+        self._tr = [nl.ndarray(tr_shape, mdt, buffer=nl.psum) for _ in range(n_tr)]
+        self._acc = [nl.ndarray(acc_shape, nl.float32, buffer=nl.psum) for _ in range(n_acc)]
+        self._cnt = {"tr": 0, "acc": 0, "copy": 0}
 
-    def next_acc():
-        cnt["acc"] += 1
-        return acc_ps[cnt["acc"] % n_acc]
+    def next_tr(self):
+        self._cnt["tr"] += 1
+        return self._tr[self._cnt["tr"] % len(self._tr)]
 
-    def evacuate(dst, src):
-        cnt["copy"] += 1
-        if cnt["copy"] % 2:
+    def next_acc(self):
+        self._cnt["acc"] += 1
+        return self._acc[self._cnt["acc"] % len(self._acc)]
+
+    def evacuate(self, dst, src):
+        self._cnt["copy"] += 1
+        if self._cnt["copy"] % 2:
             nisa.tensor_copy(dst, src)
         else:
             nisa.activation(dst, nl.identity, src)
 
-    return next_tr, next_acc, evacuate
+    def transpose_to_hbm(self, src, R, C, dst, off=0, rs=None, doff=0):
+        """Matrix (R, C), element (r, c) at ``off + r*rs + c`` of ``src``'s storage (``rs``
+        defaults to C) -> ``dst`` (C, R) at ``doff``, in 128-row blocks through TensorE."""
+        rs = C if rs is None else rs
+        ident = self.ident
+        CC = cdiv(C, P)
+        for r0 in range(0, R, P):
+            rr = min(P, R - r0)
+            blk = nl.ndarray((P, C), self.mdt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=blk[:rr, :], src=src.ap([[rs, rr], [1, C]], offset=off + r0 * rs))
+            outT = nl.ndarray((P, CC, P), self.mdt, buffer=nl.sbuf)
+            for k0 in range(0, CC, 4):
+                ps = self.next_tr()
+                nk = min(4, CC - k0)
+                for k in range(k0, k0 + nk):
+                    cc = min(P, C - k * P)
+                    nisa.nc_matmul(ps[:cc, (k - k0) * P:(k - k0) * P + rr],
+                                   blk[:rr, k * P:k * P + cc], ident[:rr, :rr], is_transpose=True)
+                for k in range(k0, k0 + nk):
+                    cc = min(P, C - k * P)
+                    self.evacuate(outT[:cc, k, :rr], ps[:cc, (k - k0) * P:(k - k0) * P + rr])
+            store_row_chunks(outT, dst, C, R, r0, rr, offset=doff)
+
+    def transpose_rows(self, rows_t, tt, H, TB):
+        """Row tiles ``rows_t`` ((rows, H) each, consecutive 128-token slices of ``tt`` tokens)
+        -> [128, ceil(H/128), TB] with H on partitions."""
+        out = nl.ndarray((P, cdiv(H, P), TB), self.mdt, buffer=nl.sbuf)
+        for hc in range(cdiv(H, P)):
+            kh = min(P, H - hc * P)
+            ps = self.next_tr()
+            for s, xr in enumerate(rows_t):
+                rows = xr.shape[0]
+                nisa.nc_matmul(ps[:kh, s * P:s * P + rows], xr[:, hc * P:hc * P + kh],
+                               self.ident[:rows, :rows], is_transpose=True)
+            self.evacuate(out[:kh, hc, :tt], ps[:kh, :tt])
+        return out
 
 
 @nki.jit
@@ -304,37 +343,17 @@ def mlp_bwd(x, w_gate, w_up, w_down, dy):
                     f"128-token tiles (limit {SBUF_BUDGET}: x^T, dy^T [H, tokens], "
                     "dh_g^T, dh_u^T [I, tokens] and streamed weight blocks)",
                     "split the MLP (e.g. shard I across calls and sum dx)")
-    ident = nl.shared_identity_matrix(P, mdt)
-    next_tr, next_acc, evacuate = psum_rotation((P, TT), mdt, (P, HO))
+    te = TensorEScratch(mdt, (P, TT), (P, HO))
+    ident, next_tr, next_acc, evacuate = te.ident, te.next_tr, te.next_acc, te.evacuate
 
     # ---- phase 0: transposed weights in private HBM scratch ---------------------------------
     wgT = nl.ndarray((I, H), mdt, buffer=nl.private_hbm)
     wuT = nl.ndarray((I, H), mdt, buffer=nl.private_hbm)
     wdT = nl.ndarray((H, I), mdt, buffer=nl.private_hbm)
 
-    def transpose_to(src, R, C, dst):
-        """src (R, C) row-major HBM -> dst (C, R) (= src^T) in HBM."""
-        CC = cdiv(C, P)
-        for r0 in range(0, R, P):
-            rr = min(P, R - r0)
-            blk = nl.ndarray((P, C), mdt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=blk[:rr, :], src=src[r0:r0 + rr, :])
-            outT = nl.ndarray((P, CC, P), mdt, buffer=nl.sbuf)
-            for k0 in range(0, CC, 4):
-                ps = next_tr()
-                nk = min(4, CC - k0)
-                for k in range(k0, k0 + nk):
-                    cc = min(P, C - k * P)
-                    nisa.nc_matmul(ps[:cc, (k - k0) * P:(k - k0) * P + rr],
-                                   blk[:rr, k * P:k * P + cc], ident[:rr, :rr], is_transpose=True)
-                for k in range(k0, k0 + nk):
-                    cc = min(P, C - k * P)
-                    evacuate(outT[:cc, k, :rr], ps[:cc, (k - k0) * P:(k - k0) * P + rr])
-            store_row_chunks(outT, dst, C, R, r0, rr)
-
-    transpose_to(w_gate, H, I, wgT)
-    transpose_to(w_up, H, I, wuT)
-    transpose_to(w_down, I, H, wdT)
+    te.transpose_to_hbm(w_gate, H, I, wgT)
+    te.transpose_to_hbm(w_up, H, I, wuT)
+    te.transpose_to_hbm(w_down, I, H, wdT)
 
     # ---- phase 1: recompute, da, dh (token-major, to scratch), dx ---------------------------
     a_s = nl.ndarray((T, I), mdt, buffer=nl.private_hbm)
@@ -342,7 +361,7 @@ def mlp_bwd(x, w_gate, w_up, w_down, dy):
     du_s = nl.ndarray((T, I), mdt, buffer=nl.private_hbm)
     tiles = [(ti * TB, min(TB, T - ti * TB)) for ti in range(pid, cdiv(T, TB), nprog)]
 
-    def transpose_rows(src, t0, tt):
+    def load_transposed(src, t0, tt):
         """src (T, H) rows t0..t0+tt -> [128, HC, TT] (H on partitions)."""
         rows_t = []
         for s in range(cdiv(tt, P)):
@@ -350,21 +369,12 @@ def mlp_bwd(x, w_gate, w_up, w_down, dy):
             xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
             nisa.dma_copy(dst=xr, src=src[t0 + s * P:t0 + s * P + rows, :])
             rows_t.append(xr)
-        out = nl.ndarray((P, HC, TB), mdt, buffer=nl.sbuf)
-        for hc in range(HC):
-            kh = min(P, H - hc * P)
-            ps = next_tr()
-            for s, xr in enumerate(rows_t):
-                rows = xr.shape[0]
-                nisa.nc_matmul(ps[:kh, s * P:s * P + rows], xr[:, hc * P:hc * P + kh],
-                               ident[:rows, :rows], is_transpose=True)
-            evacuate(out[:kh, hc, :tt], ps[:kh, :tt])
-        return out
+        return te.transpose_rows(rows_t, tt, H, TB)
 
     for (t0, tt) in tiles:
         NS = cdiv(tt, P)
-        xT = transpose_rows(x, t0, tt)
-        dyT = transpose_rows(dy, t0, tt)
+        xT = load_transposed(x, t0, tt)
+        dyT = load_transposed(dy, t0, tt)
         dgT = nl.ndarray((P, IC, TB), mdt, buffer=nl.sbuf)
         duT = nl.ndarray((P, IC, TB), mdt, buffer=nl.sbuf)
         for ic in range(IC):

@@ -45,7 +45,7 @@ import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 
 from ._common import P, cdiv, matmul_dtype, shape_error
-from .gated_mlp import GatedMLP, load_row_chunks, psum_rotation, store_row_chunks
+from .gated_mlp import GatedMLP, TensorEScratch, load_row_chunks
 
 
 def _check_moe_shapes(name, hidden_states, expert_affinities_masked, gate_up_proj_weight,
@@ -316,53 +316,24 @@ def moe_cte_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight, do
     for t, n in ((dx_acc, T1 * H), (da_acc, T1 * E), (dgu_acc, ngu), (ddn_acc, ndd)):
         _zero_hbm(t, n, zero)
 
-    ident = nl.shared_identity_matrix(P, mdt)
-    next_tr, next_acc, evacuate = psum_rotation((P, 512), mdt, (P, 512))
+    te = TensorEScratch(mdt, (P, 512), (P, 512))
+    ident, next_tr, next_acc, evacuate = te.ident, te.next_tr, te.next_acc, te.evacuate
 
     # ---- phase 0: per-expert transposed weights in private HBM scratch ----------------------
     wgT = nl.ndarray((E, I, H), mdt, buffer=nl.private_hbm)
     wuT = nl.ndarray((E, I, H), mdt, buffer=nl.private_hbm)
     wdT = nl.ndarray((E, H, I), mdt, buffer=nl.private_hbm)
 
-    def transpose_to(src, off, rs, R, C, dst, doff):
-        """Matrix (R, C), element (r, c) at off + r*rs + c of src -> dst (C, R) at doff."""
-        CC = cdiv(C, P)
-        for r0 in range(0, R, P):
-            rr = min(P, R - r0)
-            blk = nl.ndarray((P, C), mdt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=blk[:rr, :], src=src.ap([[rs, rr], [1, C]], offset=off + r0 * rs))
-            outT = nl.ndarray((P, CC, P), mdt, buffer=nl.sbuf)
-            for k0 in range(0, CC, 4):
-                ps = next_tr()
-                nk = min(4, CC - k0)
-                for k in range(k0, k0 + nk):
-                    cc = min(P, C - k * P)
-                    nisa.nc_matmul(ps[:cc, (k - k0) * P:(k - k0) * P + rr],
-                                   blk[:rr, k * P:k * P + cc], ident[:rr, :rr], is_transpose=True)
-                for k in range(k0, k0 + nk):
-                    cc = min(P, C - k * P)
-                    evacuate(outT[:cc, k, :rr], ps[:cc, (k - k0) * P:(k - k0) * P + rr])
-            store_row_chunks(outT, dst, C, R, r0, rr, offset=doff)
-
     for e in range(E):
-        transpose_to(gate_up_proj_weight, e * H * 2 * I, 2 * I, H, I, wgT, e * I * H)
-        transpose_to(gate_up_proj_weight, e * H * 2 * I + I, 2 * I, H, I, wuT, e * I * H)
-        transpose_to(down_proj_weight, e * I * H, H, I, H, wdT, e * H * I)
+        te.transpose_to_hbm(gate_up_proj_weight, H, I, wgT, off=e * H * 2 * I, rs=2 * I,
+                            doff=e * I * H)
+        te.transpose_to_hbm(gate_up_proj_weight, H, I, wuT, off=e * H * 2 * I + I, rs=2 * I,
+                            doff=e * I * H)
+        te.transpose_to_hbm(down_proj_weight, I, H, wdT, off=e * I * H, doff=e * H * I)
 
     # ---- phase 1: blocks ----------------------------------------------------------------------
     ids_flat = token_position_to_id.reshape((N * B, 1))
 
-    def transpose_rows(rows_t, tt):
-        out = nl.ndarray((P, HC, TB), mdt, buffer=nl.sbuf)
-        for hc in range(HC):
-            kh = min(P, H - hc * P)
-            ps = next_tr()
-            for s, xr in enumerate(rows_t):
-                rows = xr.shape[0]
-                nisa.nc_matmul(ps[:kh, s * P:s * P + rows], xr[:, hc * P:hc * P + kh],
-                               ident[:rows, :rows], is_transpose=True)
-            evacuate(out[:kh, hc, :tt], ps[:kh, :tt])
-        return out
 
     def rmw(acc, estride, row_stride, nrows, ncols, base, e_t, psum_fn):
         """acc[e] (expert stride estride) rows 0..nrows (stride row_stride, at base) +=
@@ -436,8 +407,8 @@ def moe_cte_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight, do
                 drs.append(dr)
                 affs.append(aff)
                 aidxs.append(aidx)
-            xT = transpose_rows(xrs, tt)
-            dT = transpose_rows(drs, tt)
+            xT = te.transpose_rows(xrs, tt, H, TB)
+            dT = te.transpose_rows(drs, tt, H, TB)
             # dy = aff * dout (token-major, for dWd), in place over the gathered dout rows
             for s in range(NS):
                 nisa.tensor_scalar(drs[s], drs[s], nl.multiply, affs[s])
