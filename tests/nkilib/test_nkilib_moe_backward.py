@@ -4,24 +4,15 @@ import pytest
 import torch
 
 import nki
-from nkilib import make_blocks, moe_cte_bwd, moe_cte_bwd_ref
+from nkilib import moe_cte_bwd, moe_cte_bwd_ref
+from moe_cases import moe_case
 from torchneuron.nki import NKIShapeError
 
 T_, H_, I_, E_, B_ = 100, 72, 40, 4, 32  # non-tile-multiple shapes, top-2 routing
 
 
 def _case(T, H, I, E, k, B, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T + 1, H, generator=g).to(dtype)
-    probs = torch.randn(T, E, generator=g).softmax(-1)
-    topv, topi = probs.topk(k)
-    aff = torch.zeros(T + 1, E)
-    aff[torch.arange(T)[:, None], topi] = topv
-    gu = (torch.randn(E, H, 2, I, generator=g) / H ** .5).to(dtype)
-    dw = (torch.randn(E, I, H, generator=g) / I ** .5).to(dtype)
-    tp, be = make_blocks(topi, E, B, T)
-    dout = torch.randn(T + 1, H, generator=g).to(dtype)
-    return x, aff.reshape(-1, 1), gu, dw, tp, be, dout, B
+    return moe_case(T, H, I, E, k, B, dtype, seed, with_dout=True)
 
 
 def _autograd(x, aff, gu, dw, tp, be, dout, B):
