@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nki
 from nkilib import moe_cte_bwd, moe_cte_bwd_ref
@@ -85,13 +86,29 @@ def test_moe_bwd_rejects_bad_dout_shape():
         nki.simulate(moe_cte_bwd)(x, aff, gu, dw, tp, be, dout[:-1], B)
 
 
+class _OpLog(TorchDispatchMode):
+    """Names of the ops that reach the dispatcher below autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_moe_op_gradients_on_neuron_use_the_kernel(dtype, tol):
     from torchneuron.nkilib import ops
     x, aff, gu, dw, tp, be, dout, B = _case(T_, H_, I_, E_, 2, B_, dtype)
     leaves = [t.to("neuron").requires_grad_() for t in (x, aff, gu, dw)]
     out = ops.moe_cte(*leaves, tp.to("neuron"), be.to("neuron"), B, 1)
-    (out[:T_].float() * dout[:T_].float().to("neuron")).sum().backward()
+    with _OpLog() as log:
+        (out[:T_].float() * dout[:T_].float().to("neuron")).sum().backward()
+    # the backward is the NKI kernel's op, once, and no matmul ran outside it
+    assert log.names.count("nkilib.moe_cte_bwd") == 1, log.names
+    assert not {"aten.mm", "aten.bmm", "aten.matmul"} & set(log.names), log.names
     g = dout.clone()
     g[-1] = 0
     ref = moe_cte_bwd_ref(x, aff, gu, dw, tp, be, g, B)

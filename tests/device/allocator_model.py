@@ -1,0 +1,285 @@
+"""An independent Python model of the neuron caching allocator, and a driver that replays a
+random sequence of operations on the real allocator and on the model, comparing every
+``memory_stats`` counter after each step.
+
+The model is written from the allocator's documented rules (docs/architecture.md, "Memory"),
+not from its code: size classes, small/large pools and their segment sizes, best-fit reuse per
+stream, splitting, coalescing, ``empty_cache``, retry-then-OOM at the device capacity, and the
+``c10::CachingDeviceAllocator::DeviceStats`` counter semantics (current / peak / allocated /
+freed). Only the segment base addresses come from the real allocator (through
+``memory_snapshot``), because the best-fit tie-break between equal blocks is by address.
+
+Run as a script (``python allocator_model.py SEED STEPS``) in a process whose devices are small
+(``TORCHNEURON_DEVICE_MEMORY``) so that OOMs are reachable; it exits non-zero on the first
+mismatch, printing the step and the differing counters.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+
+KiB, MiB = 1 << 10, 1 << 20
+MIN_BLOCK = 256
+SMALL_SIZE = 1 * MiB          # requests up to this go to the small pool
+SMALL_SEGMENT = 2 * MiB
+LARGE_SEGMENT = 20 * MiB      # segment for requests in (1 MiB, 10 MiB)
+MIN_LARGE_ALLOC = 10 * MiB    # from here the segment is the request rounded to 2 MiB
+ROUND_LARGE = 2 * MiB
+SIZE_CLASS_LIMIT = 16 * MiB
+
+STATS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+         "active_bytes", "inactive_split_bytes", "requested_bytes")
+POOLS = ("all", "small_pool", "large_pool")
+FIELDS = ("current", "peak", "allocated", "freed")
+COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
+
+def round_size(n: int) -> int:
+    """Size class of a request: >= 256 B; four classes per power of two below 16 MiB; else 512 B."""
+    if n < MIN_BLOCK:
+        return MIN_BLOCK
+    if n >= SIZE_CLASS_LIMIT:
+        return -(-n // 512) * 512
+    pow2 = 1 << (n.bit_length() - 1)
+    if pow2 == n:
+        return n
+    step = pow2 // 4
+    return -(-n // step) * step
+
+
+def segment_size(rounded: int) -> int:
+    if rounded <= SMALL_SIZE:
+        return SMALL_SEGMENT
+    if rounded < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return -(-rounded // ROUND_LARGE) * ROUND_LARGE
+
+
+class Stat:
+    __slots__ = FIELDS
+
+    def __init__(self) -> None:
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def add(self, delta: int) -> None:
+        if delta >= 0:
+            self.current += delta
+            self.peak = max(self.peak, self.current)
+            self.allocated += delta
+        else:
+            self.current += delta
+            self.freed -= delta
+
+
+class Block:
+    def __init__(self, seg: "Segment", offset: int, size: int) -> None:
+        self.seg, self.offset, self.size = seg, offset, size
+        self.allocated = False
+        self.requested = 0
+
+    @property
+    def address(self) -> int:
+        return self.seg.address + self.offset
+
+
+class Segment:
+    def __init__(self, address: int, size: int, stream: int, large: bool) -> None:
+        self.address, self.size, self.stream, self.large = address, size, stream, large
+        self.blocks = [Block(self, 0, size)]
+
+    def split(self) -> bool:
+        return len(self.blocks) > 1
+
+
+class OutOfMemory(Exception):
+    pass
+
+
+class DeviceModel:
+    """One device's cache and stats."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.segments: list[Segment] = []
+        self.stats = {(s, p): Stat() for s in STATS for p in POOLS}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    # -- stats ---------------------------------------------------------------------------
+    def _add(self, stat: str, large: bool, delta: int) -> None:
+        self.stats[(stat, "all")].add(delta)
+        self.stats[(stat, "large_pool" if large else "small_pool")].add(delta)
+
+    def _free_block_counts(self, b: Block, sign: int) -> None:
+        """A free block counts as an inactive split when its segment holds other blocks."""
+        if b.seg.split():
+            self._add("inactive_split", b.seg.large, sign)
+            self._add("inactive_split_bytes", b.seg.large, sign * b.size)
+
+    def used(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -- operations ----------------------------------------------------------------------
+    def _best_fit(self, size: int, large: bool, stream: int) -> Block | None:
+        cands = [b for s in self.segments if s.large == large and s.stream == stream
+                 for b in s.blocks if not b.allocated and b.size >= size]
+        return min(cands, key=lambda b: (b.size, b.address), default=None)
+
+    def release_cached(self) -> None:
+        for s in [s for s in self.segments if not s.split() and not s.blocks[0].allocated]:
+            self.segments.remove(s)
+            self._add("reserved_bytes", s.large, -s.size)
+            self._add("segment", s.large, -1)
+            self.counters["num_device_free"] += 1
+
+    def malloc(self, nbytes: int, stream: int, new_segment_address) -> Block:
+        size = round_size(nbytes)
+        large = size > SMALL_SIZE
+        block = self._best_fit(size, large, stream)
+        if block is not None:
+            self._free_block_counts(block, -1)
+        else:
+            seg_bytes = segment_size(size)
+            if self.used() + seg_bytes > self.capacity:
+                self.counters["num_alloc_retries"] += 1
+                self.release_cached()
+                if self.used() + seg_bytes > self.capacity:
+                    self.counters["num_ooms"] += 1
+                    raise OutOfMemory(nbytes)
+            self.counters["num_device_alloc"] += 1
+            seg = Segment(new_segment_address(seg_bytes), seg_bytes, stream, large)
+            self.segments.append(seg)
+            self._add("segment", large, 1)
+            self._add("reserved_bytes", large, seg_bytes)
+            block = seg.blocks[0]
+        remaining = block.size - size
+        if (remaining > SMALL_SIZE) if large else (remaining >= MIN_BLOCK):
+            seg = block.seg
+            rest = Block(seg, block.offset + size, remaining)
+            seg.blocks.insert(seg.blocks.index(block) + 1, rest)
+            block.size = size
+            self._free_block_counts(rest, +1)
+        block.allocated, block.requested = True, nbytes
+        self._add("allocation", large, 1)
+        self._add("active", large, 1)
+        self._add("allocated_bytes", large, block.size)  # an unsplit remainder stays inside
+        self._add("active_bytes", large, block.size)
+        self._add("requested_bytes", large, nbytes)
+        return block
+
+    def free(self, block: Block) -> None:
+        seg, large = block.seg, block.seg.large
+        self._add("allocation", large, -1)
+        self._add("active", large, -1)
+        self._add("allocated_bytes", large, -block.size)
+        self._add("active_bytes", large, -block.size)
+        self._add("requested_bytes", large, -block.requested)
+        block.allocated, block.requested = False, 0
+        i = seg.blocks.index(block)
+        for j in (i + 1, i - 1):  # merge with free neighbours
+            if 0 <= j < len(seg.blocks) and not seg.blocks[j].allocated:
+                n = seg.blocks[j]
+                self._free_block_counts(n, -1)
+                seg.blocks.remove(n)
+                block.offset = min(block.offset, n.offset)
+                block.size += n.size
+        self._free_block_counts(block, +1)
+
+    def reset_peak(self) -> None:
+        for st in self.stats.values():
+            st.peak = st.current
+
+    def reset_accumulated(self) -> None:
+        for st in self.stats.values():
+            st.allocated = st.freed = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    def flat(self) -> dict[str, int]:
+        out = {f"{s}.{p}.{f}": getattr(st, f) for (s, p), st in self.stats.items() for f in FIELDS}
+        out.update(self.counters)
+        return out
+
+
+def compare(real: dict, model: dict) -> list[str]:
+    return [f"{k}: allocator {real.get(k)} != model {v}" for k, v in model.items()
+            if real.get(k, 0) != v]
+
+
+def replay(seed: int, steps: int) -> None:
+    """Random alloc / free / empty_cache / OOM / reset sequence on every device and two streams
+    per device, checked against the model after every step."""
+    import torch
+
+    rng = random.Random(seed)
+    ndev = torch.neuron.device_count()
+    capacity = torch.neuron.mem_get_info(0)[1]
+    gc.collect()
+    torch.neuron.empty_cache()
+    for d in range(ndev):
+        torch.neuron.reset_peak_memory_stats(d)
+        torch.neuron.reset_accumulated_memory_stats(d)
+        assert torch.neuron.memory_reserved(d) == 0, "a fresh process holds no device memory"
+    models = [DeviceModel(capacity) for _ in range(ndev)]
+    streams = [[torch.neuron.default_stream(d), torch.neuron.Stream(device=d)] for d in range(ndev)]
+    live: list[tuple[int, "torch.Tensor", Block]] = []
+
+    def known_segments(d: int) -> set[int]:
+        return {s.address for s in models[d].segments}
+
+    def new_address(d: int):
+        def find(seg_bytes: int) -> int:
+            fresh = [s for s in torch.neuron.memory_snapshot()
+                     if s["device"] == d and s["address"] not in known_segments(d)]
+            assert len(fresh) == 1 and fresh[0]["total_size"] == seg_bytes, (
+                f"model expects one new {seg_bytes}-byte segment, allocator has {fresh}")
+            return fresh[0]["address"]
+        return find
+
+    sizes = [1, 200, 256, 1000, 4 * KiB + 1, 100 * KiB, 700 * KiB, SMALL_SIZE, SMALL_SIZE + 1,
+             3 * MiB, 9 * MiB + 7, 10 * MiB, 12 * MiB + 3, 17 * MiB, capacity // 3, capacity]
+    for step in range(steps):
+        d = rng.randrange(ndev)
+        op = rng.choices(["alloc", "free", "empty_cache", "reset_peak", "reset_acc"],
+                         weights=[50, 40, 4, 3, 3])[0]
+        if op == "alloc":
+            nbytes = rng.choice(sizes) + rng.choice([0, 0, 0, rng.randrange(1, 4096)])
+            sidx = rng.randrange(2)
+            with torch.neuron.stream(streams[d][sidx]):
+                try:
+                    t = torch.empty(nbytes, dtype=torch.uint8, device=f"neuron:{d}")
+                    oom = False
+                except torch.OutOfMemoryError:
+                    oom = True
+            try:
+                block = models[d].malloc(nbytes, streams[d][sidx].stream_id, new_address(d))
+                assert not oom, f"step {step}: allocator raised OOM for {nbytes} B, model did not"
+                assert t.data_ptr() == block.address, (
+                    f"step {step}: {nbytes} B placed at {t.data_ptr():#x}, model says "
+                    f"{block.address:#x}")
+                live.append((d, t, block))
+            except OutOfMemory:
+                assert oom, f"step {step}: model expected OOM for {nbytes} B"
+        elif op == "free" and live:
+            d, t, block = live.pop(rng.randrange(len(live)))
+            del t
+            models[d].free(block)
+        elif op == "empty_cache":
+            torch.neuron.empty_cache()
+            for m in models:
+                m.release_cached()
+        elif op == "reset_peak":
+            torch.neuron.reset_peak_memory_stats(d)
+            models[d].reset_peak()
+        elif op == "reset_acc":
+            torch.neuron.reset_accumulated_memory_stats(d)
+            models[d].reset_accumulated()
+        for dd in range(ndev):
+            diff = compare(torch.neuron.memory_stats(dd), models[dd].flat())
+            assert not diff, f"seed {seed} step {step} ({op}) neuron:{dd}:\n  " + "\n  ".join(diff)
+    print(f"seed {seed}: {steps} steps, {sum(m.counters['num_ooms'] for m in models)} OOMs, "
+          f"{sum(len(m.segments) for m in models)} segments at the end")
+
+
+if __name__ == "__main__":
+    replay(int(sys.argv[1]), int(sys.argv[2]))
