@@ -128,6 +128,15 @@ void count_adopted(DeviceCache& c, size_t nbytes, int sign) {
   stat_add(c.stats.reserved_bytes, large, bytes);
 }
 
+// A free block inside a segment that holds other blocks is an "inactive split" (CUDA's
+// fragmentation counters). Call with sign -1 before a free block leaves its pool or changes
+// size, +1 after it enters; the block's neighbour links must be the current ones.
+void count_free_split(DeviceCache& c, const Block* b, int sign) {
+  if (b->prev == nullptr && b->next == nullptr) return;
+  stat_add(c.stats.inactive_split, b->is_large, sign);
+  stat_add(c.stats.inactive_split_bytes, b->is_large, sign * static_cast<int64_t>(b->size));
+}
+
 std::string format_size(size_t bytes) {
   char buf[64];
   if (bytes < (1 << 10)) snprintf(buf, sizeof buf, "%zu bytes", bytes);
@@ -203,6 +212,7 @@ Block* malloc_block(int device, size_t nbytes) {
   if (it != pool.end() && (*it)->stream == stream) {
     block = *it;
     pool.erase(it);
+    count_free_split(c, block, -1);
   } else {
     const size_t seg = segment_size(size);
     char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
@@ -229,6 +239,7 @@ Block* malloc_block(int device, size_t nbytes) {
     block->next = rest;
     block->size = size;
     pool.insert(rest);
+    count_free_split(c, rest, +1);
   }
   block->allocated = true;
   block->requested = nbytes;
@@ -242,9 +253,10 @@ Block* malloc_block(int device, size_t nbytes) {
 }
 
 // Merge `b` with free neighbour `n` (n is b->prev or b->next). Caller holds the lock.
-void try_merge(std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
+void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
   if (!n || n->allocated) return;
   pool.erase(n);
+  count_free_split(c, n, -1);
   if (n == b->prev) {
     b->ptr = n->ptr;
     b->prev = n->prev;
@@ -278,10 +290,11 @@ void free_block_locked(DeviceCache& c, Block* b) {
     while (head->prev) head = head->prev;
     old_head_key = reinterpret_cast<uintptr_t>(head->ptr);
   }
-  try_merge(pool, b, b->prev);
-  try_merge(pool, b, b->next);
+  try_merge(c, pool, b, b->prev);
+  try_merge(c, pool, b, b->next);
   if (!was_head && b->prev == nullptr) c.segments[old_head_key] = b;  // b became the head
   pool.insert(b);
+  count_free_split(c, b, +1);
 }
 
 void delete_block(void* ctx) {

@@ -275,8 +275,17 @@ def replay(seed: int, steps: int) -> None:
             torch.neuron.reset_accumulated_memory_stats(d)
             models[d].reset_accumulated()
         for dd in range(ndev):
-            diff = compare(torch.neuron.memory_stats(dd), models[dd].flat())
+            want = models[dd].flat()
+            diff = compare(torch.neuron.memory_stats(dd), want)
             assert not diff, f"seed {seed} step {step} ({op}) neuron:{dd}:\n  " + "\n  ".join(diff)
+            accessors = {  # the torch.neuron and torch.accelerator shortcuts read the same stats
+                "memory_allocated": "allocated_bytes.all.current",
+                "max_memory_allocated": "allocated_bytes.all.peak",
+                "memory_reserved": "reserved_bytes.all.current",
+                "max_memory_reserved": "reserved_bytes.all.peak"}
+            for fn, key in accessors.items():
+                assert getattr(torch.neuron, fn)(dd) == want[key], (seed, step, fn)
+                assert getattr(torch.accelerator, fn)(dd) == want[key], (seed, step, fn)
     print(f"seed {seed}: {steps} steps, {sum(m.counters['num_ooms'] for m in models)} OOMs, "
           f"{sum(len(m.segments) for m in models)} segments at the end")
 
