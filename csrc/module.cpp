@@ -10,6 +10,7 @@
 
 namespace torchneuron {
 void register_hooks();
+void bind_cpu_kernel_call(py::module& m);
 }
 
 namespace {
@@ -104,4 +105,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("fallback_only") = false);
   m.def("_clear_op_tracking", &torchneuron::clear_op_tracking);
   m.def("_set_op_tracking", &torchneuron::set_op_tracking);
+  torchneuron::bind_cpu_kernel_call(m);
 }

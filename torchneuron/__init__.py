@@ -114,6 +114,9 @@ def _run_backward_on_calling_thread() -> None:
 
 _register()
 _patch_dlpack()
+from . import kernels as _kernels  # noqa: E402  (Python kernels: CUDA-only ops and dtypes)
+
+_kernels.register()
 _run_backward_on_calling_thread()
 # Eager FlexAttention on neuron: flex_attention's device allow-list is patched when that module
 # is first imported (a cheap import hook; no Dynamo or Inductor import here).

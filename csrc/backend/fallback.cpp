@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../runtime/runtime.h"
+#include "fallback.h"
 #include "generator.h"
 #include "zero_copy.h"
 
@@ -23,6 +24,8 @@ bool is_optional_tensor_list(const c10::Argument& arg) {
   if (t->kind() != c10::TypeKind::ListType) return false;
   return t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType;
 }
+
+}  // namespace
 
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -91,6 +94,8 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 }
+
+namespace {
 
 // Layouts the device does not implement: one clear error instead of the dispatcher's list.
 void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
