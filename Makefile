@@ -6,8 +6,9 @@ PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-stamp
 EXT    := torchneuron/_C$(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 CSRC   := $(shell find csrc -name '*.cpp' -o -name '*.h')
+VLLM   := $(VENV)/.vllm-stamp
 
-.PHONY: all build demo test bench clean
+.PHONY: all build demo test bench clean vllm
 
 all: build
 
@@ -29,10 +30,24 @@ $(EXT): $(DEPS) $(CSRC) setup.py
 
 build: $(EXT)
 
+# Serving extra (docs/serving.md): the exact vLLM set of requirements/vllm.txt, installed with
+# --no-deps so pip resolves nothing (no CUDA torchvision/torchaudio/torchcodec, no triton) and,
+# with the constraints, can never replace torch. Checked after install.
+$(VLLM): $(EXT) requirements/vllm.txt requirements/constraints.txt
+	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt -r requirements/vllm.txt
+	$(PY) -c "import importlib.util as u, torch, vllm; \
+	assert torch.__version__ == '2.13.0+cpu', 'pip replaced torch: ' + torch.__version__; \
+	bad = [m for m in ('torchvision', 'torchaudio', 'torchcodec', 'triton') if u.find_spec(m)]; \
+	assert not bad, f'remove {bad}: CUDA builds that break import vllm'; \
+	assert vllm.__version__ == '0.32.0', vllm.__version__"
+	touch $@
+
+vllm: build $(VLLM)
+
 demo: build
 	$(PY) examples/train_gpt.py
 
-test: build
+test: build $(VLLM)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: build

@@ -1,0 +1,275 @@
+"""``NEURON_ATTN``: torchneuron's paged-attention backend for vLLM.
+
+The KV cache of a layer is one ``neuron`` tensor of ``[num_blocks, kv_heads, block_size,
+2 * head_size]`` (the layout of vLLM's CPU backend, so ``CPU_ATTN`` can read the same cache):
+per (block, head) the ``block_size`` keys come first, then the ``block_size`` values.
+
+* **KV write** (:meth:`NeuronAttentionImpl.do_kv_cache_update`): one ``index_put_`` of the new
+  tokens' keys and values at their slots (block ``slot // block_size``, row
+  ``slot % block_size``), on the device.
+* **Attention** (:meth:`NeuronAttentionImpl.forward`), with vLLM's batch order (decode
+  requests first, see ``reorder_batch_threshold``):
+
+  - decode requests (one new token each) in one ``scaled_dot_product_attention`` call: their
+    cached keys/values gathered block-wise (``index_select`` over the block table) and padded
+    to the longest, with a key-padding mask;
+  - every other request (a prefill, a chunk of a chunked prefill, or a prompt whose prefix
+    came from the prefix cache) by itself: its query tokens sit at the end of its context, so
+    the causal mask is bottom-right aligned (query ``i`` of ``n`` sees the first
+    ``context - n + i + 1`` keys). A prefill without cached context attends to its own keys
+    directly (``is_causal=True``, no gather).
+
+  With ``TORCHNEURON_NKI_SDPA=1`` every request instead runs the NKI-lib flash-attention
+  kernel ``attention_cte`` (simulated, and visible to the performance model and the
+  profiler) with the cached context as its prefix KV (``k_prior`` / ``v_prior``) and the new
+  tokens as the causal chunk: one kernel shape covers prefill, chunked prefill, prefix-cache
+  hits and decode.
+
+Supported: decoder self-attention, MHA and GQA, fp32 / bf16 / fp16, any head size (NKI: at
+most 128), no sliding window, ALiBi, soft-cap, sinks or quantized KV cache (rejected when the
+model is loaded, with the reason).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from vllm.config import VllmConfig
+from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl, AttentionLayer,
+                                       AttentionMetadataBuilder, AttentionType,
+                                       CommonAttentionMetadata, MultipleOf)
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+
+__all__ = ["NeuronAttentionBackend", "NeuronAttentionImpl", "NeuronAttentionMetadata",
+           "NeuronAttentionMetadataBuilder", "split_kv_cache"]
+
+
+def _use_nki() -> bool:
+    return os.environ.get("TORCHNEURON_NKI_SDPA", "0") == "1"
+
+
+class NeuronAttentionBackend(AttentionBackend):
+    """Paged attention on ``neuron`` tensors through SDPA or the NKI-lib kernels."""
+
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
+                                                     torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBHNC,)
+
+    @staticmethod
+    def get_name() -> str:
+        return "NEURON_ATTN"
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type["NeuronAttentionImpl"]:
+        return NeuronAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["NeuronAttentionMetadataBuilder"]:
+        return NeuronAttentionMetadataBuilder
+
+
+@dataclass
+class NeuronAttentionMetadata:
+    """Per-step metadata: device tensors for the kernels, host lists for the loop."""
+
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # (num_tokens,) device; -1 marks padding tokens
+    block_table: torch.Tensor  # (num_reqs, max_blocks) device
+    seq_lens: torch.Tensor  # (num_reqs,) device: context length incl. this step's tokens
+    query_start: list[int]  # num_reqs + 1 host offsets into the flattened tokens
+    seq_lens_host: list[int]
+    num_decodes: int  # leading requests with exactly one query token
+    max_decode_seq_len: int
+
+
+class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
+    """Builds :class:`NeuronAttentionMetadata`; asks vLLM to put decode requests first."""
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
+                 vllm_config: VllmConfig, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> NeuronAttentionMetadata:
+        m = common_attn_metadata
+        n = m.num_reqs
+        query_start = m.query_start_loc_cpu[: n + 1].tolist()
+        # host copy of the context lengths: exact here (no async scheduling, no speculation)
+        host = m.seq_lens_cpu_upper_bound
+        seq_lens_host = (host[:n] if host is not None else m.seq_lens[:n].cpu()).tolist()
+        num_decodes = 0
+        while num_decodes < n and query_start[num_decodes + 1] - query_start[num_decodes] == 1:
+            num_decodes += 1
+        return NeuronAttentionMetadata(
+            num_actual_tokens=m.num_actual_tokens, slot_mapping=m.slot_mapping,
+            block_table=m.block_table_tensor, seq_lens=m.seq_lens[:n], query_start=query_start,
+            seq_lens_host=seq_lens_host, num_decodes=num_decodes,
+            max_decode_seq_len=max(seq_lens_host[:num_decodes], default=0))
+
+
+def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views ``(key_cache, value_cache)``, each ``[num_blocks, kv_heads, block_size, head]``,
+    of a layer's ``[num_blocks, kv_heads, block_size, 2 * head]`` cache."""
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size,
+                                           -1).chunk(2, dim=2)
+    return key_cache, value_cache
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` cached rows of one request, ``[kv_heads, length, head]``."""
+    num_kv_heads, block_size, head = cache.shape[1:]
+    rows = cache.index_select(0, blocks)  # [nblk, kv_heads, block_size, head]
+    return rows.transpose(0, 1).reshape(num_kv_heads, -1, head)[:, :length]
+
+
+class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
+    """Decoder self-attention over the paged KV cache on ``neuron``."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None,
+                 kv_cache_dtype: str, logits_soft_cap: float | None = None,
+                 attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
+        unsupported = [name for name, bad in (
+            ("ALiBi", alibi_slopes is not None), ("sliding window", sliding_window is not None),
+            ("logits soft-cap", bool(logits_soft_cap)), ("attention sinks", sinks is not None),
+            (f"KV cache dtype {kv_cache_dtype!r}", kv_cache_dtype != "auto"),
+            (f"attention type {attn_type!r}", attn_type != AttentionType.DECODER)) if bad]
+        if unsupported:
+            raise NotImplementedError(
+                f"NEURON_ATTN does not implement {', '.join(unsupported)}; "
+                "serve this model with attention_backend='CPU_ATTN'")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.use_nki = _use_nki()
+        if self.use_nki and head_size > 128:
+            raise NotImplementedError(f"TORCHNEURON_NKI_SDPA=1: the NKI attention kernel "
+                                      f"needs head_size <= 128, got {head_size}")
+
+    # ---- KV cache write -------------------------------------------------------------------
+    def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
+                           value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        block_size = key_cache.shape[2]
+        n = slot_mapping.shape[0]
+        slots = slot_mapping.to(torch.long)
+        keep = slots >= 0  # padded tokens carry slot -1 and are not written
+        blocks, rows = torch.div(slots, block_size, rounding_mode="floor"), slots % block_size
+        blocks, rows = blocks[keep], rows[keep]
+        # [blocks, rows] index pairs select [kv_heads, head] cells of the (block, row)-major view
+        key_cache.transpose(1, 2).index_put_((blocks, rows), key[:n][keep])
+        value_cache.transpose(1, 2).index_put_((blocks, rows), value[:n][keep])
+
+    # ---- attention ------------------------------------------------------------------------
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: NeuronAttentionMetadata | None, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``query`` [tokens, heads, head], ``key``/``value`` [tokens, kv_heads, head] (already
+        written to ``kv_cache``); writes ``output`` [tokens, heads, head] and returns it."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("NEURON_ATTN: fused output quantization is not supported")
+        if attn_metadata is None:  # profiling run without a KV cache
+            return output
+        md = attn_metadata
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        block_size = key_cache.shape[2]
+        qs, lens = md.query_start, md.seq_lens_host
+        first = 0
+        if md.num_decodes and not self.use_nki:
+            first = md.num_decodes
+            self._decodes(query, key_cache, value_cache, md, block_size, output)
+        for i in range(first, len(lens)):
+            q0, q1, ctx = qs[i], qs[i + 1], lens[i]
+            if q1 == q0:
+                continue
+            nblk = -(-ctx // block_size)
+            blocks = md.block_table[i, :nblk]
+            out = (self._nki_request if self.use_nki else self._sdpa_request)(
+                query[q0:q1], key[q0:q1], value[q0:q1], key_cache, value_cache, blocks, ctx)
+            output[q0:q1].copy_(out.view(q1 - q0, self.num_heads, -1))
+        return output
+
+    def _decodes(self, query, key_cache, value_cache, md, block_size, output) -> None:
+        """One SDPA call for all decode requests, keys padded to the longest context."""
+        nd = md.num_decodes
+        nblk = -(-md.max_decode_seq_len // block_size)
+        blocks = md.block_table[:nd, :nblk].reshape(-1)
+        kv_heads, head = key_cache.shape[1], key_cache.shape[3]
+
+        def gather(cache):
+            rows = cache.index_select(0, blocks).view(nd, nblk, kv_heads, block_size, head)
+            return rows.transpose(1, 2).reshape(nd, kv_heads, nblk * block_size, head)
+
+        keep = (torch.arange(nblk * block_size, device=query.device)[None, :]
+                < md.seq_lens[:nd, None])
+        out = F.scaled_dot_product_attention(
+            query[:nd].unsqueeze(2), gather(key_cache), gather(value_cache),
+            attn_mask=keep[:, None, None, :], scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads)
+        output[:nd].copy_(out.view(nd, self.num_heads, -1))
+
+    def _sdpa_request(self, q, k_new, v_new, key_cache, value_cache, blocks, ctx):
+        n = q.shape[0]
+        gqa = self.num_heads != self.num_kv_heads
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, head]
+        if n == ctx:  # plain prefill: its own keys, top-left = bottom-right causal
+            k, v = k_new.transpose(0, 1), v_new.transpose(0, 1)
+            out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
+                                                 is_causal=True, scale=self.scale,
+                                                 enable_gqa=gqa)
+        else:  # continuation: cached context + this step's tokens (already in the cache)
+            k = _gather(key_cache, blocks, ctx)
+            v = _gather(value_cache, blocks, ctx)
+            pos_q = torch.arange(ctx - n, ctx, device=q.device)
+            keep = torch.arange(ctx, device=q.device)[None, :] <= pos_q[:, None]
+            out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
+                                                 attn_mask=keep, scale=self.scale,
+                                                 enable_gqa=gqa)
+        return out[0].transpose(0, 1)  # [n, heads, head]
+
+    def _nki_request(self, q, k_new, v_new, key_cache, value_cache, blocks, ctx):
+        from torchneuron.nkilib.attention import attention_cte
+
+        n = q.shape[0]
+        prior = ctx - n
+        kwargs = {}
+        if prior > 0:
+            kwargs = dict(k_prior=_gather(key_cache, blocks, prior).contiguous(),
+                          v_prior=_gather(value_cache, blocks, prior).contiguous(),
+                          prior_used_len=prior)
+        out = attention_cte(q.transpose(0, 1).contiguous(), k_new.transpose(0, 1).contiguous(),
+                            v_new.transpose(0, 1).contiguous(), scale=self.scale,
+                            causal_mask=True, tp_q=True, tp_k=True, tp_out=False, **kwargs)
+        return out.transpose(0, 1)  # [n, heads, head]
