@@ -43,6 +43,9 @@ class NeuronWorker(Worker):
     def init_device(self) -> None:
         import torchneuron.distributed as tnd
 
+        from . import moe
+
+        moe.register()  # before the model is built
         count = torch.neuron.device_count()
         if self.local_rank >= count:
             raise RuntimeError(
