@@ -45,7 +45,17 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl, Attentio
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 __all__ = ["NeuronAttentionBackend", "NeuronAttentionImpl", "NeuronAttentionMetadata",
-           "NeuronAttentionMetadataBuilder", "split_kv_cache"]
+           "NeuronAttentionMetadataBuilder", "split_kv_cache", "calls"]
+
+# How many attention computations took each path in this process (tests, diagnostics):
+# batched decode SDPA calls, plain prefills, continuations (chunked prefill / prefix-cache hit),
+# and NKI kernel calls.
+_CALLS = {"decode_batch": 0, "prefill": 0, "continuation": 0, "nki": 0}
+
+
+def calls() -> dict:
+    """Counts of the attention paths taken in this process since it started."""
+    return dict(_CALLS)
 
 
 def _use_nki() -> bool:
@@ -63,6 +73,12 @@ class NeuronAttentionBackend(AttentionBackend):
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(1)]
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # fewer, larger gathers per request than vLLM's default 16; and a multiple of 32, so
+        # the same cache layout also suits the CPU_ATTN fallback
+        return 32
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -223,6 +239,7 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
 
     def _decodes(self, query, key_cache, value_cache, md, block_size, output) -> None:
         """One SDPA call for all decode requests, keys padded to the longest context."""
+        _CALLS["decode_batch"] += 1
         nd = md.num_decodes
         nblk = -(-md.max_decode_seq_len // block_size)
         blocks = md.block_table[:nd, :nblk].reshape(-1)
@@ -245,11 +262,13 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         gqa = self.num_heads != self.num_kv_heads
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, head]
         if n == ctx:  # plain prefill: its own keys, top-left = bottom-right causal
+            _CALLS["prefill"] += 1
             k, v = k_new.transpose(0, 1), v_new.transpose(0, 1)
             out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
                                                  is_causal=True, scale=self.scale,
                                                  enable_gqa=gqa)
         else:  # continuation: cached context + this step's tokens (already in the cache)
+            _CALLS["continuation"] += 1
             k = _gather(key_cache, blocks, ctx)
             v = _gather(value_cache, blocks, ctx)
             pos_q = torch.arange(ctx - n, ctx, device=q.device)
@@ -262,6 +281,7 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
     def _nki_request(self, q, k_new, v_new, key_cache, value_cache, blocks, ctx):
         from torchneuron.nkilib.attention import attention_cte
 
+        _CALLS["nki"] += 1
         n = q.shape[0]
         prior = ctx - n
         kwargs = {}

@@ -45,7 +45,6 @@ logger = init_logger(__name__)
 
 _ATTN_CLASS = "torchneuron.vllm.attention.NeuronAttentionBackend"
 _WORKER_CLASS = "torchneuron.vllm.worker.NeuronWorker"
-_DEFAULT_BLOCK_SIZE = 32  # a multiple of 32, so the CPU_ATTN fallback can use the same cache
 
 
 def _register_attention_backend() -> None:
@@ -184,10 +183,6 @@ class NeuronPlatform(Platform):
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         from vllm.config import CompilationMode
         from vllm.config.compilation import CUDAGraphMode
-
-        cache_config = vllm_config.cache_config
-        if cache_config is not None and not cache_config.user_specified_block_size:
-            cache_config.block_size = _DEFAULT_BLOCK_SIZE
 
         if vllm_config.scheduler_config is not None:
             vllm_config.scheduler_config.async_scheduling = False

@@ -1,0 +1,49 @@
+"""The neuron platform's other execution paths, each against Hugging Face greedy on CPU (fp32):
+vLLM's CPU_ATTN fallback, the NKI-lib attention kernels, a Qwen2-MoE model, and compilation
+through the ``neuron`` torch.compile backend. Every engine also prefills a 191-token prompt in
+64-token chunks and then hits the prefix cache with it."""
+
+import pytest
+from conftest import result_of
+
+
+def _check_against_hf(run, hf):
+    assert run["greedy"] == hf["greedy"]
+    assert run["long"] == hf["long"]
+    assert run["prefix_cached_tokens"] >= 32
+    assert run["prefix"] == hf["prefix"]
+
+
+@pytest.mark.parametrize("key", ["cpu_attn", "nki", "compiled"])
+def test_llama_equals_hf(engines, llama_hf, key):
+    _check_against_hf(result_of(engines, key), llama_hf)
+
+
+def test_cpu_attn_fallback_is_selectable_by_name(engines):
+    run = result_of(engines, "cpu_attn")
+    assert run["attention_impls"] == ["CPUAttentionBackendImpl"]
+    assert run["kv_devices"] == ["neuron:0"]
+
+
+def test_nki_attention_kernels_serve_every_request(engines):
+    run = result_of(engines, "nki")
+    assert run["attention_impls"] == ["NeuronAttentionImpl"]
+    calls = run["attention_calls"]
+    assert calls["nki"] > 0
+    # the NKI path handles decode and continuations itself: no SDPA decode batch ran for it
+    assert calls["decode_batch"] == result_of(engines, "llama")["attention_calls"]["decode_batch"]
+
+
+def test_qwen2_moe_equals_hf(engines, qwen_moe_hf):
+    run = result_of(engines, "qwen2_moe")
+    assert run["param_devices"] == ["neuron:0"]
+    _check_against_hf(run, qwen_moe_hf)
+
+
+def test_compiled_model_goes_through_the_neuron_backend(engines):
+    metrics = result_of(engines, "compiled")["compile_metrics"]
+    assert metrics["compilations"] >= 1
+    assert metrics["graphs_lowered"] >= 1
+    assert metrics["eager_fallbacks"] == 0
+    # the eager engines before it compiled nothing
+    assert result_of(engines, "llama")["compile_metrics"]["compilations"] == 0
