@@ -103,5 +103,8 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         dict(key="qwen2_moe", scenario="greedy", model=qwen_moe_dir, args=ENGINE),
         dict(key="compiled", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, enforce_eager=False)),
+        # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
+        dict(key="tp2", scenario="greedy", model=llama_dir,
+             args=dict(ENGINE, tensor_parallel_size=2)),
     ]
     return run_engines(runs, tmp_path_factory.mktemp("engines"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 PROMPTS = ["Hello, my name is", "The neuron device runs PyTorch on Trainium and", "A tiny model"]
@@ -51,7 +52,12 @@ def _worker_state(worker) -> dict:
             if hasattr(layer, "impl")}
     kv = runner.kv_caches
     props = torch.neuron.get_device_properties(worker.device)
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
     return {
+        "tp_backend": dist.get_backend(get_tp_group().device_group),
+        "tp_communicator": type(get_tp_group().device_communicator).__name__,
         "worker_device": str(worker.device),
         "param_devices": sorted({str(p.device) for p in model.parameters()}),
         "kv_devices": sorted({str(t.device) for t in kv}),
@@ -137,7 +143,11 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
 
         from torchneuron.vllm import attention
 
-        res.update(llm.collective_rpc(_worker_state)[0])
+        states = llm.collective_rpc(_worker_state)
+        res.update(states[0])
+        res["rank_devices"] = [st["worker_device"] for st in states]
+        res["rank_param_devices"] = [st["param_devices"] for st in states]
+        res["rank_tp_backends"] = [st["tp_backend"] for st in states]
         res["attention_calls"] = attention.calls()
         res["compile_metrics"] = torch.neuron.get_dynamo_metrics()
     _shutdown(llm)
@@ -171,8 +181,10 @@ def main(runs: list[dict]) -> dict:
     for run in runs:
         saved = {k: os.environ.get(k) for k in run.get("env", {})}
         os.environ.update(run.get("env", {}))
+        t0 = time.perf_counter()
         try:
             results[run["key"]] = SCENARIOS[run["scenario"]](run["model"], run.get("args", {}))
+            results[run["key"]]["seconds"] = round(time.perf_counter() - t0, 2)
         except Exception:  # noqa: BLE001  (the test prints it)
             results[run["key"]] = {"harness_error": traceback.format_exc()}
         finally:
