@@ -72,9 +72,25 @@ def qwen_moe_dir(tmp_path_factory) -> str:
 
 def _oracle(path: str) -> dict:
     long = long_prompt()
-    ids = tiny_models.hf_greedy(path, PROMPTS + [long, long + PREFIX_SUFFIX], MAX_TOKENS)
-    return {"greedy": ids[:len(PROMPTS)], "long": ids[len(PROMPTS)],
-            "prefix": ids[len(PROMPTS) + 1]}
+    ids, lps = tiny_models.hf_greedy(path, PROMPTS + [long, long + PREFIX_SUFFIX], MAX_TOKENS,
+                                     with_logprobs=True)
+    n = len(PROMPTS)
+    return {"greedy": ids[:n], "long": ids[n], "prefix": ids[n + 1],
+            "greedy_logprobs": lps[:n], "long_logprobs": lps[n], "prefix_logprobs": lps[n + 1]}
+
+
+# fp32 on both sides; different summation orders (SDPA vs HF's eager attention, paged gathers)
+LOGPROB_ATOL = 1e-4
+
+
+def assert_matches_hf(run: dict, hf: dict, keys=("greedy", "long", "prefix")) -> None:
+    """Same greedy tokens as HF, and the same log-probabilities for them (fp32)."""
+    import numpy as np
+
+    for key in keys:
+        assert run[key] == hf[key], key
+        got, want = np.array(run[key + "_logprobs"]), np.array(hf[key + "_logprobs"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=LOGPROB_ATOL, err_msg=key)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Tensor parallelism: TP=2 over two neuron devices (the ``neuron`` c10d backend) equals TP=1."""
 
-from conftest import result_of
+import numpy as np
+from conftest import LOGPROB_ATOL, result_of
 
 
 def test_tp2_runs_one_worker_per_neuron_device(engines):
@@ -17,6 +18,9 @@ def test_tp2_collectives_use_the_neuron_c10d_backend(engines):
 
 def test_tp2_equals_tp1(engines, llama_hf):
     tp1, tp2 = result_of(engines, "llama"), result_of(engines, "tp2")
-    assert tp2["greedy"] == tp1["greedy"] == llama_hf["greedy"]
-    assert tp2["long"] == tp1["long"]
-    assert tp2["prefix"] == tp1["prefix"]
+    for key in ("greedy", "long", "prefix"):
+        assert tp2[key] == tp1[key], key
+        # sharded matmuls sum in another order: equal up to fp32 rounding
+        np.testing.assert_allclose(np.array(tp2[key + "_logprobs"]),
+                                   np.array(tp1[key + "_logprobs"]), rtol=0, atol=LOGPROB_ATOL)
+    assert tp1["greedy"] == llama_hf["greedy"]

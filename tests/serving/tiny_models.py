@@ -95,21 +95,27 @@ def build_qwen2_moe(path: str, seed: int = 0) -> str:
     return path
 
 
-def hf_greedy(path: str, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    """Greedy continuation token ids from Hugging Face on CPU, fp32 (the oracle)."""
+def hf_greedy(path: str, prompts: list[str], max_tokens: int,
+              with_logprobs: bool = False):
+    """Greedy continuation token ids from Hugging Face on CPU, fp32 (the oracle); with
+    ``with_logprobs`` also the log-probability of each chosen token."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    out = []
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids_out, lp_out = [], []
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([tok(p)["input_ids"]])
             gen = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            out.append(gen[0, ids.shape[1]:].tolist())
-    return out
+                                 do_sample=False, eos_token_id=None, pad_token_id=0,
+                                 output_logits=True, return_dict_in_generate=True)
+            new = gen.sequences[0, ids.shape[1]:]
+            ids_out.append(new.tolist())
+            lp_out.append([torch.log_softmax(lg[0].float(), -1)[t].item()
+                           for lg, t in zip(gen.logits, new)])
+    return (ids_out, lp_out) if with_logprobs else ids_out
 
 
 if __name__ == "__main__":  # build into a directory: python tiny_models.py DIR [llama|qwen2_moe]

@@ -34,11 +34,31 @@ PREFIX_SUFFIX = " Prefix caching reuses keys."
 def _greedy(max_tokens: int = MAX_TOKENS):
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    # logprobs=1: the chosen token's log-probability comes back with each token
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
 
 
 def _ids(outputs) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _logprobs(outputs) -> list[list[float]]:
+    """Log-probability of each generated token (raw model logits, as HF's)."""
+    return [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+            for o in outputs]
+
+
+def _greedy_runs(llm, res: dict) -> None:
+    """The greedy checks every engine does: a batch of prompts of different lengths, a
+    191-token prompt (prefilled in chunks), then the same prompt extended (a prefix-cache hit)."""
+    outs = llm.generate(PROMPTS, _greedy())
+    res["greedy"], res["greedy_logprobs"] = _ids(outs), _logprobs(outs)
+    long = long_prompt()
+    outs = llm.generate([long], _greedy())
+    res["long"], res["long_logprobs"] = _ids(outs)[0], _logprobs(outs)[0]
+    outs = llm.generate([long + PREFIX_SUFFIX], _greedy())
+    res["prefix"], res["prefix_logprobs"] = _ids(outs)[0], _logprobs(outs)[0]
+    res["prefix_cached_tokens"] = outs[0].num_cached_tokens
 
 
 def _worker_state(worker) -> dict:
@@ -83,7 +103,12 @@ def scenario_llm(model: str, engine_args: dict) -> dict:
 
     llm = LLM(model=model, **engine_args)
     res: dict = {}
-    res["greedy"] = _ids(llm.generate(PROMPTS, _greedy()))
+    from torchneuron.vllm import attention
+
+    before = attention.calls()
+    _greedy_runs(llm, res)
+    after = attention.calls()
+    res["attention_calls_greedy"] = {k: after[k] - before[k] for k in after}
     res["greedy_single"] = [_ids(llm.generate([p], _greedy()))[0] for p in PROMPTS[:2]]
 
     def sample(seed):
@@ -94,18 +119,6 @@ def scenario_llm(model: str, engine_args: dict) -> dict:
         return _ids(llm.generate([PROMPTS[0], PROMPTS[1]], [sp, other]))[0]
 
     res["seeded"] = [sample(1234), sample(1234), sample(4321)]
-
-    from torchneuron.vllm import attention
-
-    before = attention.calls()
-    long = long_prompt()
-    out = llm.generate([long], _greedy())[0]
-    res["long"] = list(out.outputs[0].token_ids)
-    out = llm.generate([long + PREFIX_SUFFIX], _greedy())[0]
-    res["prefix"] = list(out.outputs[0].token_ids)
-    res["prefix_cached_tokens"] = out.num_cached_tokens
-    after = attention.calls()
-    res["attention_calls_long"] = {k: after[k] - before[k] for k in after}
 
     try:
         llm.generate(["word " * 400], _greedy())
@@ -122,25 +135,18 @@ def scenario_llm(model: str, engine_args: dict) -> dict:
                                     and torch.accelerator.empty_cache is accel_empty)
     res["platform"] = type(__import__("vllm.platforms", fromlist=["x"]).current_platform).__name__
     res["attention_calls"] = attention.calls()
-    res["compile_metrics"] = torch.neuron.get_dynamo_metrics()
     _shutdown(llm)
     return res
 
 
 def scenario_greedy(model: str, engine_args: dict) -> dict:
-    """Greedy batch and a long prompt only (other backends, compiled mode, TP)."""
+    """The greedy checks and the worker's state (other backends, compiled mode, TP)."""
     from vllm import LLM
 
     llm = LLM(model=model, **engine_args)
-    res = {"greedy": _ids(llm.generate(PROMPTS, _greedy()))}
-    long = long_prompt()
-    res["long"] = _ids(llm.generate([long], _greedy()))[0]
-    out = llm.generate([long + PREFIX_SUFFIX], _greedy())[0]
-    res["prefix"] = list(out.outputs[0].token_ids)
-    res["prefix_cached_tokens"] = out.num_cached_tokens
+    res: dict = {}
+    _greedy_runs(llm, res)
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-        import torch
-
         from torchneuron.vllm import attention
 
         states = llm.collective_rpc(_worker_state)
@@ -149,7 +155,6 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
         res["rank_param_devices"] = [st["param_devices"] for st in states]
         res["rank_tp_backends"] = [st["tp_backend"] for st in states]
         res["attention_calls"] = attention.calls()
-        res["compile_metrics"] = torch.neuron.get_dynamo_metrics()
     _shutdown(llm)
     return res
 
@@ -176,15 +181,31 @@ def _cleanup() -> None:
     cleanup_dist_env_and_memory()
 
 
+def _compile_counts() -> dict:
+    """torchneuron's compile counters and vLLM's own compilation counter, flattened."""
+    import dataclasses
+
+    import torch
+    from vllm.compilation.counter import compilation_counter
+
+    out = {f"neuron.{k}": v for k, v in torch.neuron.get_dynamo_metrics().items()
+           if isinstance(v, int)}
+    out.update({f"vllm.{k}": v for k, v in dataclasses.asdict(compilation_counter).items()})
+    return out
+
+
 def main(runs: list[dict]) -> dict:
     results = {}
     for run in runs:
+        before = _compile_counts()
         saved = {k: os.environ.get(k) for k in run.get("env", {})}
         os.environ.update(run.get("env", {}))
         t0 = time.perf_counter()
         try:
             results[run["key"]] = SCENARIOS[run["scenario"]](run["model"], run.get("args", {}))
             results[run["key"]]["seconds"] = round(time.perf_counter() - t0, 2)
+            after = _compile_counts()
+            results[run["key"]]["compile_delta"] = {k: after[k] - before[k] for k in after}
         except Exception:  # noqa: BLE001  (the test prints it)
             results[run["key"]] = {"harness_error": traceback.format_exc()}
         finally:
