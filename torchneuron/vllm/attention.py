@@ -1,18 +1,20 @@
 """``NEURON_ATTN``: torchneuron's paged-attention backend for vLLM.
 
-The KV cache of a layer is one ``neuron`` tensor of ``[num_blocks, kv_heads, block_size,
-2 * head_size]`` (the layout of vLLM's CPU backend, so ``CPU_ATTN`` can read the same cache):
-per (block, head) the ``block_size`` keys come first, then the ``block_size`` values.
+The KV cache of a layer is one ``neuron`` tensor, logically ``[num_blocks, kv_heads,
+block_size, 2 * head_size]`` as vLLM sizes it, stored token-major (vLLM's ``LBNHC`` layout):
+``[num_blocks, block_size, kv_heads, 2 * head_size]`` in memory, each token's key then value
+per head. A request's context is then one ``index_select`` of its blocks, and its keys and
+values are strided views in SDPA's ``[kv_heads, tokens, head]`` order, without a copy.
 
-* **KV write** (:meth:`NeuronAttentionImpl.do_kv_cache_update`): one ``index_put_`` of the new
-  tokens' keys and values at their slots (block ``slot // block_size``, row
-  ``slot % block_size``), on the device.
+* **KV write** (:meth:`NeuronAttentionImpl.do_kv_cache_update`): ``index_copy_`` of the new
+  tokens' keys and values into their slots (row ``slot`` of the ``[blocks * block_size,
+  kv_heads, 2 * head]`` view), on the device.
 * **Attention** (:meth:`NeuronAttentionImpl.forward`), with vLLM's batch order (decode
   requests first, see ``reorder_batch_threshold``):
 
   - decode requests (one new token each) in one ``scaled_dot_product_attention`` call: their
-    cached keys/values gathered block-wise (``index_select`` over the block table) and padded
-    to the longest, with a key-padding mask;
+    blocks gathered in one ``index_select`` (block ids and key-padding mask built once per
+    step, for all layers), padded to the longest context;
   - every other request (a prefill, a chunk of a chunked prefill, or a prompt whose prefix
     came from the prefix cache) by itself: its query tokens sit at the end of its context, so
     the causal mask is bottom-right aligned (query ``i`` of ``n`` sees the first
@@ -45,7 +47,7 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl, Attentio
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 __all__ = ["NeuronAttentionBackend", "NeuronAttentionImpl", "NeuronAttentionMetadata",
-           "NeuronAttentionMetadataBuilder", "split_kv_cache", "calls"]
+           "NeuronAttentionMetadataBuilder", "token_major", "calls"]
 
 # How many attention computations took each path in this process (tests, diagnostics):
 # batched decode SDPA calls, plain prefills, continuations (chunked prefill / prefix-cache hit),
@@ -76,8 +78,7 @@ class NeuronAttentionBackend(AttentionBackend):
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
-        # fewer, larger gathers per request than vLLM's default 16; and a multiple of 32, so
-        # the same cache layout also suits the CPU_ATTN fallback
+        # fewer block ids per gather than vLLM's default 16 (a multiple of 32, as CPU_ATTN's)
         return 32
 
     @classmethod
@@ -86,7 +87,8 @@ class NeuronAttentionBackend(AttentionBackend):
 
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
-        return (KVCacheLayout.LBHNC,)
+        # token-major blocks: one gather brings a request's keys and values in SDPA's order
+        return (KVCacheLayout.LBNHC,)
 
     @staticmethod
     def get_name() -> str:
@@ -107,16 +109,17 @@ class NeuronAttentionBackend(AttentionBackend):
 
 @dataclass
 class NeuronAttentionMetadata:
-    """Per-step metadata: device tensors for the kernels, host lists for the loop."""
+    """Per-step metadata: device tensors for the kernels, host lists for the loop. Built once
+    per step and shared by every layer."""
 
     num_actual_tokens: int
     slot_mapping: torch.Tensor  # (num_tokens,) device; -1 marks padding tokens
     block_table: torch.Tensor  # (num_reqs, max_blocks) device
-    seq_lens: torch.Tensor  # (num_reqs,) device: context length incl. this step's tokens
     query_start: list[int]  # num_reqs + 1 host offsets into the flattened tokens
-    seq_lens_host: list[int]
+    seq_lens_host: list[int]  # context length incl. this step's tokens
     num_decodes: int  # leading requests with exactly one query token
-    max_decode_seq_len: int
+    decode_blocks: torch.Tensor | None  # (num_decodes * blocks,) their block ids, padded
+    decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, blocks * block_size) keys to keep
 
 
 class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
@@ -125,6 +128,7 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
         self._init_reorder_batch_threshold(1)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -135,30 +139,37 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
         # host copy of the context lengths: exact here (no async scheduling, no speculation)
         host = m.seq_lens_cpu_upper_bound
         seq_lens_host = (host[:n] if host is not None else m.seq_lens[:n].cpu()).tolist()
-        num_decodes = 0
-        while num_decodes < n and query_start[num_decodes + 1] - query_start[num_decodes] == 1:
-            num_decodes += 1
+        nd = 0
+        while nd < n and query_start[nd + 1] - query_start[nd] == 1:
+            nd += 1
+        blocks = mask = None
+        if nd:
+            nblk = -(-max(seq_lens_host[:nd]) // self.block_size)
+            blocks = m.block_table_tensor[:nd, :nblk].reshape(-1)
+            positions = torch.arange(nblk * self.block_size, device=self.device)
+            mask = (positions[None, :] < m.seq_lens[:nd, None])[:, None, None, :]
         return NeuronAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens, slot_mapping=m.slot_mapping,
-            block_table=m.block_table_tensor, seq_lens=m.seq_lens[:n], query_start=query_start,
-            seq_lens_host=seq_lens_host, num_decodes=num_decodes,
-            max_decode_seq_len=max(seq_lens_host[:num_decodes], default=0))
+            block_table=m.block_table_tensor, query_start=query_start,
+            seq_lens_host=seq_lens_host, num_decodes=nd, decode_blocks=blocks,
+            decode_mask=mask)
 
 
-def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views ``(key_cache, value_cache)``, each ``[num_blocks, kv_heads, block_size, head]``,
-    of a layer's ``[num_blocks, kv_heads, block_size, 2 * head]`` cache."""
-    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
-    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size,
-                                           -1).chunk(2, dim=2)
-    return key_cache, value_cache
+def token_major(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The layer's cache in its memory order, ``[num_blocks, block_size, kv_heads, 2 * head]``
+    (each token's keys, then its values, for every head)."""
+    tm = kv_cache.permute(0, 2, 1, 3)
+    if not tm.is_contiguous():
+        raise RuntimeError(
+            "NEURON_ATTN expects its KV cache in the LBNHC layout (token-major blocks); got "
+            f"strides {tuple(kv_cache.stride())} for shape {tuple(kv_cache.shape)}")
+    return tm
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` cached rows of one request, ``[kv_heads, length, head]``."""
-    num_kv_heads, block_size, head = cache.shape[1:]
-    rows = cache.index_select(0, blocks)  # [nblk, kv_heads, block_size, head]
-    return rows.transpose(0, 1).reshape(num_kv_heads, -1, head)[:, :length]
+def _split(rows: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., tokens, kv_heads, 2 * head]`` -> key and value views ``[..., kv_heads, tokens,
+    head]`` (no copy)."""
+    return rows[..., :head].transpose(-3, -2), rows[..., head:].transpose(-3, -2)
 
 
 class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
@@ -183,6 +194,7 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         self.head_size = head_size
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
+        self.gqa = num_heads != num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -195,16 +207,16 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
                            value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        block_size = key_cache.shape[2]
+        tm = token_major(kv_cache)
+        flat = tm.view(-1, tm.shape[2], tm.shape[3])  # one row per slot
         n = slot_mapping.shape[0]
-        slots = slot_mapping.to(torch.long)
-        keep = slots >= 0  # padded tokens carry slot -1 and are not written
-        blocks, rows = torch.div(slots, block_size, rounding_mode="floor"), slots % block_size
-        blocks, rows = blocks[keep], rows[keep]
-        # [blocks, rows] index pairs select [kv_heads, head] cells of the (block, row)-major view
-        key_cache.transpose(1, 2).index_put_((blocks, rows), key[:n][keep])
-        value_cache.transpose(1, 2).index_put_((blocks, rows), value[:n][keep])
+        slots, key, value = slot_mapping.to(torch.long), key[:n], value[:n]
+        if bool((slots < 0).any()):  # padded tokens carry slot -1 and are not written
+            keep = slots >= 0
+            slots, key, value = slots[keep], key[keep], value[keep]
+        d = self.head_size
+        flat[..., :d].index_copy_(0, slots, key)
+        flat[..., d:].index_copy_(0, slots, value)
 
     # ---- attention ------------------------------------------------------------------------
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
@@ -219,66 +231,60 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         if attn_metadata is None:  # profiling run without a KV cache
             return output
         md = attn_metadata
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        block_size = key_cache.shape[2]
+        tm = token_major(kv_cache)
+        block_size = tm.shape[1]
         qs, lens = md.query_start, md.seq_lens_host
         first = 0
         if md.num_decodes and not self.use_nki:
             first = md.num_decodes
-            self._decodes(query, key_cache, value_cache, md, block_size, output)
+            self._decodes(query, tm, md, output)
         for i in range(first, len(lens)):
             q0, q1, ctx = qs[i], qs[i + 1], lens[i]
             if q1 == q0:
                 continue
-            nblk = -(-ctx // block_size)
-            blocks = md.block_table[i, :nblk]
+            blocks = md.block_table[i, :-(-ctx // block_size)]
             out = (self._nki_request if self.use_nki else self._sdpa_request)(
-                query[q0:q1], key[q0:q1], value[q0:q1], key_cache, value_cache, blocks, ctx)
+                query[q0:q1], key[q0:q1], value[q0:q1], tm, blocks, ctx)
             output[q0:q1].copy_(out.view(q1 - q0, self.num_heads, -1))
         return output
 
-    def _decodes(self, query, key_cache, value_cache, md, block_size, output) -> None:
+    def _gather(self, tm: torch.Tensor, blocks: torch.Tensor, length: int):
+        """Cached keys and values of one request: views ``[kv_heads, length, head]``."""
+        rows = tm.index_select(0, blocks)  # [blocks, block_size, kv_heads, 2 * head]
+        rows = rows.view(-1, rows.shape[2], rows.shape[3])[:length]
+        return _split(rows, self.head_size)
+
+    def _decodes(self, query, tm, md, output) -> None:
         """One SDPA call for all decode requests, keys padded to the longest context."""
         _CALLS["decode_batch"] += 1
         nd = md.num_decodes
-        nblk = -(-md.max_decode_seq_len // block_size)
-        blocks = md.block_table[:nd, :nblk].reshape(-1)
-        kv_heads, head = key_cache.shape[1], key_cache.shape[3]
-
-        def gather(cache):
-            rows = cache.index_select(0, blocks).view(nd, nblk, kv_heads, block_size, head)
-            return rows.transpose(1, 2).reshape(nd, kv_heads, nblk * block_size, head)
-
-        keep = (torch.arange(nblk * block_size, device=query.device)[None, :]
-                < md.seq_lens[:nd, None])
-        out = F.scaled_dot_product_attention(
-            query[:nd].unsqueeze(2), gather(key_cache), gather(value_cache),
-            attn_mask=keep[:, None, None, :], scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        rows = tm.index_select(0, md.decode_blocks)  # one gather of keys and values
+        rows = rows.view(nd, -1, rows.shape[2], rows.shape[3])
+        k, v = _split(rows, self.head_size)  # [nd, kv_heads, padded context, head]
+        out = F.scaled_dot_product_attention(query[:nd].unsqueeze(2), k, v,
+                                             attn_mask=md.decode_mask, scale=self.scale,
+                                             enable_gqa=self.gqa)
         output[:nd].copy_(out.view(nd, self.num_heads, -1))
 
-    def _sdpa_request(self, q, k_new, v_new, key_cache, value_cache, blocks, ctx):
+    def _sdpa_request(self, q, k_new, v_new, tm, blocks, ctx):
         n = q.shape[0]
-        gqa = self.num_heads != self.num_kv_heads
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, head]
         if n == ctx:  # plain prefill: its own keys, top-left = bottom-right causal
             _CALLS["prefill"] += 1
-            k, v = k_new.transpose(0, 1), v_new.transpose(0, 1)
-            out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
-                                                 is_causal=True, scale=self.scale,
-                                                 enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(
+                qh, k_new.transpose(0, 1).unsqueeze(0), v_new.transpose(0, 1).unsqueeze(0),
+                is_causal=True, scale=self.scale, enable_gqa=self.gqa)
         else:  # continuation: cached context + this step's tokens (already in the cache)
             _CALLS["continuation"] += 1
-            k = _gather(key_cache, blocks, ctx)
-            v = _gather(value_cache, blocks, ctx)
+            k, v = self._gather(tm, blocks, ctx)
             pos_q = torch.arange(ctx - n, ctx, device=q.device)
             keep = torch.arange(ctx, device=q.device)[None, :] <= pos_q[:, None]
             out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
                                                  attn_mask=keep, scale=self.scale,
-                                                 enable_gqa=gqa)
+                                                 enable_gqa=self.gqa)
         return out[0].transpose(0, 1)  # [n, heads, head]
 
-    def _nki_request(self, q, k_new, v_new, key_cache, value_cache, blocks, ctx):
+    def _nki_request(self, q, k_new, v_new, tm, blocks, ctx):
         from torchneuron.nkilib.attention import attention_cte
 
         _CALLS["nki"] += 1
@@ -286,9 +292,8 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         prior = ctx - n
         kwargs = {}
         if prior > 0:
-            kwargs = dict(k_prior=_gather(key_cache, blocks, prior).contiguous(),
-                          v_prior=_gather(value_cache, blocks, prior).contiguous(),
-                          prior_used_len=prior)
+            k, v = self._gather(tm, blocks, prior)
+            kwargs = dict(k_prior=k.contiguous(), v_prior=v.contiguous(), prior_used_len=prior)
         out = attention_cte(q.transpose(0, 1).contiguous(), k_new.transpose(0, 1).contiguous(),
                             v_new.transpose(0, 1).contiguous(), scale=self.scale,
                             causal_mask=True, tp_q=True, tp_k=True, tp_out=False, **kwargs)
