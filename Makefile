@@ -50,9 +50,9 @@ demo: build
 test: build $(VLLM)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-bench: build
+bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
-	@for b in bench/compile.py bench/nki.py bench/nkilib.py bench/collectives.py; do \
+	@for b in bench/compile.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 clean:
