@@ -111,6 +111,11 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         # 3 blocks of 32 tokens (2 layers x 2 KV heads x 32 x fp32 x K,V = 32 KiB per block)
         dict(key="kv_too_small", scenario="init_error", model=llama_dir,
              args=dict(ENGINE, kv_cache_memory_bytes=3 * 32768)),
+        # a KV cache the emulated device could hold but the host could not
+        dict(key="kv_over_host", scenario="init_error", model=llama_dir,
+             args=dict(ENGINE, kv_cache_memory_bytes=1 << 40)),
+        dict(key="bad_backend", scenario="init_error", model=llama_dir,
+             args=dict(ENGINE, attention_backend="FLASH_ATTN")),
         dict(key="llama", scenario="llm", model=llama_dir, args=ENGINE),
         dict(key="cpu_attn", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, attention_backend="CPU_ATTN")),

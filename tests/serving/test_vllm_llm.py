@@ -82,3 +82,15 @@ def test_kv_cache_smaller_than_one_request_is_refused_at_start(engines):
     err = result_of(engines, "kv_too_small")["error"]
     assert err is not None and err.startswith("ValueError"), err
     assert "KV cache" in err and "max seq len (256)" in err, err
+
+
+def test_kv_cache_larger_than_host_memory_is_refused_with_the_fix(engines):
+    err = result_of(engines, "kv_over_host")["error"]
+    assert err is not None and err.startswith("RuntimeError"), err
+    assert "host memory" in err and "TORCHNEURON_DEVICE_MEMORY" in err, err
+
+
+def test_unavailable_attention_backend_is_refused_by_name(engines):
+    err = result_of(engines, "bad_backend")["error"]
+    assert err is not None and "'FLASH_ATTN' is not available on the neuron platform" in err, err
+    assert "NEURON_ATTN" in err and "CPU_ATTN" in err, err
