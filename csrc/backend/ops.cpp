@@ -1,6 +1,7 @@
 // Native neuron kernels: the metadata-only ops every backend must provide (empty, views,
-// resize, set_, copies, scalar reads), and unboxed fast paths for hot ops. Everything else
-// reaches the boxed zero-copy fallback (fallback.cpp).
+// resize, set_, copies, scalar reads), and unboxed fast paths for hot ops. The GEMM family
+// and convolution live in gemm.cpp. Everything else reaches the boxed zero-copy fallback
+// (fallback.cpp).
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
 #include <ATen/TensorUtils.h>
@@ -11,12 +12,8 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/add_cpu_dispatch.h>
-#include <ATen/ops/addmm_cpu_dispatch.h>
-#include <ATen/ops/baddbmm_cpu_dispatch.h>
-#include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/mean_cpu_dispatch.h>
-#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
@@ -31,8 +28,6 @@
 #include <ATen/ops/mse_loss_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
-#include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -210,43 +205,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
-// ---- convolution ----------------------------------------------------------------------
-// at::_convolution sends devices it does not know to the "overrideable" entry points; run the
-// CPU convolution (which picks mkldnn/slow paths itself) over aliases of the device memory.
-at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
-                                    const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
-                                    c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
-                                    bool transposed, c10::SymIntArrayRef output_padding,
-                                    c10::SymInt groups) {
-  ZeroCopy zc;
-  at::Tensor in = zc.in(input), w = zc.in(weight);
-  std::optional<at::Tensor> b;
-  if (bias.has_value() && bias->defined()) b = zc.in(*bias);
-  track_hot("aten::convolution_overrideable");
-  at::Tensor out = at::convolution_symint(in, w, b, stride, padding, dilation, transposed,
-                                          output_padding, std::move(groups));
-  // The meta function (what torch.compile plans with) predicts a contiguous result for this
-  // backend; CPU's mkldnn path returns channels_last for channels_last inputs.
-  return zc.out(out.is_contiguous() ? out : out.contiguous());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
-    bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
-    std::array<bool, 3> output_mask) {
-  ZeroCopy zc;
-  at::Tensor go = zc.in(grad_output), in = zc.in(input), w = zc.in(weight);
-  std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};
-  track_hot("aten::convolution_backward_overrideable");
-  auto grads = at::convolution_backward_symint(
-      go, in, w,
-      output_mask[2] ? at::OptionalSymIntArrayRef(bias_sizes) : at::OptionalSymIntArrayRef(std::nullopt),
-      stride, padding, dilation, transposed, output_padding, std::move(groups), output_mask);
-  return std::make_tuple(zc.out(std::get<0>(grads)), zc.out(std::get<1>(grads)),
-                         zc.out(std::get<2>(grads)));
-}
-
 // ---- hot ops: unboxed wrappers around CPU kernels ------------------------------------------
 template <class T> struct Arg { using type = T; };
 template <> struct Arg<const at::Tensor&> { using type = at::Tensor; };
@@ -354,62 +312,6 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   return elementwise(zc, a, b, dtype, [&](at::Tensor& o) { Out(o, a, b); }, [&] { return Func(a, b); });
 }
 
-// Matrix products: result shape from the operands; anything unusual takes the functional
-// kernel, which also produces the right error message.
-at::Tensor mm_pooled(const at::Tensor& self, const at::Tensor& mat2) {
-  ZeroCopy zc;
-  at::Tensor a = zc.in(self), b = zc.in(mat2);
-  track_hot("aten::mm");
-  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::mm(a, b));
-  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
-  at::cpu::mm_out(o, a, b);
-  zc.sync_inputs();
-  return out;
-}
-
-at::Tensor addmm_pooled(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                        const at::Scalar& beta, const at::Scalar& alpha) {
-  ZeroCopy zc;
-  at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2);
-  track_hot("aten::addmm");
-  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) {
-    return zc.out(at::cpu::addmm(s, a, b, beta, alpha));
-  }
-  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
-  at::cpu::addmm_out(o, s, a, b, beta, alpha);
-  zc.sync_inputs();
-  return out;
-}
-
-at::Tensor bmm_pooled(const at::Tensor& self, const at::Tensor& mat2) {
-  ZeroCopy zc;
-  at::Tensor a = zc.in(self), b = zc.in(mat2);
-  track_hot("aten::bmm");
-  if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::bmm(a, b));
-  at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
-  at::cpu::bmm_out(o, a, b);
-  zc.sync_inputs();
-  return out;
-}
-
-at::Tensor baddbmm_pooled(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
-                          const at::Scalar& beta, const at::Scalar& alpha) {
-  ZeroCopy zc;
-  at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2);
-  track_hot("aten::baddbmm");
-  if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) {
-    return zc.out(at::cpu::baddbmm(s, a, b, beta, alpha));
-  }
-  at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
-  at::cpu::baddbmm_out(o, s, a, b, beta, alpha);
-  zc.sync_inputs();
-  return out;
-}
-
 // x[idx]: index tensors may live on the CPU, as on CUDA.
 at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   ZeroCopy zc;
@@ -469,8 +371,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
-  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 
   // Hot ops.
   m.impl("add.Tensor", TORCH_FN((binary_alpha<kAdd, &at::cpu::add_out, &at::cpu::add>)));
@@ -482,10 +382,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
   m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
   m.impl("index.Tensor", TORCH_FN(index_hot));
-  m.impl("mm", TORCH_FN(mm_pooled));
-  m.impl("addmm", TORCH_FN(addmm_pooled));
-  m.impl("bmm", TORCH_FN(bmm_pooled));
-  m.impl("baddbmm", TORCH_FN(baddbmm_pooled));
   m.impl("sum.dim_IntList",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
                    &at::cpu::sum, kSum>)));

@@ -5,6 +5,11 @@
 // CPU's own selection logic. Where CPU would take its flash kernel, neuron reports the
 // "efficient attention" backend and implements that op with CPU's flash kernels: the numbers
 // are CPU's, and the op is one DTensor knows how to shard (context parallelism).
+//
+// fp16 runs CPU's fp32 flash kernel on exact fp32 copies and rounds the outputs once: TensorE
+// accumulates in fp32 and this CPU has no fast fp16 kernels (CPU's fp16 flash attention
+// forward+backward took 4x its bf16 time). The compiled path's
+// _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
@@ -13,6 +18,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/library.h>
 
+#include "gemm.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -21,6 +27,50 @@ namespace {
 std::optional<at::Tensor> alias_opt(ZeroCopy& zc, const std::optional<at::Tensor>& t) {
   if (t.has_value() && t->defined()) return zc.in(*t);
   return std::nullopt;
+}
+
+// CPU's flash kernels on aliases; fp16 through exact fp32 copies, each output rounded once to
+// fp16 in the layout CPU's fp16 kernel returns (the logsumexp is fp32 either way).
+bool half_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return gemm::via_fp32(q) && gemm::via_fp32(k) && gemm::via_fp32(v);
+}
+
+at::Tensor round_half(const at::Tensor& t) {
+  at::Tensor r = at::empty_like(t, t.options().dtype(at::kHalf));
+  r.copy_(t);
+  return r;
+}
+
+std::optional<at::Tensor> upcast_opt(ZeroCopy& zc, const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined() && gemm::via_fp32(*t)) return gemm::upcast(zc, *t);
+  return t;
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_forward(ZeroCopy& zc, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, double dropout_p, bool is_causal,
+                                                 const std::optional<at::Tensor>& mask,
+                                                 std::optional<double> scale) {
+  if (!half_attention(q, k, v)) {
+    return at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale);
+  }
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v), dropout_p, is_causal,
+      upcast_opt(zc, mask), scale);
+  return {round_half(out), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
+    ZeroCopy& zc, const at::Tensor& go, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& o, const at::Tensor& lse, double dropout_p, bool is_causal,
+    const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  if (!(half_attention(q, k, v) && gemm::via_fp32(go) && gemm::via_fp32(o))) {
+    return at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, o, lse, dropout_p,
+                                                                    is_causal, mask, scale);
+  }
+  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      gemm::upcast(zc, go), gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v),
+      gemm::upcast(zc, o), lse, dropout_p, is_causal, upcast_opt(zc, mask), scale);
+  return {round_half(gq), round_half(gk), round_half(gv)};
 }
 
 // FakeTensors (tracing) and symbolic shapes have no bytes to alias.
@@ -72,8 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
   auto bias = alias_opt(zc, attn_bias);
   track_hot("aten::_scaled_dot_product_efficient_attention");
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
-                                                                     bias, scale);
+  auto [out, lse] = flash_forward(zc, q, k, v, dropout_p, is_causal, bias, scale);
   // Output laid out as the op's meta function says, (B, L, H, E) viewed as (B, H, L, E), so
   // compiled graphs see the strides they planned for. The logsumexp stays (B, H, L): context
   // parallelism merges it with the output row by row, which the meta's padding to a multiple
@@ -103,9 +152,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = zc.in(attn_bias);
   track_hot("aten::_scaled_dot_product_efficient_attention_backward");
-  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      go, q, k, v, o, lse, dropout_p, is_causal, bias, scale);
+  auto [gq, gk, gv] = flash_backward(zc, go, q, k, v, o, lse, dropout_p, is_causal, bias, scale);
   return {zc.out(gq), zc.out(gk), zc.out(gv), at::Tensor()};
+}
+
+// The ops compiled graphs call (sdpa.py pins them); through the fallback fp16 took CPU's kernel.
+std::tuple<at::Tensor, at::Tensor> flash_attention_for_cpu(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, double dropout_p,
+    bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  ZeroCopy zc;
+  at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
+  auto mask = alias_opt(zc, attn_mask);
+  track_hot("aten::_scaled_dot_product_flash_attention_for_cpu");
+  auto [out, lse] = flash_forward(zc, q, k, v, dropout_p, is_causal, mask, scale);
+  return {zc.out(out), zc.out(lse)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_cpu_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
+    bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  ZeroCopy zc;
+  at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
+  at::Tensor o = zc.in(out), lse = zc.in(logsumexp);
+  auto mask = alias_opt(zc, attn_mask);
+  track_hot("aten::_scaled_dot_product_flash_attention_for_cpu_backward");
+  auto [gq, gk, gv] = flash_backward(zc, go, q, k, v, o, lse, dropout_p, is_causal, mask, scale);
+  return {zc.out(gq), zc.out(gk), zc.out(gv)};
 }
 
 }  // namespace
@@ -122,4 +195,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(torchneuron::efficient_attention));
   m.impl("_scaled_dot_product_efficient_attention_backward",
          TORCH_FN(torchneuron::efficient_attention_backward));
+  m.impl("_scaled_dot_product_flash_attention_for_cpu",
+         TORCH_FN(torchneuron::flash_attention_for_cpu));
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",
+         TORCH_FN(torchneuron::flash_attention_for_cpu_backward));
 }

@@ -1,0 +1,268 @@
+// Low-precision GEMMs on neuron: fp8 torch._scaled_mm and int8 torch._int_mm.
+//
+// TensorE multiplies fp8 exactly and accumulates in fp32. Every float8_e4m3fn and float8_e5m2
+// value is a bf16 value (3 or 2 mantissa bits, exponents well inside bf16's range), so an fp8
+// GEMM is a bf16 GEMM on exactly converted operands: products exact, fp32 accumulation.
+// CPU's own _scaled_mm (no AMX here) widens to fp32 through a scalar conversion and runs
+// MKL's sgemm: 5-7x a bf16 matmul. Here the conversion is a vectorized table-free bit
+// transform and the GEMM oneDNN's:
+//   - bf16 output with tensor-wise scales (and no bias or a bf16 bias): one bf16 GEMM whose
+//     epilogue applies scale_a * scale_b (and adds the bias) in fp32 and rounds once;
+//   - anything else (row-wise scales, fp32/fp16/fp8 output, fp32 bias) needs the fp32
+//     accumulator itself, which ATen's oneDNN entry points give only for fp32 operands: an
+//     fp32 GEMM on exact fp32 copies, the epilogue in fp32, one rounding.
+// use_fast_accum is accepted and ignored: PSUM accumulates in fp32 either way.
+// Semantics otherwise follow CPU's kernel (scale_result divides an fp8 output, the default
+// output dtype is mat_a's).
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_int_mm_cpu_dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "allocator.h"
+#include "gemm.h"
+
+namespace torchneuron {
+namespace {
+
+// ---- fp8 -> bf16 / fp32, exact ------------------------------------------------------------
+// Bit transform per format: normal numbers re-bias the exponent (a shift and an add),
+// subnormals (<= 3 values) come from a tiny table, then NaN/Inf codes; the sign is kept.
+template <bool E4M3>
+constexpr uint16_t fp8_to_bf16_bits(uint8_t x) {
+  const uint16_t sign = static_cast<uint16_t>((x & 0x80) << 8);
+  const uint16_t m = x & 0x7F;
+  if constexpr (E4M3) {  // s eeee mmm, bias 7; no Inf; 0x7F is NaN
+    if (m == 0x7F) return sign | 0x7FC0;
+    if (m >= 8) return sign | static_cast<uint16_t>((m << 4) + (120 << 7));
+    // m * 2^-9: exponent of the leading bit, remaining bits as mantissa.
+    if (m == 0) return sign;
+    int e = 0;
+    while ((m >> (e + 1)) != 0) ++e;  // leading-one position, 0..2
+    const uint16_t mant = static_cast<uint16_t>((m - (1 << e)) << (7 - e));
+    return sign | static_cast<uint16_t>(((127 - 9 + e) << 7) | mant);
+  } else {  // s eeeee mm, bias 15; 0x7C Inf, 0x7D-0x7F NaN
+    if (m == 0x7C) return sign | 0x7F80;
+    if (m > 0x7C) return sign | 0x7FC0;
+    if (m >= 4) return sign | static_cast<uint16_t>((m << 5) + (112 << 7));
+    if (m == 0) return sign;
+    const int e = m >> 1;  // 1 -> 0, 2..3 -> 1
+    const uint16_t mant = static_cast<uint16_t>((m - (1 << e)) << (7 - e));
+    return sign | static_cast<uint16_t>(((127 - 16 + e) << 7) | mant);
+  }
+}
+
+template <bool E4M3>
+constexpr std::array<uint16_t, 256> make_table() {
+  std::array<uint16_t, 256> t{};
+  for (int i = 0; i < 256; ++i) t[i] = fp8_to_bf16_bits<E4M3>(static_cast<uint8_t>(i));
+  return t;
+}
+constexpr auto kE4M3 = make_table<true>();
+constexpr auto kE5M2 = make_table<false>();
+
+template <class Out>
+void convert_scalar(const uint8_t* src, Out* dst, int64_t n, const std::array<uint16_t, 256>& table) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (sizeof(Out) == 2) dst[i] = table[src[i]];
+    else dst[i] = static_cast<uint32_t>(table[src[i]]) << 16;
+  }
+}
+
+#if defined(__x86_64__)
+// 32 codes per step: the low 7 bits index a 128-entry table of magnitudes held in four
+// registers (vpermi2w twice, then a blend on bit 6), the sign is or-ed back.
+__attribute__((target("avx512bw"))) void convert_avx512(const uint8_t* src, void* dst, int64_t n,
+                                                         const std::array<uint16_t, 256>& table,
+                                                         bool to_f32) {
+  const __m512i t0 = _mm512_loadu_si512(table.data());
+  const __m512i t1 = _mm512_loadu_si512(table.data() + 32);
+  const __m512i t2 = _mm512_loadu_si512(table.data() + 64);
+  const __m512i t3 = _mm512_loadu_si512(table.data() + 96);
+  const __m512i low7 = _mm512_set1_epi16(0x7F), bit6 = _mm512_set1_epi16(0x40);
+  const __m512i signbit = _mm512_set1_epi16(0x80);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    const __m512i m = _mm512_and_si512(x, low7);
+    const __m512i lo = _mm512_permutex2var_epi16(t0, m, t1);  // index bits 0-5: entries 0-63
+    const __m512i hi = _mm512_permutex2var_epi16(t2, m, t3);  // entries 64-127
+    const __mmask32 upper = _mm512_test_epi16_mask(m, bit6);
+    __m512i r = _mm512_mask_blend_epi16(upper, lo, hi);
+    r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(x, signbit), 8));
+    if (!to_f32) {
+      _mm512_storeu_si512(static_cast<uint16_t*>(dst) + i, r);
+    } else {
+      uint32_t* d = static_cast<uint32_t*>(dst) + i;
+      const __m512i a = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
+      const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
+      _mm512_storeu_si512(d, a);
+      _mm512_storeu_si512(d + 16, b);
+    }
+  }
+  if (to_f32) convert_scalar(src + i, static_cast<uint32_t*>(dst) + i, n - i, table);
+  else convert_scalar(src + i, static_cast<uint16_t*>(dst) + i, n - i, table);
+}
+#endif
+
+bool has_avx512bw() {
+#if defined(__x86_64__)
+  static const bool yes = __builtin_cpu_supports("avx512bw");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Exact copy of an fp8 tensor as bf16 or fp32 in a scratch buffer of the same dense layout.
+at::Tensor widen_fp8(ZeroCopy& zc, const at::Tensor& t, c10::ScalarType to) {
+  const at::Tensor src = t.is_non_overlapping_and_dense() ? t : t.contiguous();
+  at::Tensor dst = gemm::scratch(zc, src.sizes(), to, src.strides());
+  const auto& table = src.scalar_type() == at::kFloat8_e4m3fn ? kE4M3 : kE5M2;
+  const auto* in = static_cast<const uint8_t*>(src.const_data_ptr());
+  void* out = dst.data_ptr();
+  const bool f32 = to == at::kFloat;
+  at::parallel_for(0, src.numel(), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+#if defined(__x86_64__)
+    if (has_avx512bw()) {
+      convert_avx512(in + begin, static_cast<char*>(out) + begin * (f32 ? 4 : 2), end - begin, table, f32);
+      return;
+    }
+#endif
+    if (f32) convert_scalar(in + begin, static_cast<uint32_t*>(out) + begin, end - begin, table);
+    else convert_scalar(in + begin, static_cast<uint16_t*>(out) + begin, end - begin, table);
+  });
+  return dst;
+}
+
+bool fp8(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
+}
+
+at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  c10::OptionalDeviceGuard guard;
+  if (zc.device() >= 0) {
+    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(zc.device())));
+  }
+  return at::detail::empty_generic(sizes, device_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
+                                   std::nullopt);
+}
+
+// ---- _scaled_mm ----------------------------------------------------------------------------
+void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                     const at::Tensor& sb, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& scale_result) {
+  TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, "_scaled_mm: mat_a and mat_b must be matrices, got ",
+                    a.dim(), "-d and ", b.dim(), "-d");
+  TORCH_CHECK_VALUE(a.size(1) == b.size(0), "_scaled_mm: mat_a and mat_b shapes cannot be multiplied (",
+                    a.size(0), "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK_VALUE(fp8(a) && fp8(b), "_scaled_mm: mat_a and mat_b must be float8_e4m3fn or float8_e5m2, got ",
+                    a.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK_VALUE(sa.scalar_type() == at::kFloat && sb.scalar_type() == at::kFloat,
+                    "_scaled_mm: scale_a and scale_b must be float32, got ", sa.scalar_type(), " and ",
+                    sb.scalar_type());
+  const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  const bool rowwise = sa.dim() == 2 && sa.size(0) == a.size(0) && sa.size(1) == 1 && sb.dim() == 2 &&
+                       sb.size(0) == 1 && sb.size(1) == b.size(1);
+  TORCH_CHECK_VALUE(tensorwise || rowwise,
+                    "_scaled_mm: invalid scaling configuration: use tensor-wise scales (one element "
+                    "each) or row-wise scales of shape (", a.size(0), ", 1) and (1, ", b.size(1),
+                    "); got ", sa.sizes(), " and ", sb.sizes());
+  TORCH_CHECK_VALUE(!bias || bias->numel() == b.size(1), "_scaled_mm: bias must have ", b.size(1),
+                    " elements, got ", bias ? bias->numel() : 0);
+  TORCH_CHECK_VALUE(!scale_result || (scale_result->numel() == 1 && scale_result->scalar_type() == at::kFloat),
+                    "_scaled_mm: scale_result must be a float32 scalar");
+}
+
+void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
+                    const at::Tensor& sa, const at::Tensor& sb, const std::optional<at::Tensor>& bias,
+                    const std::optional<at::Tensor>& scale_result) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
+  const auto dt = o.scalar_type();
+  if (dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
+      gemm::onednn_matmul_usable() && gemm::prefer_onednn(M, N, K)) {
+    float beta = 0.0f;
+    if (bias) {
+      at::Tensor(o).copy_(bias->reshape({1, N}).expand({M, N}));
+      beta = 1.0f;
+    }
+    gemm::matmul_bf16(widen_fp8(zc, a, at::kBFloat16), widen_fp8(zc, b, at::kBFloat16), o, beta, alpha);
+    return;
+  }
+  at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
+  gemm::matmul_f32(widen_fp8(zc, a, at::kFloat), widen_fp8(zc, b, at::kFloat), acc, 0.0f, alpha);
+  if (!tensorwise) {
+    acc.mul_(sa);
+    acc.mul_(sb);
+  }
+  if (bias) acc.add_(bias->reshape({1, N}));
+  if (scale_result && (dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2)) {
+    acc.mul_(1.0f / scale_result->item<float>());
+  }
+  at::Tensor(o).copy_(acc);  // the one rounding
+}
+
+at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                     const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& scale_result,
+                     std::optional<c10::ScalarType> out_dtype, bool use_fast_accum) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2), sa = zc.in(scale_a), sb = zc.in(scale_b);
+  std::optional<at::Tensor> bi, sr;
+  if (bias.has_value() && bias->defined()) bi = zc.in(*bias);
+  if (scale_result.has_value() && scale_result->defined()) sr = zc.in(*scale_result);
+  track_hot("aten::_scaled_mm");
+  check_scaled_mm(a, b, sa, sb, bi, sr);
+  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, out_dtype.value_or(a.scalar_type()));
+  scaled_mm_into(zc, zc.in(out), a, b, sa, sb, bi, sr);
+  zc.sync_inputs();
+  return out;
+}
+
+at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                          const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& scale_result,
+                          std::optional<c10::ScalarType> out_dtype, bool use_fast_accum, at::Tensor& out) {
+  TORCH_CHECK_VALUE(!out_dtype || *out_dtype == out.scalar_type(),
+                    "_scaled_mm: out_dtype must match the output's dtype (", out.scalar_type(), ")");
+  at::Tensor r = scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out.scalar_type(), use_fast_accum);
+  at::native::resize_output(out, r.sizes());
+  out.copy_(r);
+  return out;
+}
+
+// ---- _int_mm: CPU's kernel (oneDNN s8s8s32, integer VNNI: exact in int32) with its result
+// from the device pool; through the boxed fallback it paid a host allocation per call.
+at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2);
+  track_hot("aten::_int_mm");
+  if (a.dim() != 2 || b.dim() != 2) return zc.out(at::cpu::_int_mm(a, b));
+  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, at::kInt);
+  at::Tensor o = zc.in(out);
+  at::cpu::_int_mm_out(o, a, b);
+  zc.sync_inputs();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_scaled_mm", TORCH_FN(scaled_mm));
+  m.impl("_scaled_mm.out", TORCH_FN(scaled_mm_out));
+  m.impl("_int_mm", TORCH_FN(int_mm));
+}
+
+}  // namespace torchneuron

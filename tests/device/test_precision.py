@@ -1,0 +1,403 @@
+"""TensorE precision of the GEMM family on neuron (issue 16).
+
+The oracle is the TensorE contract computed in float64 on CPU: products of the (exact)
+low-precision inputs, summed exactly, then rounded once to the output dtype. A result
+computed with fp32 accumulation may differ from it only where the fp32 rounding error of
+the sum crosses an output rounding boundary, so per dtype the tests require
+  * every element within one output ulp (+ the fp32 accumulation bound K * 2^-24 * sum|a*b|),
+  * and at least 99 % of the elements equal to the rounded float64 value bit for bit;
+fp16 accumulation or a double rounding (e.g. through bf16) fails the second condition.
+fp32 and bf16 keep running CPU's kernels: those must equal CPU bit for bit.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEV = "neuron"
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One ulp of ``dtype`` at |x| (float64), with the subnormal floor."""
+    tiny = torch.finfo(dtype).smallest_normal
+    mag = x.abs().clamp_min(tiny)
+    return torch.exp2(torch.floor(torch.log2(mag))) * ULP[dtype]
+
+
+def assert_tensore(got: torch.Tensor, exact: torch.Tensor, k: int, absprod: torch.Tensor | None = None,
+                   min_equal: float = 0.99, atol: float = 0.0) -> None:
+    """``got`` (on neuron) against the float64 ``exact`` value rounded once to got's dtype."""
+    dtype = got.dtype
+    got = got.cpu().double()
+    rounded = exact.to(dtype).double()
+    accum = 0.0 if absprod is None else k * 2.0 ** -24 * absprod
+    err = (got - exact).abs()
+    bound = ulp(exact, dtype) + accum + atol
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+    equal = (got == rounded).double().mean().item()
+    assert equal >= min_equal, f"only {equal:.4f} of the elements are the once-rounded exact value"
+
+
+def rand(*shape, dtype=torch.float16, scale=1.0):
+    return (torch.randn(*shape) * scale).to(dtype)
+
+
+# ---- fp16: the GEMM family --------------------------------------------------------------------
+def _layouts(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values on neuron, contiguous, transposed in memory, or a strided slice."""
+    if layout == "contiguous":
+        return t.to(DEV)
+    if layout == "transposed":
+        return t.transpose(-1, -2).contiguous().to(DEV).transpose(-1, -2)
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    return wide.to(DEV)[..., ::2]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "matmul_nd", "linear"])
+def test_fp16_matmul_ops_accumulate_in_fp32_and_round_once(op, layout):
+    torch.manual_seed(0)
+    k = 512
+    if op in ("mm", "addmm", "linear"):
+        a, b = rand(64, k), rand(k, 48)
+    elif op == "matmul_nd":
+        a, b = rand(2, 3, 32, k), rand(k, 40)
+    else:
+        a, b = rand(4, 32, k), rand(4, k, 24)
+    c = rand(*a.shape[:-1], b.shape[-1]) if op in ("addmm", "baddbmm") else None
+    A, B = _layouts(a, layout), _layouts(b, layout)
+    ad, bd = a.double(), b.double()
+    if op == "mm":
+        got, exact = A @ B, ad @ bd
+    elif op == "matmul_nd":
+        got, exact = torch.matmul(A, B), ad @ bd
+    elif op == "linear":
+        bias = rand(48)
+        got = F.linear(A, B.t(), bias.to(DEV))
+        exact = ad @ bd + bias.double()
+    elif op == "addmm":
+        got = torch.addmm(c.to(DEV), A, B, beta=0.5, alpha=2.0)
+        exact = 0.5 * c.double() + 2.0 * (ad @ bd)
+    elif op == "bmm":
+        got, exact = torch.bmm(A, B), ad @ bd
+    else:
+        got = torch.baddbmm(c.to(DEV), A, B, beta=0.5, alpha=2.0)
+        exact = 0.5 * c.double() + 2.0 * (ad @ bd)
+    assert got.dtype == torch.float16 and got.device.type == DEV
+    assert_tensore(got, exact, k, absprod=ad.abs() @ bd.abs() * (2.0 if op in ("addmm", "baddbmm") else 1.0))
+
+
+@pytest.mark.parametrize("op", ["mv", "addmv", "dot"])
+def test_fp16_matrix_vector_ops_accumulate_in_fp32(op):
+    torch.manual_seed(1)
+    k = 1024
+    m, v = rand(64, k), rand(k)
+    if op == "mv":
+        got, exact, absprod = torch.mv(m.to(DEV), v.to(DEV)), m.double() @ v.double(), m.double().abs() @ v.double().abs()
+    elif op == "addmv":
+        c = rand(64)
+        got = torch.addmv(c.to(DEV), m.to(DEV), v.to(DEV), beta=0.5, alpha=2.0)
+        exact = 0.5 * c.double() + 2.0 * (m.double() @ v.double())
+        absprod = 2.0 * (m.double().abs() @ v.double().abs())
+    else:
+        w = rand(k)
+        got = torch.dot(w.to(DEV), v.to(DEV))
+        exact, absprod = w.double() @ v.double(), w.double().abs() @ v.double().abs()
+        got, exact, absprod = got.reshape(1), exact.reshape(1), absprod.reshape(1)
+    assert got.dtype == torch.float16
+    assert_tensore(got, exact, k, absprod=absprod, min_equal=0.95)
+
+
+def test_fp16_linear_backward_matches_fp64_reference():
+    torch.manual_seed(2)
+    x, w, g = rand(64, 256), rand(96, 256), rand(64, 96)
+    X = x.to(DEV).requires_grad_()
+    W = w.to(DEV).requires_grad_()
+    F.linear(X, W).backward(g.to(DEV))
+    gd = g.double()
+    assert_tensore(X.grad, gd @ w.double(), 96, absprod=gd.abs() @ w.double().abs())
+    assert_tensore(W.grad, gd.t() @ x.double(), 64, absprod=gd.abs().t() @ x.double().abs())
+
+
+def test_fp16_results_live_in_device_memory_and_track_as_hot_ops():
+    import torchneuron
+    a = rand(64, 64).to(DEV)
+    torchneuron.clear_op_tracking()
+    out = a @ a
+    assert out.device.type == DEV
+    assert "aten::mm" in torchneuron.get_executed_ops()
+    assert "aten::mm" not in torchneuron.get_fallback_ops()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp32_and_bf16_still_equal_cpu_bit_for_bit(dtype):
+    torch.manual_seed(3)
+    a, b, c = (torch.randn(48, 200, dtype=dtype), torch.randn(200, 72, dtype=dtype),
+               torch.randn(72, dtype=dtype))
+    assert torch.equal((a.to(DEV) @ b.to(DEV)).cpu(), a @ b)
+    assert torch.equal(torch.addmm(c.to(DEV), a.to(DEV), b.to(DEV)).cpu(), torch.addmm(c, a, b))
+    x = torch.randn(2, 4, 9, 9, dtype=dtype)
+    w = torch.randn(3, 4, 3, 3, dtype=dtype)
+    assert torch.equal(F.conv2d(x.to(DEV), w.to(DEV)).cpu(), F.conv2d(x, w))
+
+
+# ---- fp16: convolution and attention --------------------------------------------------------
+def test_fp16_conv2d_forward_and_backward_match_fp64_reference():
+    torch.manual_seed(4)
+    x, w, b, g = rand(2, 8, 12, 12), rand(16, 8, 3, 3), rand(16), rand(2, 16, 12, 12)
+    X, Wt, Bs = (t.to(DEV).requires_grad_() for t in (x, w, b))
+    out = F.conv2d(X, Wt, Bs, padding=1)
+    out.backward(g.to(DEV))
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    ref = F.conv2d(xd, wd, bd, padding=1)
+    ref.backward(g.double())
+    absref = F.conv2d(xd.detach().abs(), wd.detach().abs(), padding=1)
+    assert out.dtype == torch.float16 and X.grad.dtype == torch.float16
+    assert_tensore(out, ref.detach(), 72, absprod=absref)
+    for got, exact in ((X.grad, xd.grad), (Wt.grad, wd.grad), (Bs.grad, bd.grad)):
+        # fp32 accumulation over up to 2*12*12*... terms: bound by the values' own scale.
+        assert_tensore(got, exact, 300, absprod=exact.abs() + 8.0, min_equal=0.95)
+
+
+def _sdpa_reference(q, k, v, causal):
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    s = qd @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ vd
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fp16_sdpa_forward_and_backward_match_fp64_reference(compiled):
+    torch.manual_seed(5)
+    q, k, v, g = (rand(2, 2, 64, 32) for _ in range(4))
+    Q, K, V = (t.to(DEV).requires_grad_() for t in (q, k, v))
+    f = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)  # noqa: E731
+    if compiled:
+        torch._dynamo.reset()
+        f = torch.compile(f, backend="neuron")
+    out = f(Q, K, V)
+    out.backward(g.to(DEV))
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = _sdpa_reference(qd, kd, vd, True)
+    ref.backward(g.double())
+    # Attention is computed in fp32 (softmax included) and rounded once: 99.9 % of the outputs
+    # are the once-rounded exact value (CPU's fp16 kernel, which rounds P to fp16 before P @ V:
+    # 66 %). The gradients start from the fp16-rounded output and its gradient (as TensorE's
+    # would), which costs about 2^-11 of their scale; still 78-99 % exact (CPU's fp16: 56-57 %).
+    assert_tensore(out, ref.detach(), 64, absprod=torch.full_like(ref, 1.0), min_equal=0.99)
+    for got, exact in ((Q.grad, qd.grad), (K.grad, kd.grad), (V.grad, vd.grad)):
+        assert_tensore(got, exact, 64, min_equal=0.75, atol=2.0 ** -11 * exact.abs().max().item())
+
+
+# ---- compiled graphs reach the same kernels ----------------------------------------------------
+def test_compiled_fp16_gemms_conv_and_scaled_mm_equal_eager():
+    torch.manual_seed(6)
+    x, w, c = rand(32, 256).to(DEV), rand(128, 256).to(DEV), rand(4, 64, 96).to(DEV)
+    img, kern = rand(2, 4, 10, 10).to(DEV), rand(6, 4, 3, 3).to(DEV)
+    a8 = torch.randn(64, 128).to(E4M3).to(DEV)
+    b8 = torch.randn(96, 128).to(E4M3).to(DEV).t()
+    s = torch.tensor(0.5, device=DEV)
+
+    def f(x, w, c, img, kern, a8, b8, s):
+        return (F.linear(x, w), torch.bmm(c, c.transpose(1, 2)), F.conv2d(img, kern),
+                torch._scaled_mm(a8, b8, s, s, out_dtype=torch.bfloat16))
+
+    torch._dynamo.reset()
+    eager = f(x, w, c, img, kern, a8, b8, s)
+    compiled = torch.compile(f, backend="neuron")(x, w, c, img, kern, a8, b8, s)
+    for e, got in zip(eager, compiled):
+        assert got.dtype == e.dtype
+        assert torch.equal(got.cpu(), e.cpu())
+
+
+# ---- fp8: torch._scaled_mm -----------------------------------------------------------------------
+def _fp8_operands(m, k, n, adt, bdt, b_col_major=True):
+    a = (torch.randn(m, k) * 4).to(adt)
+    if b_col_major:  # CUDA's layout: mat2 = weight.t()
+        b = (torch.randn(n, k) * 4).to(bdt).t()
+    else:
+        b = (torch.randn(k, n) * 4).to(bdt)
+    return a, b
+
+
+def _to_dev(t):
+    return t.to(DEV) if t.is_contiguous() else t.t().contiguous().to(DEV).t()
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E4M3)])
+def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, scaling, out_dtype):
+    torch.manual_seed(7)
+    m, k, n = 96, 256, 80  # large enough for the oneDNN bf16 route (tensorwise -> bf16)
+    a, b = _fp8_operands(m, k, n, *dtypes)
+    if scaling == "tensorwise":
+        sa, sb = torch.tensor(0.375), torch.tensor(1.5)
+    else:
+        sa, sb = torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=out_dtype)
+    ad, bd = a.double(), b.double()
+    exact = (ad @ bd) * sa.double() * sb.double()
+    absprod = (ad.abs() @ bd.abs()) * sa.double() * sb.double()
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    # An fp32 output keeps the fp32 accumulation error itself: only the bound applies.
+    assert_tensore(got, exact, k, absprod=absprod, min_equal=0.0 if out_dtype == torch.float32 else 0.99)
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
+def test_scaled_mm_adds_bias_before_the_one_rounding(bias_dtype):
+    torch.manual_seed(8)
+    a, b = _fp8_operands(64, 128, 96, E4M3, E4M3)
+    bias = torch.randn(96).to(bias_dtype)
+    sa, sb = torch.tensor(0.25), torch.tensor(2.0)
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), bias=bias.to(DEV),
+                           out_dtype=torch.bfloat16)
+    exact = (a.double() @ b.double()) * 0.5 + bias.double()
+    assert_tensore(got, exact, 128, absprod=(a.double().abs() @ b.double().abs()) * 0.5)
+
+
+def test_scaled_mm_row_major_mat2_and_use_fast_accum_give_the_same_exact_result():
+    torch.manual_seed(9)
+    a, b = _fp8_operands(64, 192, 64, E4M3, E4M3, b_col_major=False)
+    s = torch.tensor(1.0, device=DEV)
+    r1 = torch._scaled_mm(_to_dev(a), _to_dev(b), s, s, out_dtype=torch.bfloat16)
+    r2 = torch._scaled_mm(_to_dev(a), _to_dev(b), s, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+    assert torch.equal(r1.cpu(), r2.cpu())
+    assert_tensore(r1, a.double() @ b.double(), 192, absprod=a.double().abs() @ b.double().abs())
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_scaled_mm_reads_every_fp8_code_exactly(dtype, out_dtype):
+    # Every code (NaNs, Inf for e5m2, subnormals, both zeros) as a column times 1: the output is
+    # the code's value. 263 rows cover the vector body and its scalar tail; K=32 rows of zeros
+    # but one take the bf16 oneDNN route for a bf16 output.
+    codes = torch.arange(256, dtype=torch.int16).to(torch.uint8)
+    codes = torch.cat([codes, codes[:7]]).view(dtype)
+    a = torch.zeros(263, 32, dtype=dtype)
+    a[:, 5] = codes
+    b = torch.zeros(32, 64, dtype=dtype)
+    b[5, :] = 1.0
+    one = torch.tensor(1.0, device=DEV)
+    got = torch._scaled_mm(a.to(DEV), b.to(DEV), one, one, out_dtype=out_dtype).cpu()
+    want = codes.to(torch.float32)[:, None].expand(263, 64).to(out_dtype)
+    finite = want.isfinite()
+    assert torch.equal(got[finite], want[finite])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf() & (got > 0), want.isinf() & (want > 0))
+
+
+def test_scaled_mm_fp8_output_divides_by_scale_result_like_cpu():
+    torch.manual_seed(10)
+    a, b = _fp8_operands(32, 64, 48, E4M3, E4M3)
+    s, sr = torch.tensor(0.125), torch.tensor(4.0)
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), s.to(DEV), s.to(DEV), scale_result=sr.to(DEV),
+                           out_dtype=E4M3)
+    want = torch._scaled_mm(a, b, s, s, scale_result=sr, out_dtype=E4M3)
+    assert got.dtype == E4M3
+    diff = (got.cpu().float() - want.float()).abs()
+    assert (diff <= ulp(want.double(), torch.bfloat16).float() * 2).all()  # e4m3 ulp is 2^-3
+    assert (got.cpu().float() == want.float()).float().mean() > 0.95
+
+
+def test_scaled_mm_out_variant_writes_into_out():
+    a, b = _fp8_operands(32, 64, 48, E4M3, E4M3)
+    s = torch.tensor(1.0, device=DEV)
+    out = torch.empty(32, 48, device=DEV, dtype=torch.bfloat16)
+    r = torch._scaled_mm(_to_dev(a), _to_dev(b), s, s, out_dtype=torch.bfloat16, out=out)
+    assert r.data_ptr() == out.data_ptr()
+    assert torch.equal(out.cpu(), torch._scaled_mm(_to_dev(a), _to_dev(b), s, s, out_dtype=torch.bfloat16).cpu())
+
+
+def test_scaled_mm_rejects_bad_scales_and_dtypes_with_clear_errors():
+    a, b = _fp8_operands(16, 32, 24, E4M3, E4M3)
+    A, B = _to_dev(a), _to_dev(b)
+    with pytest.raises(ValueError, match="invalid scaling configuration"):
+        torch._scaled_mm(A, B, torch.ones(16, device=DEV), torch.ones(24, device=DEV), out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float8_e4m3fn or float8_e5m2"):
+        s = torch.tensor(1.0, device=DEV)
+        torch._scaled_mm(A.float(), B, s, s)
+    with pytest.raises(ValueError, match="cannot be multiplied"):
+        s = torch.tensor(1.0, device=DEV)
+        torch._scaled_mm(A, A, s, s, out_dtype=torch.bfloat16)
+
+
+# ---- int8: torch._int_mm ---------------------------------------------------------------------------
+def test_int_mm_is_exact_in_int32_beyond_fp32s_exact_range():
+    # Sums reach 2^26 with odd parts: an fp32 accumulator (exact to 2^24) would round them.
+    g = torch.Generator().manual_seed(11)
+    k = 4096
+    a = torch.full((32, k), -128, dtype=torch.int8)
+    b = torch.full((k, 48), -128, dtype=torch.int8)
+    a[:, ::7] = torch.randint(-128, 128, (32, len(range(0, k, 7))), generator=g, dtype=torch.int8)
+    b[::5, :] = torch.randint(-128, 128, (len(range(0, k, 5)), 48), generator=g, dtype=torch.int8)
+    got = torch._int_mm(a.to(DEV), b.to(DEV))
+    exact = a.long() @ b.long()
+    assert got.dtype == torch.int32 and exact.abs().max() > 2 ** 24
+    assert torch.equal(got.cpu().long(), exact)
+
+
+# ---- _grouped_mm in fp16 ------------------------------------------------------------------------------
+def test_grouped_mm_fp16_routes_through_the_fp32_accumulating_mm():
+    torch.manual_seed(12)
+    a, b = rand(96, 128), rand(3, 128, 40)
+    offs = torch.tensor([32, 64, 96], dtype=torch.int32)
+    got = torch._grouped_mm(a.to(DEV), b.to(DEV), offs.to(DEV))
+    exact = torch.cat([a[i * 32:(i + 1) * 32].double() @ b[i].double() for i in range(3)])
+    absprod = torch.cat([a[i * 32:(i + 1) * 32].double().abs() @ b[i].double().abs() for i in range(3)])
+    assert_tensore(got, exact, 128, absprod=absprod)
+
+
+# ---- training and determinism ---------------------------------------------------------------------
+def test_fp16_amp_with_grad_scaler_tracks_an_fp32_run():
+    def run(device, amp):
+        torch.manual_seed(13)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler(device, enabled=amp)
+        g = torch.Generator().manual_seed(14)
+        x, y = torch.randn(64, 32, generator=g).to(device), torch.randn(64, 8, generator=g).to(device)
+        losses = []
+        for _ in range(8):
+            opt.zero_grad()
+            with torch.autocast(device, dtype=torch.float16, enabled=amp):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+        return torch.tensor(losses), [p.detach().cpu() for p in model.parameters()]
+
+    amp_losses, amp_params = run(DEV, True)
+    ref_losses, ref_params = run("cpu", False)
+    assert amp_losses[-1] < amp_losses[0]
+    torch.testing.assert_close(amp_losses, ref_losses, rtol=5e-3, atol=1e-3)
+    for p, r in zip(amp_params, ref_params):
+        torch.testing.assert_close(p, r, rtol=1e-2, atol=2e-3)
+
+
+def test_routed_ops_are_deterministic_under_use_deterministic_algorithms():
+    torch.manual_seed(15)
+    a, b = rand(200, 300).to(DEV), rand(300, 100).to(DEV)
+    img, kern = rand(2, 8, 16, 16).to(DEV), rand(8, 8, 3, 3).to(DEV)
+    q = rand(2, 2, 64, 32).to(DEV)
+    a8, b8 = _fp8_operands(128, 256, 128, E4M3, E4M3)
+    A8, B8, s = _to_dev(a8), _to_dev(b8), torch.tensor(0.5, device=DEV)
+
+    def run():
+        return [a @ b, F.conv2d(img, kern, padding=1), F.scaled_dot_product_attention(q, q, q),
+                torch._scaled_mm(A8, B8, s, s, out_dtype=torch.bfloat16),
+                torch._scaled_mm(A8, B8, s, s, out_dtype=torch.float32)]
+
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = run(), run()
+    finally:
+        torch.use_deterministic_algorithms(old)
+    for x, y in zip(first, second):
+        assert torch.equal(x.cpu(), y.cpu())
