@@ -47,7 +47,7 @@ bool onednn_matmul_usable() {
       auto it = caps.find(k);
       return it != caps.end() && it->second.isBool() && it->second.toBool();
     };
-    return has("avx512bw") && has("avx512vl") && has("avx512dq");
+    return has("avx512_bw") && has("avx512_vl") && has("avx512_dq");
   }();
   return isa && at::globalContext().userEnabledMkldnn();
 }
