@@ -96,47 +96,71 @@ def test_sbuf_capacity_follows_neuron_platform_target_override(monkeypatch):
 
 
 @nki.jit
-def _loop_allocations(x, keep):
+def _loop_allocations(x, use_later):
     kept = []
     for i in range(8):
-        t = nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf)  # 32 KiB per partition
+        t = nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf)  # <loop-alloc> 32 KiB
         nisa.memset(t, 0.0)
-        if keep:
-            kept.append(t)
+        kept.append(t)  # Python keeps all eight alive either way
+    if use_later:
+        for t in kept:
+            nisa.tensor_scalar(t, t, nl.add, 1.0)
 
 
-def test_sbuf_tiles_are_freed_when_their_python_object_dies():
-    run(_loop_allocations, X, False)
+def test_sbuf_tile_lifetime_ends_at_its_last_use_not_with_its_python_object():
+    run(_loop_allocations, X, False)  # each tile dies after its memset: 32 KiB live at a time
 
 
-def test_sbuf_tiles_kept_alive_accumulate_until_capacity():
-    with pytest.raises(errors.NKIMemoryError, match="live"):
-        run(_loop_allocations, X, True)
+def test_sbuf_tiles_used_later_are_live_together_and_exceed_capacity():
+    with pytest.raises(errors.NKIMemoryError, match="live") as e:
+        run(_loop_allocations, X, True)  # eight 32 KiB tiles live at once > 208 KiB
+    assert e.value.rule == "sbuf-capacity"
+    assert "bytes per partition live" in str(e.value)
+    assert line_of("<loop-alloc>") in str(e.value)  # the allocation that crossed the limit
 
 
 # --- PSUM --------------------------------------------------------------------------------------
 
 @nki.jit
-def _psum_straddle(x):
-    p = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)  # <psum-straddle>
+def _psum_straddle(x, lo):
+    s = nl.zeros((128, 128), nl.bfloat16)
+    m = nl.zeros((128, 512), nl.bfloat16)
+    p = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)  # two banks
+    nisa.nc_matmul(p[:, lo:lo + 512], s, m)  # <psum-straddle>
 
 
-def test_psum_tile_may_not_straddle_banks():
+def test_matmul_output_may_not_straddle_psum_banks():
+    run(_psum_straddle, X, 512)  # a two-bank tile is allowed; its second bank is one output
     with pytest.raises(errors.NKIMemoryError) as e:
-        run(_psum_straddle, X)
+        run(_psum_straddle, X, 256)
     assert e.value.rule == "psum-bank"
-    assert "4096 bytes per partition" in str(e.value) and "2048" in str(e.value)
+    assert "bytes 1024..3071" in str(e.value) and "2048" in str(e.value)
     assert line_of("<psum-straddle>") in str(e.value)
 
 
 @nki.jit
-def _psum_nine(x):
+def _psum_whole(x):
+    nl.ndarray((128, 4097), nl.float32, buffer=nl.psum)  # <psum-whole>
+
+
+def test_psum_tile_may_not_exceed_psum():
+    with pytest.raises(errors.NKIMemoryError, match="16384") as e:
+        run(_psum_whole, X)
+    assert line_of("<psum-whole>") in str(e.value)
+
+
+@nki.jit
+def _psum_nine(x, n_used):
     tiles = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]
+    for t in tiles[:n_used]:
+        nisa.memset(t, 0.0)
 
 
-def test_psum_has_eight_banks():
-    with pytest.raises(errors.NKIMemoryError, match="all 8 banks"):
-        run(_psum_nine, X)
+def test_psum_has_eight_banks_of_live_tiles():
+    run(_psum_nine, X, 0)  # nine tiles that are never used are never live together
+    with pytest.raises(errors.NKIMemoryError, match="9 banks live but PSUM has 8") as e:
+        run(_psum_nine, X, 9)
+    assert e.value.rule == "psum-capacity"
 
 
 # --- matmul --------------------------------------------------------------------------------------

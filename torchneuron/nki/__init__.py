@@ -73,21 +73,36 @@ class Kernel:
         self.options = options
         functools.update_wrapper(self, fn)
 
-    def __getitem__(self, grid: Any) -> Callable:
-        lnc = _grid_lnc(grid)
-        return lambda *a, **k: self._launch(lnc, a, k)
+    def __getitem__(self, grid: Any) -> "LaunchedKernel":
+        return LaunchedKernel(self, _grid_lnc(grid))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._launch(1, args, kwargs)
+        return self._launch(1, args, kwargs, grid_ndim=0)
 
-    def _launch(self, lnc: int, args: tuple, kwargs: dict) -> Any:
+    def _launch(self, lnc: int, args: tuple, kwargs: dict, grid_ndim: int = 1) -> Any:
         if _has_torch(args, kwargs):
             from .torch_ops import call_kernel
-            return call_kernel(self, lnc, args, kwargs)
-        return _run(self.fn, args, kwargs, lnc=lnc).outputs
+            return call_kernel(self, lnc, args, kwargs, grid_ndim=grid_ndim)
+        return _run(self.fn, args, kwargs, lnc=lnc, grid_ndim=grid_ndim).outputs
 
     def __repr__(self) -> str:
         return f"<nki.jit kernel {getattr(self.fn, '__qualname__', self.fn)}>"
+
+
+class LaunchedKernel:
+    """``kernel[lnc]``: the kernel with its launch grid (call it, or pass it to
+    ``nki.simulate`` / ``nki.benchmark``)."""
+
+    def __init__(self, kernel: Kernel, lnc: int):
+        self.kernel = kernel
+        self.fn = kernel.fn
+        self.lnc = lnc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel._launch(self.lnc, args, kwargs, grid_ndim=1)
+
+    def __repr__(self) -> str:
+        return f"{self.kernel!r}[{self.lnc}]"
 
 
 def jit(func: Callable | None = None, **options: Any) -> Any:
@@ -102,27 +117,33 @@ def jit(func: Callable | None = None, **options: Any) -> Any:
 
 
 def _fn(kernel: Any) -> Callable:
-    return kernel.fn if isinstance(kernel, Kernel) else kernel
+    return kernel.fn if isinstance(kernel, (Kernel, LaunchedKernel)) else kernel
 
 
 class _Simulation:
     def __init__(self, kernel, platform, numerics, seed):
         self.fn = _fn(kernel)
+        # nki.simulate(kernel[2]) carries its grid
+        self.grid = kernel.lnc if isinstance(kernel, LaunchedKernel) else None
         self.platform = platform
         self.numerics = numerics
         self.seed = seed
 
     def __getitem__(self, grid: Any) -> Callable:
         lnc = _grid_lnc(grid)
-        return lambda *a, **k: self._go(lnc, a, k)
+        return lambda *a, **k: self._go(lnc, a, k, 1)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._go(1, args, kwargs)
+        if self.grid is not None:
+            return self._go(self.grid, args, kwargs, 1)
+        return self._go(1, args, kwargs, 0)
 
-    def _go(self, lnc, args, kwargs):
-        res = _run(self.fn, args, kwargs, lnc=lnc, platform=self.platform,
-                   numerics=self.numerics, seed=self.seed)
-        return _to_kind_of(res.outputs, args, kwargs)
+    def _run(self, lnc, args, kwargs, ndim):
+        return _run(self.fn, args, kwargs, lnc=lnc, platform=self.platform,
+                    numerics=self.numerics, seed=self.seed, grid_ndim=ndim)
+
+    def _go(self, lnc, args, kwargs, ndim):
+        return _to_kind_of(self._run(lnc, args, kwargs, ndim).outputs, args, kwargs)
 
 
 def simulate(kernel: Any, platform: str | None = None, *, numerics: bool = True,
@@ -137,9 +158,8 @@ def simulate(kernel: Any, platform: str | None = None, *, numerics: bool = True,
 
 
 class _Benchmark(_Simulation):
-    def _go(self, lnc, args, kwargs):
-        res = _run(self.fn, args, kwargs, lnc=lnc, platform=self.platform,
-                   numerics=self.numerics, seed=self.seed)
+    def _go(self, lnc, args, kwargs, ndim):
+        res = self._run(lnc, args, kwargs, ndim)
         outs = _to_kind_of(res.outputs, args, kwargs) if self.numerics else None
         return analyze(res.programs, res.platform, outs, max(res.peak_sbuf, default=0))
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import dtypes as dt
-from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIPartitionError,
-                     NKIShapeError)
+from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIMemoryError,
+                     NKIPartitionError, NKIShapeError)
 from .tensor import NkiTensor
+
+# Instructions whose operands may be indirect (run-time offset) access patterns.
+_INDIRECT_OK = frozenset({"dma_copy", "dma_transpose", "dma_compute"})
 
 
 def fmt_loc(loc: tuple | None) -> str | None:
@@ -35,9 +38,19 @@ class Call:
         if not isinstance(x, NkiTensor):
             self.fail(NKIArgumentError, f"`{arg}` must be a tensor (nl.ndarray or a slice of one), "
                       f"got {type(x).__name__}", fix=f"pass a tile for `{arg}`")
-        if x.indirect is not None and self.op != "dma_copy":
+        if x.ind is not None and self.op not in _INDIRECT_OK:
             self.fail(NKIArgumentError, f"`{arg}` has an indirect access pattern, which only "
-                      "dma_copy supports", fix="gather with nisa.dma_copy first")
+                      "DMA instructions support", fix="gather with nisa.dma_copy first")
+        st = x.storage
+        if st.clobbered is not None:
+            desc, loc, addr = st.clobbered
+            self.fail(NKIMemoryError,
+                      f"`{arg}` {x._desc()} placed at address {st.address} (allocated at "
+                      f"{st.loc}) is used after {desc} was placed at {addr} (at {loc}), "
+                      "overlapping its bytes; tiles share storage only when placed at the same "
+                      "address", fix="give live tiles disjoint address ranges, or place the new "
+                      "tile at exactly the old tile's address to reuse its storage",
+                      rule="placement")
         return x
 
     def on_chip(self, t: NkiTensor, arg: str, psum: bool = True, sbuf: bool = True,
@@ -131,7 +144,7 @@ class Call:
                   fix="pass a Python float or a [P, 1] tile")
 
     def dtype_in(self, t: NkiTensor, arg: str, allowed, what: str) -> None:
-        if not any(t.dtype is a or (a is not dt.tfloat32 and t.dtype is not dt.tfloat32 and t.dtype == a)
+        if not any(t.dtype is a or (not dt.is_custom(a) and not dt.is_custom(t.dtype) and t.dtype == a)
                    for a in allowed):
             self.fail(NKIDtypeError, f"`{arg}` has dtype {dt.name(t.dtype)} but {what}",
                       fix=f"cast it (e.g. with nisa.tensor_copy) to one of "

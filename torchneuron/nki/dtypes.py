@@ -2,7 +2,9 @@
 
 Every NKI dtype is a numpy dtype (``nl.bfloat16 == ml_dtypes.bfloat16``) except
 ``tfloat32``, which has no numpy equivalent: it is stored as float32 and every write is
-rounded to 10 mantissa bits (round-to-nearest-even), which is what TensorE sees.
+rounded to 10 mantissa bits (round-to-nearest-even), which is what TensorE sees, and the
+x4-packed MX dtypes (``float8_e4m3fn_x4``, ``float8_e5m2_x4``, ``float4_e2m1fn_x4``), stored as
+raw uint32 / uint16 bits.
 
 Conversions (:func:`cast`) follow the hardware: float -> low-precision float rounds to
 nearest even (ml_dtypes), float -> int rounds to nearest even and saturates, anything ->
@@ -17,22 +19,42 @@ import ml_dtypes
 import numpy as np
 
 
-class _TFloat32:
-    """Marker dtype for tfloat32 (fp32 range, 10-bit mantissa), stored as float32."""
+class _CustomDType:
+    """An NKI dtype numpy has no equivalent for, stored in a numpy ``storage`` dtype.
 
-    name = "tfloat32"
-    itemsize = 4
-    kind = "f"
-    storage = np.dtype(np.float32)
+    ``tfloat32`` (fp32 range, 10-bit mantissa) is stored as float32 and rounded on every
+    write; the x4-packed MX dtypes (four fp8 or fp4 values in one 32- or 16-bit element, the
+    operands of ``nisa.nc_matmul_mx``) are stored as their raw bits (uint32 / uint16).
+    Compared by identity; ``str()`` is the NKI name.
+    """
+
+    __slots__ = ("name", "itemsize", "kind", "storage", "element", "packed")
+
+    def __init__(self, name: str, storage, kind: str, element=None, packed: int = 1):
+        self.name = name
+        self.storage = np.dtype(storage)
+        self.itemsize = self.storage.itemsize
+        self.kind = kind
+        self.element = None if element is None else np.dtype(element)  # packed element type
+        self.packed = packed  # values per element
 
     def __repr__(self) -> str:
-        return "tfloat32"
+        return self.name
+
+    __str__ = __repr__
 
     def __reduce__(self):
-        return "tfloat32"
+        return self.name
 
 
-tfloat32 = _TFloat32()
+tfloat32 = _CustomDType("tfloat32", np.float32, "f")
+# x4-packed MX dtypes: 4 values per element, packed little-endian (value i in bits 8i..8i+7,
+# or 4i..4i+3 for fp4), i.e. the byte order of a [..., 4 * n] fp8 array viewed as [..., n].
+float8_e4m3fn_x4 = _CustomDType("float8_e4m3fn_x4", np.uint32, "V", ml_dtypes.float8_e4m3fn, 4)
+float8_e5m2_x4 = _CustomDType("float8_e5m2_x4", np.uint32, "V", ml_dtypes.float8_e5m2, 4)
+float4_e2m1fn_x4 = _CustomDType("float4_e2m1fn_x4", np.uint16, "V", ml_dtypes.float4_e2m1fn, 4)
+PACKED = (float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
+_CUSTOM = {d.name: d for d in (tfloat32,) + PACKED}
 
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
@@ -55,16 +77,27 @@ DTYPES: dict[str, Any] = {
     "uint8": uint8, "uint16": uint16, "uint32": uint32, "float16": float16,
     "float32": float32, "bfloat16": bfloat16, "tfloat32": tfloat32,
     "float8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2,
-    "float8_e8m0fnu": float8_e8m0fnu,
+    "float8_e8m0fnu": float8_e8m0fnu, "float8_e4m3fn_x4": float8_e4m3fn_x4,
+    "float8_e5m2_x4": float8_e5m2_x4, "float4_e2m1fn_x4": float4_e2m1fn_x4,
 }
 
 _NAME_OF = {}
 for _n, _d in DTYPES.items():
-    if _d is not tfloat32:
+    if not isinstance(_d, _CustomDType):
         _NAME_OF.setdefault(_d, _n)
 _NAME_OF[bool_] = "bool_"
 
-NkiDType = Any  # np.dtype or the tfloat32 marker
+NkiDType = Any  # np.dtype or a _CustomDType (tfloat32, x4-packed)
+
+
+def is_custom(dt: NkiDType) -> bool:
+    """True for the dtypes numpy has no equivalent for (tfloat32, x4-packed)."""
+    return isinstance(dt, _CustomDType)
+
+
+def is_packed(dt: NkiDType) -> bool:
+    """True for the x4-packed MX dtypes."""
+    return isinstance(dt, _CustomDType) and dt.packed > 1
 
 
 def as_dtype(dt: Any) -> NkiDType:
@@ -72,8 +105,8 @@ def as_dtype(dt: Any) -> NkiDType:
 
     Raises ``TypeError`` for anything NKI does not support (e.g. float64, int64).
     """
-    if dt is tfloat32:
-        return tfloat32
+    if isinstance(dt, _CustomDType):
+        return dt
     if isinstance(dt, str):
         if dt in DTYPES:
             return DTYPES[dt]
@@ -97,14 +130,14 @@ def as_dtype(dt: Any) -> NkiDType:
 
 def name(dt: NkiDType) -> str:
     """NKI name of a dtype (``'bfloat16'``, ``'tfloat32'``...)."""
-    if dt is tfloat32:
-        return "tfloat32"
+    if isinstance(dt, _CustomDType):
+        return dt.name
     return _NAME_OF.get(np.dtype(dt), str(dt))
 
 
 def storage(dt: NkiDType) -> np.dtype:
     """The numpy dtype that holds values of ``dt``."""
-    return dt.storage if dt is tfloat32 else dt
+    return dt.storage if isinstance(dt, _CustomDType) else dt
 
 
 def itemsize(dt: NkiDType) -> int:
@@ -112,26 +145,34 @@ def itemsize(dt: NkiDType) -> int:
 
 
 def is_float(dt: NkiDType) -> bool:
-    return dt is tfloat32 or np.dtype(dt).kind == "f" or dt in (bfloat16, float8_e4m3, float8_e4m3fn,
+    if isinstance(dt, _CustomDType):
+        return dt.kind == "f"
+    return np.dtype(dt).kind == "f" or dt in (bfloat16, float8_e4m3, float8_e4m3fn,
                                                                   float8_e5m2, float8_e8m0fnu)
 
 
 def is_int(dt: NkiDType) -> bool:
-    return dt is not tfloat32 and np.dtype(dt).kind in "iu"
+    return not isinstance(dt, _CustomDType) and np.dtype(dt).kind in "iu"
+
+
+_SIXTEEN = frozenset((bfloat16, float16))  # set lookups: hash first, no ml_dtypes __eq__ calls
+_FP8 = frozenset((float8_e4m3, float8_e4m3fn, float8_e5m2))
 
 
 def is_16bit_float(dt: NkiDType) -> bool:
-    return dt in (bfloat16, float16)
+    return dt in _SIXTEEN
 
 
 def is_fp8(dt: NkiDType) -> bool:
-    return dt in (float8_e4m3, float8_e4m3fn, float8_e5m2)
+    return dt in _FP8
 
 
 def sentinel(dt: NkiDType):
     """Value fresh memory holds so reads of uninitialised data show: NaN, or 4 for ints."""
     if dt is bool_:
         return True
+    if is_packed(dt):
+        return np.iinfo(dt.storage).max  # all bits set: NaN for fp8 (fp4 has no NaN)
     return np.nan if is_float(dt) else 4
 
 
@@ -152,6 +193,12 @@ def cast(values: Any, dt: NkiDType) -> np.ndarray:
     st = storage(dt)
     if arr.dtype == st and dt is not tfloat32:
         return arr
+    if is_packed(dt):
+        # Packed MX values are raw bits: only bit copies (same storage) and zero fills exist.
+        if arr.dtype.kind in "iub" or not np.any(arr):
+            return arr.astype(st)
+        raise TypeError(f"cannot convert {arr.dtype} values to {dt.name} (x4-packed MX data is "
+                        "produced by nisa.quantize_mx or copied bit for bit)")
     if dt is tfloat32:
         return round_tf32(arr.astype(np.float32))
     if st == bool_:
@@ -174,5 +221,5 @@ def cast(values: Any, dt: NkiDType) -> np.ndarray:
 __all__ = [
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32",
     "bfloat16", "tfloat32", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
-    "as_dtype", "name", "storage", "cast", "sentinel", "is_float", "is_int",
+    "float8_e4m3fn_x4", "float8_e5m2_x4", "float4_e2m1fn_x4", "as_dtype", "name", "storage", "cast", "sentinel", "is_float", "is_int",
 ]

@@ -8,20 +8,27 @@ as ``nl.add`` or ``nl.exp`` double as ``op=`` arguments of ``nisa`` instructions
 
 from __future__ import annotations
 
-import builtins
+import builtins as _builtins
 import math
+import os as _os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import isa as _isa
-from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
-                     float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,
+                     float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16,
+                     float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from .errors import NKIArgumentError, NKIShapeError, NKITracingError
 from .ops import OPS, Op
-from .tensor import NkiTensor, allocate, hbm, private_hbm, psum, sbuf, shared_hbm
-from .tracer import current, user_location
+from .tensor import (Buffer, NkiTensor, allocate, hbm, private_hbm, psum, sbuf, shared_constant_tensor,
+                     shared_hbm)
+from .tracer import current, current_or_none, user_location
+
+# This module defines NKI names that shadow Python builtins (range, bool, sum, max, min, all,
+# abs). Code in this module therefore reaches the builtins only as ``_builtins.<name>``
+# (checked by tests/nki/test_nki_api.py).
 
 # ---------------------------------------------------------------------------------------------
 # creation
@@ -30,8 +37,14 @@ from .tracer import current, user_location
 
 def ndarray(shape: Sequence[int], dtype: Any, buffer=sbuf, name: str | None = None,
             address: Any = None) -> NkiTensor:
-    """Allocate an uninitialised tensor (filled with sentinels: NaN, or 4 for ints) in ``buffer``."""
-    return allocate(shape, dtype, buffer, name)
+    """Allocate an uninitialised tensor (filled with sentinels: NaN, or 4 for ints) in ``buffer``.
+
+    ``address=(partition_offset, byte_offset)`` places an SBUF/PSUM tile at a fixed location of
+    this core's memory: tiles placed at the same address share storage; a tile whose bytes are
+    re-placed by a later allocation at a different address may no longer be used
+    (``[placement]`` error). Without ``address`` the tile gets its own storage.
+    """
+    return allocate(shape, dtype, buffer, name, address=address)
 
 
 def _filled(shape, value, dtype, buffer, name) -> NkiTensor:
@@ -84,13 +97,33 @@ def full_like(a: NkiTensor, fill_value, dtype=None, buffer=None, name=None) -> N
     return full(a.shape, fill_value, dtype or a.dtype, buffer or a.buffer, name)
 
 
-def shared_identity_matrix(n: int, dtype=bfloat16) -> NkiTensor:
-    """An [n, n] identity matrix in SBUF (built with memset + affine_select on GpSimd)."""
-    ones_t = ones((n, n), dtype)
-    eye = ndarray((n, n), dtype)
+def shared_identity_matrix(n: int, dtype=uint8, dst: NkiTensor | None = None) -> NkiTensor:
+    """An [n, n] identity matrix in SBUF (built with memset + affine_select on GpSimd), written
+    into ``dst`` when given."""
+    ones_t = ones((n, n), dtype if dst is None else dst.dtype)
+    eye = ndarray((n, n), dtype) if dst is None else dst
     _isa.affine_select(eye, pattern=[[-1, n]], channel_multiplier=1, on_true_tile=ones_t,
                        on_false_value=0.0, cmp_op=OPS["equal"])
     return eye
+
+
+def shared_constant(constant: Any) -> NkiTensor:
+    """A ``shared_hbm`` tensor holding ``constant`` (a numpy array or the path of a ``.npy``
+    file), loaded with the program (no instruction). Under LNC=2 both cores share it."""
+    if isinstance(constant, (str, _os.PathLike)):
+        try:
+            arr = np.load(constant, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NKIArgumentError(f"shared_constant: cannot read {constant!r} ({e})",
+                                   fix="pass a numpy array or the path of a .npy file",
+                                   location=user_location()) from None
+    elif isinstance(constant, NkiTensor):
+        raise NKIArgumentError("shared_constant takes host data (numpy array or .npy path), not "
+                               "a kernel tensor", fix="pass a numpy array",
+                               location=user_location())
+    else:
+        arr = np.asarray(constant)
+    return shared_constant_tensor(arr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,27 +131,73 @@ def shared_identity_matrix(n: int, dtype=bfloat16) -> NkiTensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def affine_range(*args) -> range:
+def affine_range(*args) -> _builtins.range:
     """Loop with no loop-carried dependency (deprecated alias of ``range`` in NKI 0.6)."""
-    return range(*args)
+    return _builtins.range(*args)
 
 
-def sequential_range(*args) -> range:
+def sequential_range(*args) -> _builtins.range:
     """Loop whose iterations depend on each other (alias of ``range``)."""
-    return range(*args)
+    return _builtins.range(*args)
 
 
-def static_range(*args) -> range:
+def static_range(*args) -> _builtins.range:
     """Fully unrolled loop (alias of ``range``)."""
-    return range(*args)
+    return _builtins.range(*args)
 
 
-def fori_loop(lower: int, upper: int, body: Callable, init_val: Any) -> Any:
-    """``val = body(i, val)`` for i in [lower, upper); bounds must be trace-time ints here."""
-    val = init_val
-    for i in range(int(lower), int(upper)):
-        val = body(i, val)
-    return val
+def _reg_value(v: Any, what: str) -> int:
+    from .isa import VirtualRegister
+    if isinstance(v, VirtualRegister):
+        return v.read()
+    if isinstance(v, NkiTensor):
+        raise NKIArgumentError(f"{what} is a tensor; dynamic loop bounds are ints or registers",
+                               fix="load the value into a register with nisa.register_load",
+                               location=user_location())
+    return int(v)
+
+
+def dynamic_range(start, stop=None, step: int = 1):
+    """A loop run on the device with run-time bounds (ints or ``VirtualRegister`` s).
+
+    The simulator executes the iterations the register values give; each iteration value is
+    passed as a ``VirtualRegister`` (usable as ``scalar_offset`` of ``.ap()``).
+    """
+    from .isa import VirtualRegister
+    if stop is None:
+        start, stop = 0, start
+    if isinstance(step, VirtualRegister) or int(step) <= 0:
+        raise NKIArgumentError(f"dynamic_range step {step!r} must be a positive trace-time int",
+                               fix="pass a constant step such as 1", location=user_location())
+    lo, hi = _reg_value(start, "start"), _reg_value(stop, "stop")
+    return (VirtualRegister(i) for i in _builtins.range(lo, hi, int(step)))
+
+
+def fori_loop(lower, upper, body_fun: Callable, step: int = 1) -> None:
+    """``body_fun(i)`` for i in [lower, upper) step ``step``; bounds are ints or registers, ``i``
+    is a ``VirtualRegister``. Other loop state lives in SBUF/HBM."""
+    for i in dynamic_range(lower, upper, step):
+        body_fun(i)
+
+
+def while_loop(init, body_fun: Callable) -> None:
+    """``r = init; while r != 0: r = body_fun(r)`` with ``r`` a ``VirtualRegister``."""
+    from .isa import VirtualRegister
+    r = init
+    guard = 0
+    while True:
+        if not isinstance(r, VirtualRegister):
+            raise NKIArgumentError(f"while_loop's condition must be a VirtualRegister, got "
+                                   f"{type(r).__name__}", fix="return the condition register "
+                                   "from body_fun", location=user_location())
+        if r.read() == 0:
+            return
+        r = body_fun(r)
+        guard += 1
+        if guard > 10_000_000:  # a kernel bug, not a workload
+            raise NKITracingError("while_loop ran 10,000,000 iterations; its condition register "
+                                  "never became 0", fix="update the register in body_fun",
+                                  location=user_location(), rule="control-flow")
 
 
 def program_id(axis: int = 0) -> int:
@@ -129,9 +208,89 @@ def program_id(axis: int = 0) -> int:
     return current().program_id
 
 
-def num_programs(axes: int | None = None) -> int:
+def num_programs(axes: int | None = 0) -> int:
     """Number of programs in the launch grid (the LNC degree, 1 or 2)."""
     return current().num_programs
+
+
+def program_ndim() -> int:
+    """Dimensions of the launch grid: 0 for ``kernel(...)``, 1 for ``kernel[lnc](...)``."""
+    return current().launch.grid_ndim
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keep the enclosed instructions in program order.
+
+    The simulator and performance model never reorder instructions of one engine, so the block
+    only groups them; it is accepted for source compatibility."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def is_hbm(buffer) -> _builtins.bool:
+    """True for ``nl.hbm``, ``nl.private_hbm``, ``nl.shared_hbm``."""
+    return isinstance(buffer, Buffer) and buffer.is_hbm
+
+
+def is_on_chip(buffer) -> _builtins.bool:
+    """True for ``nl.sbuf`` and ``nl.psum``."""
+    return isinstance(buffer, Buffer) and buffer.on_chip
+
+
+def is_psum(buffer) -> _builtins.bool:
+    return buffer is psum
+
+
+def is_sbuf(buffer) -> _builtins.bool:
+    return buffer is sbuf
+
+
+class NKIObject:
+    """Base class of kernel-side objects (configurations, helpers).
+
+    ``Cfg(a=1, b=2)`` sets the attributes the class declares (annotations or class attributes,
+    through the whole class hierarchy); unknown keywords and declared attributes without a
+    default that are not given are errors. A ``@dataclass`` subclass uses the dataclass'
+    generated ``__init__`` instead.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        cls = type(self)
+        declared = _declared_attributes(cls)
+        unknown = [k for k in kwargs if k not in declared]
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
+                            f"{', '.join(unknown)}; declared attributes: "
+                            f"{', '.join(sorted(declared)) or '(none)'}")
+        missing = [k for k in declared if k not in kwargs and not hasattr(cls, k)]
+        if missing:
+            raise TypeError(f"{cls.__name__}() missing keyword argument(s) {', '.join(missing)}")
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({items})"
+
+
+def _declared_attributes(cls) -> list:
+    names: list = []
+    for klass in reversed(cls.__mro__):
+        if klass in (object, NKIObject):
+            continue
+        for k in getattr(klass, "__annotations__", {}):
+            if k not in names:
+                names.append(k)
+        for k, v in vars(klass).items():
+            if k.startswith("_") or k in names or callable(v) or isinstance(
+                    v, (staticmethod, classmethod, property)):
+                continue
+            names.append(k)
+    return names
 
 
 def ds(start: int, size: int) -> slice:
@@ -158,34 +317,81 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
     return x.reshape(tuple(shape))
 
 
+def _platform():
+    ctx = current_or_none()
+    if ctx is not None and ctx.active:
+        return ctx.platform
+    from ..platform import get_platform  # outside a kernel: the target of the environment
+    return get_platform()
+
+
 class _TileSize:
-    """Hardware tile limits of the target platform (``nl.tile_size.pmax`` ...)."""
+    """Hardware tile limits of the target platform (``nl.tile_size.pmax`` ...).
+
+    Inside a kernel: the running kernel's platform; outside (e.g. module-level constants of a
+    kernel library): ``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2.
+    """
 
     @property
     def pmax(self) -> int:
-        return current().platform.sbuf_partitions
+        return _platform().sbuf_partitions
 
     @property
     def psum_fmax(self) -> int:
-        return current().platform.psum_bank_bytes // 4
+        """fp32 elements per partition of one PSUM bank (deprecated name of psum_bank_fmax)."""
+        return _platform().psum_bank_bytes // 4
+
+    @property
+    def psum_bank_fmax(self) -> int:
+        return _platform().psum_bank_bytes // 4
+
+    @property
+    def psum_bank_fmax_bytes(self) -> int:
+        return _platform().psum_bank_bytes
+
+    @property
+    def psum_num_banks(self) -> int:
+        return _platform().psum_banks
 
     @property
     def gemm_stationary_fmax(self) -> int:
-        return current().platform.pe_cols
+        return _platform().pe_cols
 
     @property
     def gemm_moving_fmax(self) -> int:
-        return current().platform.matmul_max_moving_free
+        return _platform().matmul_max_moving_free
 
     bn_stats_fmax = 512
 
     @property
     def psum_partition_size(self) -> int:
-        return current().platform.psum_bytes_per_partition
+        return _platform().psum_bytes_per_partition
 
     @property
     def total_available_sbuf_size(self) -> int:
-        return current().platform.sbuf_usable_bytes_per_partition
+        """Usable SBUF bytes per partition (deprecated name of sbuf_fmax_bytes)."""
+        return _platform().sbuf_usable_bytes_per_partition
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return _platform().sbuf_usable_bytes_per_partition
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return _platform().sbuf_usable_bytes_per_partition // 4
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        p = _platform()
+        return p.sbuf_partitions * p.sbuf_bytes_per_partition
+
+    @property
+    def psum_min_align(self) -> int:
+        raise NotImplementedError("nl.tile_size.psum_min_align: AWS does not publish the value")
+
+    @property
+    def sbuf_min_align(self) -> int:
+        raise NotImplementedError("nl.tile_size.sbuf_min_align: AWS does not publish the value")
 
 
 tile_size = _TileSize()
@@ -247,9 +453,9 @@ def _result_dtype(dtype, *xs):
     if dtype is not None:
         return _dt.as_dtype(dtype)
     ts = [x.dtype for x in xs if isinstance(x, NkiTensor)]
-    if builtins.all(t is ts[0] or t == ts[0] for t in ts):
+    if _builtins.all(t is ts[0] or t == ts[0] for t in ts):
         return ts[0]
-    if builtins.any(_dt.is_float(t) for t in ts):
+    if _builtins.any(_dt.is_float(t) for t in ts):
         return float32
     return int32
 
@@ -359,6 +565,31 @@ bitwise_or = OPS["bitwise_or"]
 bitwise_xor = OPS["bitwise_xor"]
 left_shift = OPS["left_shift"]
 right_shift = OPS["right_shift"]
+fmod = OPS["fmod"]
+abs_max = OPS["abs_max"]
+abs_min = OPS["abs_min"]
+gelu_apprx_sigmoid = OPS["gelu_apprx_sigmoid"]
+gelu_apprx_sigmoid_dx = OPS["gelu_apprx_sigmoid_dx"]
+silu_dx = OPS["silu_dx"]
+gelu_dx = OPS["gelu_dx"]
+erf_dx = OPS["erf_dx"]
+tan = OPS["tan"]
+arctan = OPS["arctan"]
+trunc = OPS["trunc"]
+average = OPS["average"]
+bypass = OPS["bypass"]
+prelu = OPS["prelu"]
+
+
+def invert(x: NkiTensor, dtype=None) -> NkiTensor:
+    """Bitwise NOT of an integer tile (VectorE ``tensor_scalar`` xor with all ones)."""
+    if not isinstance(x, NkiTensor) or not _dt.is_int(x.dtype):
+        raise NKIArgumentError("nl.invert needs an integer tile", fix="pass an int/uint tile",
+                               location=user_location())
+    out = ndarray(x.shape, _result_dtype(dtype, x), sbuf)
+    ones_bits = -1 if np.dtype(x.dtype).kind == "i" else int(np.iinfo(x.dtype).max)
+    _isa.tensor_scalar(out, x, OPS["bitwise_xor"], ones_bits)
+    return out
 
 
 def where(condition: NkiTensor, x, y, dtype=None) -> NkiTensor:
@@ -507,7 +738,46 @@ def dropout(x: NkiTensor, rate: float, dtype=None) -> NkiTensor:
     return out
 
 
+def load_transpose2d(src: NkiTensor, dtype=None) -> NkiTensor:
+    """DMA a 2-D HBM tensor [A, B] into a new SBUF tile [B, A] (``nisa.dma_transpose``)."""
+    if src.ndim != 2:
+        raise NKIShapeError(f"nl.load_transpose2d needs a 2-D tensor, got {src._desc()}",
+                            fix="slice or reshape to 2-D", location=user_location())
+    t = ndarray((src.shape[1], src.shape[0]), src.dtype, sbuf)
+    _isa.dma_transpose(t, src)
+    if dtype is not None and _dt.as_dtype(dtype) != src.dtype:
+        return _copy(t, dtype)
+    return t
+
+
+def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype=None) -> NkiTensor:
+    """Per partition, ``data`` (free dims flattened) gathered at ``indices`` (``nisa.nc_n_gather``)."""
+    out = ndarray(indices.shape, data.dtype, sbuf)
+    _isa.nc_n_gather(out, data, indices)
+    if dtype is not None and _dt.as_dtype(dtype) != data.dtype:
+        return _copy(out, dtype)
+    return out
+
+
+def rand(shape, dtype, buffer=sbuf, name: str | None = None) -> NkiTensor:
+    """A tile of uniform [0, 1) values (GpSimd random number generator; the stream is seeded by
+    the ``seed`` of nki.simulate / nki.benchmark and the program id)."""
+    t = ndarray(shape, dtype, buffer, name)
+    _isa.rand2(t, 0.0, 1.0)
+    return t
+
+
+def random_seed(seed: NkiTensor) -> None:
+    """Seed the random number generator of this core with the value of a [1, 1] tile."""
+    _isa.set_rng_seed(seed)
+
+
+# NKI names that are also Python builtins; assigned last, after every use of the builtins
+# above (which go through _builtins anyway).
+range = _builtins.range  # noqa: A001  (nl.range: a trace-time unrolled loop, like affine_range)
+bool = bool_  # noqa: A001  (nl.bool: the boolean dtype)
+
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "annotations", "builtins", "math", "np", "Any", "Callable", "Sequence", "NkiTensor", "Op", "OPS",
-    "allocate", "current", "user_location", "NKIArgumentError", "NKIShapeError",
-    "NKITracingError")]
+    "annotations", "math", "np", "Any", "Callable", "Sequence", "Op", "OPS", "Buffer",
+    "allocate", "current", "current_or_none", "user_location", "NKIArgumentError",
+    "NKIShapeError", "NKITracingError", "shared_constant_tensor")]

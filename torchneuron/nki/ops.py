@@ -46,6 +46,42 @@ def _softplus(x):
     return np.logaddexp(np.float32(0), x)
 
 
+_GELU_SIGMOID_K = np.float32(1.702)  # gelu(x) ~ x * sigmoid(1.702 x)
+
+
+def _gelu_sigmoid(x):
+    return x * _sigmoid(_GELU_SIGMOID_K * x)
+
+
+def _gelu_sigmoid_dx(x):
+    s = _sigmoid(_GELU_SIGMOID_K * x)
+    return s + _GELU_SIGMOID_K * x * s * (np.float32(1) - s)
+
+
+def _silu_dx(x):
+    s = _sigmoid(x)
+    return s * (np.float32(1) + x * (np.float32(1) - s))
+
+
+def _gelu_dx(x):
+    # d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    phi = np.exp(np.float32(-0.5) * x * x) * np.float32(1 / math.sqrt(2 * math.pi))
+    cdf = np.float32(0.5) * (np.float32(1) + _erf(x * np.float32(1 / math.sqrt(2))))
+    return (cdf + x * phi).astype(np.float32, copy=False)
+
+
+def _erf_dx(x):
+    return (np.float32(2 / math.sqrt(math.pi)) * np.exp(-x * x)).astype(np.float32, copy=False)
+
+
+def _abs_pick(bigger: bool):
+    def f(a, b):
+        a, b = np.broadcast_arrays(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        pick_a = np.abs(a) >= np.abs(b) if bigger else np.abs(a) <= np.abs(b)
+        return np.where(pick_a, a, b)
+    return f
+
+
 class Op:
     """An ALU/activation operator. ``kind`` is ``unary``, ``binary``, ``compare``, ``logical``
     or ``bitwise``; ``fn`` is the numpy implementation; ``reducer`` the reduction (if any)."""
@@ -86,13 +122,26 @@ UNARY = {
     "softplus": _softplus, "erf": _erf, "mish": lambda x: x * np.tanh(_softplus(x)),
     "copy": lambda x: x, "identity": lambda x: x, "sign": np.sign,
     "ceil": np.ceil, "floor": np.floor, "logical_not": lambda x: (x == 0).astype(np.float32),
+    "gelu_apprx_sigmoid": _gelu_sigmoid, "gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx,
+    "silu_dx": _silu_dx, "gelu_dx": _gelu_dx, "erf_dx": _erf_dx, "tan": np.tan,
+    "arctan": np.arctan, "trunc": np.trunc,
+    # prelu's negative slope is activate2's relu_param; as a plain activation it is relu.
+    "prelu": lambda x: np.maximum(x, np.float32(0)),
 }
 
 BINARY = {
     "add": (np.add, np.add.reduce), "subtract": (np.subtract, None),
     "multiply": (np.multiply, np.multiply.reduce), "divide": (np.divide, None),
     "maximum": (np.maximum, np.maximum.reduce), "minimum": (np.minimum, np.minimum.reduce),
-    "power": (np.power, None), "mod": (np.fmod, None),
+    "power": (np.power, None), "mod": (np.mod, None), "fmod": (np.fmod, None),
+    "abs_max": (_abs_pick(True), None), "abs_min": (_abs_pick(False), None),
+    # bypass passes its first operand through (a no-op stage of tensor_scalar / activate2);
+    # average is a reduction (tensor_partition_reduce) that divides the sum by the count.
+    "bypass": (lambda a, b: np.broadcast_to(np.asarray(a, np.float32), np.broadcast_shapes(
+        np.shape(a), np.shape(b))).copy(), None),
+    "average": (lambda a, b: (np.asarray(a, np.float32) + b) * np.float32(0.5),
+                lambda v, axis=None, keepdims=False: np.mean(v, axis=axis, keepdims=keepdims,
+                                                             dtype=np.float32)),
 }
 COMPARE = {
     "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater,
@@ -134,8 +183,9 @@ _NUMPY_ALIASES = {
     np.bitwise_and: "bitwise_and", np.bitwise_or: "bitwise_or", np.bitwise_xor: "bitwise_xor",
     np.left_shift: "left_shift", np.right_shift: "right_shift", np.sign: "sign",
     np.max: "maximum", np.amax: "maximum", np.min: "minimum", np.amin: "minimum",
-    np.sum: "add", np.prod: "multiply", np.fmod: "mod", np.ceil: "ceil", np.floor: "floor",
-    np.logical_not: "logical_not",
+    np.sum: "add", np.prod: "multiply", np.fmod: "fmod", np.mod: "mod", np.ceil: "ceil",
+    np.floor: "floor", np.logical_not: "logical_not", np.tan: "tan", np.arctan: "arctan",
+    np.trunc: "trunc",
 }
 
 

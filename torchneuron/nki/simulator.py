@@ -1,9 +1,9 @@
 """Running a kernel: argument conversion, source checks, programs of an LNC launch, outputs.
 
 Inputs (numpy arrays or CPU torch tensors) become HBM tensors that *share memory* with the
-caller's arrays, so inputs a kernel writes are updated in place (as on the device). Each
-program of an LNC=2 launch runs in turn with its own SBUF/PSUM and instruction stream;
-``nl.shared_hbm`` allocations are shared between them.
+caller's arrays, so inputs a kernel writes are updated in place (as on the device). The
+programs of an LNC=2 launch run concurrently (one thread each, see :mod:`.launch`) with their
+own SBUF/PSUM and instruction streams; ``nl.shared_hbm`` allocations are shared.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,7 +20,8 @@ import numpy as np
 from . import dtypes as dt
 from .errors import NKIArgumentError, NKIBufferError, NKITracingError
 from .tensor import NkiTensor, hbm, wrap_array
-from .tracer import KernelContext, Launch, activate
+from .launch import Aborted, Launch
+from .tracer import KernelContext, activate
 
 _checked: dict = {}
 
@@ -169,8 +171,13 @@ def _materialise(ret: Any) -> Any:
 
 
 def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any = None,
-        numerics: bool = True, seed: int = 0) -> RunResult:
-    """Run ``fn`` as an NKI kernel on the simulator; outputs are numpy arrays."""
+        numerics: bool = True, seed: int = 0, grid_ndim: int | None = None) -> RunResult:
+    """Run ``fn`` as an NKI kernel on the simulator; outputs are numpy arrays.
+
+    The ``lnc`` programs run concurrently (one thread each under LNC=2), sharing
+    ``shared_hbm``; ``grid_ndim`` is what ``nl.program_ndim()`` reports (0 for ``kernel(...)``,
+    1 for ``kernel[lnc](...)``; default 1 when lnc > 1).
+    """
     from ..platform import get_platform
     plat = platform if hasattr(platform, "sbuf_partitions") else get_platform(platform)
     if lnc not in (1, 2):
@@ -180,32 +187,53 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
     check_source(fn)
     writebacks: list = []
     specs, kwspecs = _convert_args(args, kwargs, writebacks)
-    launch = Launch(lnc)
-    inputs: list = []  # Storages of the wrapped kernel inputs (every program)
-    programs = []
-    peaks = []
-    out = None
+    launch = Launch(lnc, (1 if lnc > 1 else 0) if grid_ndim is None else grid_ndim)
     kernel_file = getattr(getattr(fn, "__code__", None), "co_filename", None)
-    for pid in range(lnc):
-        ctx = KernelContext(plat, pid, launch, numerics=numerics, seed=seed, kernel_file=kernel_file)
-        with activate(ctx), _SingleThreadBlas():
-            wargs = [_wrap(s, inputs) for s in specs]
-            wkwargs = {k: _wrap(v, inputs) for k, v in kwspecs.items()}
-            ret = _collect_output(fn(*wargs, **wkwargs), f"program {pid}")
-            if pid == 0:
-                out = _materialise(ret) if lnc == 1 else ret
-            del wargs, wkwargs
-        programs.append(ctx.instructions)
-        peaks.append(ctx.sbuf.peak)
-    if lnc > 1:
-        out = _materialise(out)  # after every program wrote its share of shared_hbm
+    ctxs = [KernelContext(plat, pid, launch, numerics=numerics, seed=seed, kernel_file=kernel_file)
+            for pid in range(lnc)]
+    inputs: list = [[] for _ in range(lnc)]  # Storages of the wrapped kernel inputs
+    rets: list = [None] * lnc
+    errors: list = [None] * lnc
+
+    def program(pid: int) -> None:
+        ctx = ctxs[pid]
+        try:
+            with activate(ctx), _SingleThreadBlas():
+                wargs = [_wrap(s, inputs[pid]) for s in specs]
+                wkwargs = {k: _wrap(v, inputs[pid]) for k, v in kwspecs.items()}
+                rets[pid] = _collect_output(fn(*wargs, **wkwargs), f"program {pid}")
+                del wargs, wkwargs
+                ctx.memory.finish(ctx.instructions)
+        except Aborted:
+            pass
+        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+            errors[pid] = e
+            launch.fail(e)
+        finally:
+            launch.finished(pid)
+
+    if lnc == 1:
+        program(0)
+    else:
+        workers = [threading.Thread(target=program, args=(pid,), name=f"nki-program-{pid}",
+                                    daemon=True) for pid in range(1, lnc)]
+        for w in workers:
+            w.start()
+        program(0)
+        for w in workers:
+            w.join()
+    first = launch.failed
+    if first is not None:
+        raise first
+    out = _materialise(rets[0])  # after every program wrote its share of shared_hbm
     for orig, copy in writebacks:
         orig[...] = copy
     written = []
-    for st in inputs:
+    for st in (s for lst in inputs for s in lst):
         if st.dirty and not any(w is st.array for w in written):
             written.append(st.array)
-    return RunResult(out, programs, plat, peaks, written)
+    return RunResult(out, [c.instructions for c in ctxs], plat,
+                     [c.memory.peak_sbuf for c in ctxs], written)
 
 
 def to_kind_of(outputs: Any, args: tuple, kwargs: dict) -> Any:

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import dtypes as dt
-from .errors import (NKIArgumentError, NKIOutOfBoundsError, NKIPartitionError, NKIShapeError,
-                     NKITracingError)
+from .errors import (NKIArgumentError, NKIMemoryError, NKIOutOfBoundsError, NKIPartitionError,
+                     NKIShapeError, NKITracingError)
 from .tracer import current, user_location
 
 
@@ -56,23 +56,38 @@ def _buffer_by_name(name: str) -> Buffer:
 
 
 class Storage:
-    """One allocation. Freed (for SBUF/PSUM accounting) when garbage-collected."""
+    """One allocation.
+
+    ``sid`` identifies the allocation (its lifetime in the memory ledger); ``dep_sid`` keys the
+    byte regions the performance model tracks dependencies on (the same as ``sid``, except
+    for tiles placed with ``address=``, which share it with every tile placed at the same
+    address). ``p0`` is the first partition of a placed tile; ``row_bytes`` the partition
+    stride of ``array`` in bytes.
+    """
 
     __slots__ = ("sid", "buffer", "array", "dtype", "name", "row_bytes", "base_ptr", "written",
-                 "bank", "external", "dirty", "__weakref__")
+                 "written_ptr", "bank", "external", "dirty", "dep_sid", "p0", "address",
+                 "clobbered", "loc", "root", "__weakref__")
 
     def __init__(self, sid: int, buffer: Buffer, array: np.ndarray, dtype, name: str):
         self.sid = sid
+        self.dep_sid = sid
         self.buffer = buffer
         self.array = array
         self.dtype = dtype
         self.name = name
         self.row_bytes = (array.nbytes // array.shape[0]) if array.ndim and array.shape[0] else max(array.nbytes, 1)
         self.base_ptr = array.__array_interface__["data"][0]
-        self.written = None  # PSUM: per-element "has been written" flags for accumulate=None
+        self.written = None  # PSUM: per-byte "has been written" flags for accumulate=None
+        self.written_ptr = 0  # address of the data byte that written[0] describes
         self.bank = None
         self.external = False  # memory owned by the caller (a kernel input)
         self.dirty = False  # an external storage some DMA wrote (the caller must see it)
+        self.p0 = 0
+        self.address = None  # (partition, byte) of a tile placed with address=
+        self.clobbered = None  # placed tile whose bytes a later placement took: (desc, loc)
+        self.loc = None  # allocation site (file:line)
+        self.root = array  # the contiguous array holding these bytes (see _root)
 
 
 # Recycled host memory for on-chip tiles. Fresh multi-megabyte numpy arrays come from mmap and
@@ -119,8 +134,23 @@ def _check_shape(shape: Any, loc) -> tuple:
     return shape
 
 
-def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None) -> "NkiTensor":
-    """Allocate a fresh tensor filled with sentinels (NaN for floats, 4 for ints)."""
+def _check_dtype(dtype, loc):
+    try:
+        return dt.as_dtype(dtype)
+    except TypeError as e:
+        raise NKIArgumentError(str(e), fix="use an nl dtype such as nl.float32 or nl.bfloat16",
+                               location=loc) from None
+
+
+def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None,
+             address: Any = None) -> "NkiTensor":
+    """Allocate a fresh tensor filled with sentinels (NaN for floats, 4 for ints).
+
+    ``address=(partition, byte)`` places an SBUF/PSUM tile in this core's memory (see
+    :meth:`KernelContext.place`); otherwise the tile gets storage of its own. Capacity is
+    accounted by the memory ledger at the end of the program, from each tile's lifetime
+    (allocation to last use).
+    """
     ctx = current()
     loc = user_location()
     shape = _check_shape(shape, loc)
@@ -128,11 +158,7 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None) ->
         raise NKIArgumentError(f"buffer must be one of nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, "
                                f"nl.private_hbm, got {buffer!r}", fix="pass buffer=nl.sbuf",
                                location=loc)
-    try:
-        dtype = dt.as_dtype(dtype)
-    except TypeError as e:
-        raise NKIArgumentError(str(e), fix="use an nl dtype such as nl.float32 or nl.bfloat16",
-                               location=loc) from None
+    dtype = _check_dtype(dtype, loc)
     desc = describe(shape, dtype, buffer)
     if buffer.on_chip:
         pmax = ctx.platform.sbuf_partitions
@@ -141,20 +167,34 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None) ->
                 f"partition dimension {shape[0]} exceeds maximum {pmax} for {desc}",
                 fix=f"tile dimension 0 into chunks of at most {pmax} partitions", location=loc,
                 rule="partition-size")
+    elif address is not None:
+        raise NKIArgumentError(f"address={address!r} given for {desc}; only SBUF and PSUM tiles "
+                               "are placed", fix="drop address= for HBM tensors", location=loc)
     if buffer is shared_hbm and ctx.launch.num_programs > 1:
         # Both programs of an LNC2 launch see the same shared_hbm tensor: the k-th shared_hbm
-        # allocation of every program aliases the k-th of program 0.
-        idx = ctx.shared_index
-        ctx.shared_index += 1
-        if idx < len(ctx.launch.shared):
-            st = ctx.launch.shared[idx]
-            if st.array.shape != shape or st.dtype != dtype:
-                raise NKIShapeError(
-                    f"shared_hbm allocation #{idx} is {desc} in program {ctx.program_id} but "
-                    f"{describe(st.array.shape, st.dtype, shared_hbm)} in program 0",
-                    fix="allocate the same shared_hbm outputs, in the same order, in every program",
-                    location=loc)
-            return NkiTensor(st, st.array, dtype)
+        # allocation of every program aliases the k-th of the program that got there first.
+        return ctx.launch.shared_tensor(ctx, shape, dtype, desc, loc,
+                                        lambda: _new_storage(ctx, shape, dtype, buffer, name))
+    if address is not None:
+        st = ctx.memory.place(ctx, shape, dtype, buffer, name, address, desc, loc)
+        return NkiTensor(st, st.array, dtype)
+    if buffer is psum and math.prod(shape[1:]) * dtype.itemsize > ctx.platform.psum_bytes_per_partition:
+        raise NKIMemoryError(
+            f"PSUM tile {desc} needs {math.prod(shape[1:]) * dtype.itemsize} bytes per partition; "
+            f"PSUM has {ctx.platform.psum_bytes_per_partition} ({ctx.platform.psum_banks} banks of "
+            f"{ctx.platform.psum_bank_bytes})", fix="split the free dimension over several PSUM "
+            "tiles", location=loc, rule="psum-capacity")
+    st = _new_storage(ctx, shape, dtype, buffer, name)
+    st.loc = loc
+    if buffer.on_chip:
+        ctx.memory.record(st, math.prod(shape[1:]) * dtype.itemsize, desc, loc)
+    if buffer is psum:
+        st.written = np.zeros((shape[0], math.prod(shape[1:]) * dtype.itemsize), dtype=bool)
+        st.written_ptr = st.base_ptr
+    return NkiTensor(st, st.array, dtype)
+
+
+def _new_storage(ctx, shape, dtype, buffer, name) -> Storage:
     sid = ctx.new_sid()
     sdt = dt.storage(dtype)
     raw = None
@@ -167,18 +207,27 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None) ->
     st = Storage(sid, buffer, arr, dtype, name or f"t{sid}")
     if raw is not None:
         weakref.finalize(st, _give, raw)
-    if buffer is sbuf:
-        nbytes = math.prod(shape[1:]) * dtype.itemsize
-        ctx.sbuf.allocate(sid, nbytes, desc, loc)
-        ctx.track(st, sid, "sbuf")
-    elif buffer is psum:
-        nbytes = math.prod(shape[1:]) * dtype.itemsize
-        st.bank = ctx.psum.allocate(sid, nbytes, desc, loc)
-        st.written = np.zeros(shape, dtype=bool)
-        ctx.track(st, sid, "psum")
-    elif buffer is shared_hbm and ctx.launch.num_programs > 1:
-        ctx.launch.shared.append(st)
-    return NkiTensor(st, arr, dtype)
+    return st
+
+
+def shared_constant_tensor(arr: np.ndarray) -> "NkiTensor":
+    """A shared_hbm tensor initialised with ``arr`` (nl.shared_constant)."""
+    ctx = current()
+    loc = user_location()
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    dtype = _check_dtype(arr.dtype, loc)
+    shape = tuple(int(s) for s in arr.shape)
+    desc = describe(shape, dtype, shared_hbm)
+
+    def make():
+        st = _new_storage(ctx, shape, dtype, shared_hbm, None)
+        st.array[...] = arr
+        return st
+    if ctx.launch.num_programs > 1:
+        return ctx.launch.shared_tensor(ctx, shape, dtype, desc, loc, make)
+    st = make()
+    return NkiTensor(st, st.array, dtype)
 
 
 def wrap_array(arr: np.ndarray, dtype, name: str, buffer: Buffer = hbm) -> "NkiTensor":
@@ -187,6 +236,7 @@ def wrap_array(arr: np.ndarray, dtype, name: str, buffer: Buffer = hbm) -> "NkiT
     st = Storage(ctx.new_sid(), buffer, arr, dtype, name)
     st.external = True
     return NkiTensor(st, arr, dtype)
+
 
 
 def _norm_index(i, n: int, axis: int, t: "NkiTensor", loc) -> int:
@@ -224,9 +274,18 @@ def _norm_slice(s: slice, n: int, axis: int, t: "NkiTensor", loc, partition: boo
 
 
 class NkiTensor:
-    """A tensor in HBM, SBUF or PSUM (a view of a :class:`Storage`)."""
+    """A tensor in HBM, SBUF or PSUM (a view of a :class:`Storage`).
 
-    __slots__ = ("storage", "data", "dtype", "_region", "_offset", "indirect")
+    Views never copy. AWS's view API is supported: slicing and integer indexing,
+    :meth:`reshape`, :meth:`permute`, :meth:`slice`, :meth:`select`, :meth:`vector_select`,
+    :meth:`broadcast`, :meth:`expand_dim`, :meth:`squeeze_dim`, :meth:`reshape_dim`,
+    :meth:`flatten_dims`, :meth:`view` (dtype reinterpretation) and :meth:`ap` (explicit
+    access patterns). ``strides`` and ``offset`` are in elements of the tensor's dtype, in the
+    storage's row-major layout (for on-chip tensors one partition step is the storage's
+    elements per partition).
+    """
+
+    __slots__ = ("storage", "data", "dtype", "_region", "_offset", "ind")
     __array_priority__ = 1000
 
     def __init__(self, storage: Storage, data: np.ndarray, dtype):
@@ -235,9 +294,10 @@ class NkiTensor:
         self.dtype = dtype
         self._region = None  # a view never changes where it points: cache its geometry
         self._offset = None
-        # Indirect (dynamic-offset) access pattern, resolved by dma_copy at run time:
-        # (index tensor or int, indirect_dim, base element, [(stride, count), ...], is_vector)
-        self.indirect = None
+        # Indirect (run-time offset) access pattern, resolved by the DMA that uses it:
+        # (index: tensor / register / int, element stride of the indexed dimension,
+        #  base element, [(stride, count), ...], is_vector, unit dtype)
+        self.ind = None
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -264,6 +324,35 @@ class NkiTensor:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
+    @property
+    def strides(self) -> tuple:
+        """Element strides of this view in the storage's row-major layout."""
+        return tuple(self._elem_stride(s) for s in self.data.strides)
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view's first element in the storage's row-major layout."""
+        return self._logical_byte_offset() // self.itemsize
+
+    def _storage_row_bytes(self) -> int:
+        """Bytes per partition (row) of the storage's logical layout."""
+        a = self.storage.array
+        return a.itemsize * (math.prod(a.shape[1:]) if a.ndim > 1 else 1)
+
+    def _elem_stride(self, s: int) -> int:
+        st = self.storage
+        if st.buffer.on_chip and s and s % st.row_bytes == 0 and abs(s) >= st.row_bytes:
+            return (s // st.row_bytes) * (self._storage_row_bytes() // self.itemsize)
+        return s // self.itemsize
+
+    def _logical_byte_offset(self) -> int:
+        b = self.byte_offset()
+        st = self.storage
+        if st.buffer.on_chip:
+            r, c = divmod(b, st.row_bytes)
+            return r * self._storage_row_bytes() + c
+        return b
+
     def _desc(self) -> str:
         return describe(self.shape, self.dtype, self.buffer)
 
@@ -276,14 +365,16 @@ class NkiTensor:
         return self._offset
 
     def partition_start(self) -> int:
-        return self.byte_offset() // self.storage.row_bytes
+        """First partition this view accesses (absolute, for tiles placed with ``address``)."""
+        return self.storage.p0 + self.byte_offset() // self.storage.row_bytes
 
     def free_size(self) -> int:
         """Elements per partition (on-chip) / per row."""
         return math.prod(self.shape[1:]) if self.ndim > 1 else 1
 
     def region(self) -> tuple:
-        """Bounding box ``(sid, row0, row1, byte0, byte1)`` of the bytes this view touches."""
+        """Bounding box ``(dep id, row0, row1, byte0, byte1, storage id)`` of the bytes this
+        view touches (rows and bytes relative to the storage, or to the placement address)."""
         if self._region is None:
             self._region = self._compute_region()
         return self._region
@@ -304,15 +395,38 @@ class NkiTensor:
                 cols += (n - 1) * s
         r0, c0 = divmod(off, rb)
         if c0 + cols > rb:
-            return (st.sid, r0, (off + rows * rb + cols - 1) // rb + 1, 0, rb)
-        return (st.sid, r0, r0 + rows + 1, c0, c0 + cols)
+            return (st.dep_sid, r0, (off + rows * rb + cols - 1) // rb + 1, 0, rb, st.sid)
+        return (st.dep_sid, r0, r0 + rows + 1, c0, c0 + cols, st.sid)
+
+    # -- queries (AWS NkiTensor API) ----------------------------------------------------------
+    def is_indirect(self) -> bool:
+        """True if this view uses run-time (indirect) addressing."""
+        return self.ind is not None
+
+    def is_contiguous(self) -> bool:
+        """True if the view covers its elements contiguously in row-major order (on chip: per
+        partition, over the free dimensions)."""
+        dims = list(zip(self.shape, self.strides))
+        if self.buffer.on_chip:
+            dims = dims[1:]
+        expect = 1
+        for n, s in reversed(dims):
+            if n != 1 and s != expect:
+                return False
+            expect *= n
+        return True
+
+    def get_pattern(self) -> list:
+        """The view's access pattern ``[[stride, count], ...]`` (element strides)."""
+        return [[s, n] for s, n in zip(self.strides, self.shape)]
 
     # -- Python protocol guards -------------------------------------------------------------
     def __bool__(self):
         raise NKITracingError(
             f"the truth value of {self._desc()} is unknown while tracing: Python `if`/`while` on "
             "tensor values (data-dependent control flow) is not supported",
-            fix="compute a mask and use nl.where / nisa.select_reduce, or nl.while_loop on a register",
+            fix="compute a mask and use nl.where / nisa.select_reduce, or load the value into a "
+                "register (nisa.register_load) for nl.while_loop / nl.dynamic_range",
             location=user_location(), rule="control-flow")
 
     def __iter__(self):
@@ -348,15 +462,34 @@ class NkiTensor:
         return op(*inputs)
 
     # -- views ------------------------------------------------------------------------------
-    def _view(self, data: np.ndarray) -> "NkiTensor":
-        return NkiTensor(self.storage, data, self.dtype)
+    def _view(self, data: np.ndarray, dtype=None) -> "NkiTensor":
+        return NkiTensor(self.storage, data, self.dtype if dtype is None else dtype)
+
+    def _no_indirect(self, what: str) -> None:
+        if self.ind is not None:
+            raise NKIArgumentError(f"cannot {what} an indirect access pattern ({self._desc()})",
+                                   fix="express the whole access in the .ap() pattern",
+                                   location=user_location())
+
+    def _dim(self, dim: int) -> int:
+        d = int(dim)
+        d = d + self.ndim if d < 0 else d
+        if not 0 <= d < self.ndim:
+            raise NKIArgumentError(f"dimension {dim} is out of range for {self._desc()}",
+                                   fix=f"use a dimension in [0, {self.ndim})",
+                                   location=user_location())
+        return d
+
+    def _keep_partition(self, d: int, what: str) -> None:
+        if self.buffer.on_chip and d == 0:
+            raise NKIPartitionError(f"{what} dimension 0 of {self._desc()}, its partition "
+                                    "dimension", fix="operate on free dimensions (1..); move data "
+                                    "across partitions with a DMA or transpose",
+                                    location=user_location(), rule="partition-dim")
 
     def __getitem__(self, key) -> "NkiTensor":
         loc = None
-        if self.indirect is not None:
-            raise NKIArgumentError(f"cannot slice an indirect access pattern ({self._desc()})",
-                                   fix="express the whole access in the .ap() pattern",
-                                   location=user_location())
+        self._no_indirect("slice")
         if not isinstance(key, tuple):
             key = (key,)
         if any(k is Ellipsis for k in key):
@@ -387,8 +520,8 @@ class NkiTensor:
             elif isinstance(k, NkiTensor):
                 raise NKITracingError(
                     "indexing a tensor with another tensor (dynamic indexing) is not supported",
-                    fix="use nisa.dma_copy with .ap(vector_offset=...) or nl.where",
-                    location=user_location(), rule="indexing")
+                    fix="use .select(dim, index_tile), nisa.dma_copy with .ap(vector_offset=...) "
+                        "or nl.where", location=user_location(), rule="indexing")
             else:
                 raise NKIArgumentError(f"unsupported index {k!r} on {self._desc()}",
                                        fix="index with ints and slices", location=user_location())
@@ -407,6 +540,7 @@ class NkiTensor:
 
     def reshape(self, *shape) -> "NkiTensor":
         """A view with a new shape (no copy; the partition dim of on-chip tensors is kept)."""
+        self._no_indirect("reshape")
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = tuple(int(s) for s in shape)
@@ -432,20 +566,180 @@ class NkiTensor:
                                 fix="only size-1 dimensions can be broadcast",
                                 location=user_location()) from None
 
-    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, *, scalar_offset=None,
-           vector_offset=None, indirect_dim: int = 0, dtype=None) -> "NkiTensor":
-        """Access-pattern view: ``pattern=[[stride, count], ...]`` in elements of the storage.
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        """Repeat size-1 dimension ``dim`` ``size`` times (stride 0; not the partition dim on chip)."""
+        d = self._dim(dim)
+        self._keep_partition(d, "broadcast")
+        if self.shape[d] != 1:
+            raise NKIShapeError(f"broadcast needs dimension {d} of {self._desc()} to have size 1",
+                                fix="broadcast a size-1 dimension", location=user_location())
+        shape = list(self.shape)
+        shape[d] = int(size)
+        return self.broadcast_to(shape)
 
-        The first pair addresses rows (partitions on chip); ``offset`` is in elements from the
-        start of this view. Every address the pattern reaches must lie inside the storage.
-        ``vector_offset`` (an SBUF [P, 1] index tile; HBM tensors only) or ``scalar_offset`` (an
-        int or [1, 1] SBUF tile) make pattern dimension ``indirect_dim`` run-time indexed: such
-        gather/scatter views are accepted by ``nisa.dma_copy`` only.
+    def permute(self, dims) -> "NkiTensor":
+        """Reorder dimensions (on chip, dimension 0 stays first)."""
+        self._no_indirect("permute")
+        dims = tuple(self._dim(d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise NKIArgumentError(f"permute{dims} is not a permutation of the {self.ndim} "
+                                   f"dimensions of {self._desc()}", fix="list every dimension once",
+                                   location=user_location())
+        if self.buffer.on_chip and dims[0] != 0:
+            raise NKIPartitionError(f"permute{dims} moves the partition dimension of {self._desc()}",
+                                    fix="keep 0 first; transpose across partitions with "
+                                        "nisa.nc_transpose / dma_transpose",
+                                    location=user_location(), rule="partition-dim")
+        return self._view(np.transpose(self.data, dims))
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        """Elements ``start:end:step`` of dimension ``dim``."""
+        d = self._dim(dim)
+        key = [slice(None)] * self.ndim
+        key[d] = slice(int(start), int(end), int(step))
+        return self[tuple(key)]
+
+    def select(self, dim: int, index) -> "NkiTensor":
+        """Remove dimension ``dim`` at ``index``: an int, or a run-time index (a [1, 1] SBUF
+        tile or a register) giving an indirect view for DMAs."""
+        d = self._dim(dim)
+        if isinstance(index, (int, np.integer)):
+            n = self.shape[d]
+            j = _norm_index(index, n, d, self, user_location())
+            key = [slice(None)] * self.ndim
+            key[d] = slice(j, j + 1)
+            v = self[tuple(key)]
+            return v._view(np.squeeze(v.data, axis=d)) if not (self.buffer.on_chip and d == 0) else v
+        self._keep_partition(d, "dynamically select")
+        pattern = [[s, n] for i, (s, n) in enumerate(zip(self.strides, self.shape)) if i != d]
+        return self.ap(pattern, scalar_offset=index, indirect_dim=d)
+
+    def vector_select(self, dim: int, vector_offset: "NkiTensor") -> "NkiTensor":
+        """Per-partition indirect rows: row p of the result is ``self[vector_offset[p]]``
+        (``dim`` must be 0; HBM tensors; a DMA operand)."""
+        if self._dim(dim) != 0:
+            raise NKIArgumentError("vector_select supports dim=0 only", fix="pass dim=0",
+                                   location=user_location())
+        pattern = [[s, n] for s, n in zip(self.strides, self.shape)]
+        pattern[0] = [self.strides[0], vector_offset.shape[0]]
+        return self.ap(pattern, vector_offset=vector_offset, indirect_dim=0)
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        """Insert a size-1 dimension at ``dim`` (not before the partition dim on chip)."""
+        d = int(dim)
+        d = d + self.ndim + 1 if d < 0 else d
+        if not 0 <= d <= self.ndim:
+            raise NKIArgumentError(f"expand_dim({dim}) out of range for {self._desc()}",
+                                   fix=f"use a position in [0, {self.ndim}]", location=user_location())
+        self._keep_partition(d, "insert a dimension before")
+        return self._view(np.expand_dims(self.data, d))
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        """Remove size-1 dimension ``dim`` (not the partition dim on chip)."""
+        d = self._dim(dim)
+        self._keep_partition(d, "squeeze")
+        if self.shape[d] != 1:
+            raise NKIShapeError(f"squeeze_dim({d}): dimension has size {self.shape[d]}, not 1",
+                                fix="squeeze a size-1 dimension", location=user_location())
+        return self._view(np.squeeze(self.data, axis=d))
+
+    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
+        """Split dimension ``dim`` into ``shape`` (one entry may be -1)."""
+        d = self._dim(dim)
+        shape = [int(x) for x in shape]
+        n = self.shape[d]
+        if shape.count(-1) > 1:
+            raise NKIArgumentError(f"reshape_dim shape {shape} has more than one -1",
+                                   fix="leave at most one size to infer", location=user_location())
+        if -1 in shape:
+            known = math.prod(x for x in shape if x != -1)
+            shape[shape.index(-1)] = n // known if known and n % known == 0 else -2
+        if math.prod(shape) != n or any(x <= 0 for x in shape):
+            raise NKIShapeError(f"reshape_dim({d}, {shape}): sizes do not multiply to {n}",
+                                fix="split the dimension into factors of its size",
+                                location=user_location())
+        if d == 0 and self.buffer.on_chip and len(shape) != 1:
+            self._keep_partition(d, "split")
+        return self.reshape(self.shape[:d] + tuple(shape) + self.shape[d + 1:])
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        """Merge dimensions ``start_dim..end_dim`` (inclusive; must be contiguous in memory)."""
+        a, b = self._dim(start_dim), self._dim(end_dim)
+        if b < a:
+            raise NKIArgumentError(f"flatten_dims({start_dim}, {end_dim}): end before start",
+                                   fix="pass start_dim <= end_dim", location=user_location())
+        if a == 0 and b > 0:
+            self._keep_partition(0, "merge")
+        merged = math.prod(self.shape[a:b + 1])
+        return self.reshape(self.shape[:a] + (merged,) + self.shape[b + 1:])
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        """einops-style ``rearrange`` of named dimensions (split, permute, merge)."""
+        fixed = dict(fixed_sizes or {})
+        names = []
+        split = []
+        for i, g in enumerate(src_pattern):
+            grp = list(g) if isinstance(g, (tuple, list)) else [g]
+            n = self.shape[i]
+            sizes = [fixed.get(x, -1) for x in grp]
+            if sizes.count(-1) == 1:
+                known = math.prod(x for x in sizes if x != -1)
+                sizes[sizes.index(-1)] = n // known
+            elif sizes.count(-1) > 1:
+                raise NKIArgumentError(f"rearrange: sizes of {grp} are ambiguous",
+                                       fix="give fixed_sizes for all but one", location=user_location())
+            names += grp
+            split += sizes
+        if len(src_pattern) != self.ndim:
+            raise NKIArgumentError(f"rearrange pattern {src_pattern} has {len(src_pattern)} "
+                                   f"dimensions; {self._desc()} has {self.ndim}",
+                                   fix="name every dimension", location=user_location())
+        t = self.reshape(tuple(split))
+        flat_dst = [x for g in dst_pattern for x in (g if isinstance(g, (tuple, list)) else [g])]
+        t = t.permute(tuple(names.index(x) for x in flat_dst))
+        shape = []
+        k = 0
+        for g in dst_pattern:
+            cnt = len(g) if isinstance(g, (tuple, list)) else 1
+            shape.append(math.prod(t.shape[k:k + cnt]))
+            k += cnt
+        return t.reshape(tuple(shape))
+
+    def view(self, dtype) -> "NkiTensor":
+        """Reinterpret the bytes as ``dtype``; the last dimension scales with the size ratio."""
+        self._no_indirect("reinterpret")
+        d = dt.as_dtype(dtype)
+        try:
+            return self._view(self.data.view(dt.storage(d)), d)
+        except ValueError as e:
+            raise NKIShapeError(f"cannot view {self._desc()} as {dt.name(d)} ({e})",
+                                fix="the last dimension must be contiguous and divisible by the "
+                                    "size ratio", location=user_location()) from None
+
+    reinterpret_cast = view
+
+    def indirect(self, index: "NkiTensor", num_elem: int | None = None) -> "NkiTensor":
+        """Tensor indirection (NeuronCore-v4 compute-engine gather/scatter): not implemented."""
+        raise NotImplementedError(
+            "NkiTensor.ind (NeuronCore-v4 tensor indirection for compute engines) is not "
+            "implemented by torchneuron's simulator; gather with nisa.dma_copy and "
+            ".ap(vector_offset=...) or nisa.nc_n_gather / local_gather instead")
+
+    # -- access patterns --------------------------------------------------------------------
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, *, scalar_offset=None,
+           vector_offset=None, indirect_dim: int = 0, dtype=None) -> "NkiTensor":
+        """Access-pattern view ``pattern=[[stride, count], ...]`` over this view's storage.
+
+        Strides and ``offset`` count elements of ``dtype`` (default: this tensor's) in the
+        storage's row-major layout, from this view's first element; on chip the first pair
+        steps partitions (stride = elements per partition). Every address must lie inside the
+        storage. ``scalar_offset`` (an int, a [1, 1] SBUF tile or a register) adds
+        ``index * strides[indirect_dim]`` (this view's element stride of that dimension) at run
+        time; ``vector_offset`` (an SBUF [P, 1] index tile) replaces pattern dimension 0 by
+        ``index[p] * strides[indirect_dim]``. Indirect views are DMA operands.
         """
         loc = user_location()
-        if self.indirect is not None:
-            raise NKIArgumentError(f"{self._desc()} already has an indirect access pattern",
-                                   fix="call .ap() on the tensor itself", location=loc)
+        self._no_indirect("re-pattern")
         try:
             pairs = [(int(s), int(c)) for s, c in pattern]
         except (TypeError, ValueError):
@@ -454,39 +748,93 @@ class NkiTensor:
         if not pairs or any(c <= 0 for _, c in pairs):
             raise NKIArgumentError(f"pattern {pattern!r} needs at least one pair with counts >= 1",
                                    fix="e.g. pattern=[[512, 128], [1, 512]]", location=loc)
+        u = self.dtype if dtype is None else dt.as_dtype(dtype)
+        ui = u.itemsize
         st = self.storage
-        item = st.array.itemsize
-        base = self.byte_offset() // item + int(offset)
-        row_elems = st.row_bytes // item
-        if st.buffer.on_chip and pairs[0][1] > 1 and pairs[0][0] != row_elems:
-            raise NKIPartitionError(
-                f"access pattern {pattern!r} strides the partition dimension of {self._desc()} by "
-                f"{pairs[0][0]} elements; on-chip the first pair must step one partition "
-                f"({row_elems} elements)", fix=f"use [[{row_elems}, P], ...] as the first pair",
-                location=loc, rule="partition-stride")
-        if scalar_offset is not None or vector_offset is not None:
-            return self._indirect_ap(pairs, base, scalar_offset, vector_offset, int(indirect_dim), loc)
+        on_chip = st.buffer.on_chip
+        rowb = self._storage_row_bytes() if on_chip else None
+        if on_chip and rowb % ui:
+            raise NKIArgumentError(f"cannot address {self._desc()} in {dt.name(u)} elements: "
+                                   f"{rowb} bytes per partition", fix="pick a dtype that divides "
+                                   "the partition size", location=loc)
+        lbo = self._logical_byte_offset()
+        if lbo % ui:
+            raise NKIArgumentError(f"this view starts at byte {lbo}, not a multiple of the "
+                                   f"{dt.name(u)} element size", fix="align the view",
+                                   location=loc)
+        base = lbo // ui + (0 if offset is None else int(offset))
+        indirect = scalar_offset is not None or vector_offset is not None
+        if indirect:
+            stride_i = self._indirect_stride(indirect_dim, loc)
+            tmpl = [(0, c) if (vector_offset is not None and i == 0) else (s, c)
+                    for i, (s, c) in enumerate(pairs)]
+        else:
+            tmpl = pairs
+        view = self._strided(tmpl, base, u, loc, pattern)
+        t = self._view(view, u)
+        if indirect:
+            t.ind = self._indirect_spec(pairs, base, u, scalar_offset, vector_offset,
+                                             stride_i, loc)
+            # Run-time indices may reach anywhere: the dependency region is the whole allocation.
+            rows = st.array.shape[0] if st.array.ndim else 1
+            t._region = (st.dep_sid, 0, rows, 0, st.row_bytes if not on_chip else rowb, st.sid)
+        return t
+
+    def _indirect_stride(self, indirect_dim: int, loc) -> int:
+        d = int(indirect_dim)
+        if not 0 <= d < self.ndim:
+            raise NKIArgumentError(f"indirect_dim={indirect_dim} is not a dimension of {self._desc()}",
+                                   fix=f"use an indirect_dim in [0, {self.ndim})", location=loc)
+        return self.strides[d]
+
+    def _strided(self, pairs, base: int, u, loc, pattern) -> np.ndarray:
+        """numpy view of ``pairs`` from element ``base`` (in ``u`` units) of the storage."""
+        st = self.storage
+        ui = u.itemsize
+        root = st.root
+        root_ptr = root.__array_interface__["data"][0]
         lo = base + sum(min(0, s * (c - 1)) for s, c in pairs)
         hi = base + sum(max(0, s * (c - 1)) for s, c in pairs)
-        if lo < 0 or hi >= st.array.size:
-            raise NKIOutOfBoundsError(
-                f"access pattern {pattern!r} with offset {offset} reaches elements [{lo}, {hi}] of "
-                f"{describe(st.array.shape, st.dtype, st.buffer)} which has {st.array.size} elements",
-                fix="reduce the counts or the offset", location=loc)
-        flat = st.array.reshape(-1)
-        view = np.lib.stride_tricks.as_strided(flat[base:], shape=tuple(c for _, c in pairs),
-                                               strides=tuple(s * item for s, _ in pairs))
-        return self._view(view)
+        if st.buffer.on_chip:
+            a = st.array
+            w = self._storage_row_bytes() // ui
+            nparts = a.shape[0] if a.ndim else 1
+            part, within = divmod(base, w)
+            (s0, c0), rest = pairs[0], pairs[1:]
+            if c0 > 1 and s0 != w:
+                raise NKIPartitionError(
+                    f"access pattern {pattern!r} strides the partition dimension of {self._desc()} "
+                    f"by {s0} elements; on-chip the first pair must step one partition ({w} "
+                    f"elements)", fix=f"use [[{w}, P], ...] as the first pair", location=loc,
+                    rule="partition-stride")
+            rlo = within + sum(min(0, s * (c - 1)) for s, c in rest)
+            rhi = within + sum(max(0, s * (c - 1)) for s, c in rest)
+            if base < 0 or part + c0 > nparts or rlo < 0 or rhi >= w:
+                raise NKIOutOfBoundsError(
+                    f"access pattern {pattern!r} from element {base} reaches partitions "
+                    f"{part}..{part + c0 - 1} and elements {rlo}..{rhi} of each partition of "
+                    f"{describe(a.shape, st.dtype, st.buffer)} ({nparts} partitions of {w} "
+                    f"{dt.name(u)} elements)", fix="reduce the counts or the offset", location=loc)
+            start = (st.base_ptr - root_ptr) + part * st.row_bytes + within * ui
+            strides = [st.row_bytes] + [s * ui for s, _ in rest]
+        else:
+            total = st.array.nbytes // ui
+            if lo < 0 or hi >= total:
+                raise NKIOutOfBoundsError(
+                    f"access pattern {pattern!r} with offset {base} reaches elements [{lo}, {hi}] of "
+                    f"{describe(st.array.shape, st.dtype, st.buffer)} which has {total} "
+                    f"{dt.name(u)} elements", fix="reduce the counts or the offset", location=loc)
+            start = (st.base_ptr - root_ptr) + base * ui
+            strides = [s * ui for s, _ in pairs]
+        return np.ndarray(tuple(c for _, c in pairs), dtype=dt.storage(u), buffer=root,
+                          offset=start, strides=tuple(strides))
 
-    def _indirect_ap(self, pairs, base, scalar_offset, vector_offset, dim, loc) -> "NkiTensor":
-        """A gather/scatter view: dimension ``dim`` of the pattern is indexed by run-time values."""
+    def _indirect_spec(self, pairs, base, u, scalar_offset, vector_offset, stride_i, loc) -> tuple:
+        from .isa import VirtualRegister
         st = self.storage
         if vector_offset is not None and scalar_offset is not None:
             raise NKIArgumentError("vector_offset and scalar_offset are mutually exclusive",
                                    fix="pass only one of them", location=loc)
-        if not 0 <= dim < len(pairs):
-            raise NKIArgumentError(f"indirect_dim={dim} is not a dimension of pattern {pairs}",
-                                   fix=f"use an indirect_dim in [0, {len(pairs)})", location=loc)
         if vector_offset is not None:
             idx = vector_offset
             if not isinstance(idx, NkiTensor) or idx.buffer is not sbuf:
@@ -495,53 +843,57 @@ class NkiTensor:
             if not st.buffer.is_hbm:
                 raise NKIArgumentError(f"vector_offset indexes HBM tensors; {self._desc()} is on chip",
                                        fix="call .ap(vector_offset=...) on the HBM tensor", location=loc)
-            if dim != 0 or idx.shape[0] != pairs[0][1] or idx.free_size() != 1:
+            if idx.shape[0] != pairs[0][1] or idx.free_size() != 1:
                 raise NKIShapeError(
-                    f"vector_offset {idx._desc()} must hold one index per partition of pattern dim 0 "
-                    f"({pairs[0][1]}), with indirect_dim=0", fix=f"pass a [{pairs[0][1]}, 1] index tile",
+                    f"vector_offset {idx._desc()} must hold one index per element of pattern "
+                    f"dimension 0 ({pairs[0][1]})", fix=f"pass a [{pairs[0][1]}, 1] index tile",
                     location=loc)
-            is_vector = True
-        else:
-            idx = scalar_offset
-            if isinstance(idx, NkiTensor):
-                if idx.buffer is not sbuf or idx.size != 1:
-                    raise NKIArgumentError("scalar_offset must be an int or a [1, 1] SBUF tile",
-                                           fix="load the offset into a [1, 1] SBUF tile", location=loc)
-            else:
-                idx = int(idx)
-            is_vector = False
-        # The template view (index 0 in the indirect dim) gives shape and element count.
-        others = [(s if i != dim else 0, c) for i, (s, c) in enumerate(pairs)]
-        lo = base + sum(min(0, s * (c - 1)) for s, c in others)
-        hi = base + sum(max(0, s * (c - 1)) for s, c in others)
-        if lo < 0 or hi >= st.array.size:
-            raise NKIOutOfBoundsError(f"access pattern {pairs} reaches elements [{lo}, {hi}] outside "
-                                      f"{self._desc()}", fix="reduce the counts or the offset",
-                                      location=loc)
-        item = st.array.itemsize
-        view = np.lib.stride_tricks.as_strided(st.array.reshape(-1)[base:],
-                                               shape=tuple(c for _, c in others),
-                                               strides=tuple(s * item for s, _ in others))
-        t = self._view(view)
-        t.indirect = (idx, dim, base, pairs, is_vector)
-        # Run-time indices may reach anywhere: the dependency region is the whole allocation.
-        t._region = (st.sid, 0, st.array.shape[0] if st.array.ndim else 1, 0, st.row_bytes)
-        return t
+            return (idx, stride_i, base, pairs, True, u)
+        idx = scalar_offset
+        if isinstance(idx, NkiTensor):
+            if idx.buffer is not sbuf or idx.size != 1:
+                raise NKIArgumentError("scalar_offset must be an int, a register or a [1, 1] SBUF tile",
+                                       fix="load the offset into a [1, 1] SBUF tile", location=loc)
+        elif not isinstance(idx, VirtualRegister):
+            idx = int(idx)
+        return (idx, stride_i, base, pairs, False, u)
 
     def indirect_offsets(self, index_values: np.ndarray) -> np.ndarray:
-        """Element offsets into the storage of every pattern position, for run-time indices."""
-        idx, dim, base, pairs, is_vector = self.indirect
+        """Element offsets (in the pattern's dtype units, storage row-major layout) of every
+        pattern position, for run-time index values."""
+        idx, stride_i, base, pairs, is_vector, _u = self.ind
         off = np.full((), base, dtype=np.int64)
         for i, (s, c) in enumerate(pairs):
-            if i == dim:
-                if is_vector:
-                    g = index_values.reshape(-1).astype(np.int64) * s
-                else:
-                    g = np.arange(c, dtype=np.int64) * s + int(index_values.reshape(-1)[0]) * s
+            if i == 0 and is_vector:
+                g = index_values.reshape(-1).astype(np.int64) * stride_i
             else:
                 g = np.arange(c, dtype=np.int64) * s
             off = off[..., None] + g.reshape((1,) * off.ndim + (c,))
+        if not is_vector:
+            off = off + int(index_values.reshape(-1)[0]) * stride_i
         return off
+
+    def indirect_locations(self, offs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(flat array of the storage's root in the pattern dtype, root indices, in-bounds mask)
+        for the logical element offsets ``offs`` of an indirect view."""
+        st = self.storage
+        u = self.ind[5]
+        ui = u.itemsize
+        root = st.root
+        flat = np.ndarray((root.nbytes // ui,), dtype=dt.storage(u), buffer=root)
+        first = (st.base_ptr - root.__array_interface__["data"][0]) // ui
+        if st.buffer.on_chip:
+            w = self._storage_row_bytes() // ui
+            nparts = st.array.shape[0]
+            ok = (offs >= 0) & (offs < nparts * w)
+            safe = np.where(ok, offs, 0)
+            part, within = np.divmod(safe, w)
+            idx = first + part * (st.row_bytes // ui) + within
+        else:
+            total = st.array.nbytes // ui
+            ok = (offs >= 0) & (offs < total)
+            idx = first + np.where(ok, offs, 0)
+        return flat, idx, ok
 
     # -- arithmetic sugar (maps to nl.*) ----------------------------------------------------
     def _nl(self, name, *args):

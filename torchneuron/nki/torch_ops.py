@@ -111,11 +111,13 @@ def _written(h: torch.Tensor, arrays: list | None) -> bool:
     return any(np.shares_memory(hn, a) for a in arrays)
 
 
-def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict) -> Any:
+def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict, grid_ndim: int = 1) -> Any:
     """Run an ``@nki.jit`` kernel on torch tensors (CPU, neuron, or fake for shape inference)."""
     fn = getattr(kernel, "fn", kernel)
     tensors = _tensors((args, kwargs))
     key = specialization_key(kernel, lnc, args, kwargs)
+    if grid_ndim:  # kernel[lnc](...) (nl.program_ndim() == 1) may specialise differently
+        key = key + ("grid",)
     device = tensors[0].device if tensors else torch.device("cpu")
     if any(_is_fake(t) for t in tensors):
         spec = _spec_cache.get(key)
@@ -123,7 +125,7 @@ def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict) -> Any:
             # Shape inference: a timing-only run on zero arrays gives the output shapes.
             na = _map(args, _np_zeros)
             nk = _map(kwargs, _np_zeros)
-            spec = _spec(run(fn, na, nk, lnc=lnc, numerics=False).outputs)
+            spec = _spec(run(fn, na, nk, lnc=lnc, numerics=False, grid_ndim=grid_ndim).outputs)
             _spec_cache[key] = spec
         return _fake_outputs(spec, device)
     host: dict[int, torch.Tensor] = {}
@@ -136,7 +138,7 @@ def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict) -> Any:
         return h
     hargs = _map(args, to_host)
     hkwargs = _map(kwargs, to_host)
-    res = run(fn, hargs, hkwargs, lnc=lnc)
+    res = run(fn, hargs, hkwargs, lnc=lnc, grid_ndim=grid_ndim)
     _spec_cache[key] = _spec(res.outputs)
     for dev_t, h in host.values():
         # Kernels may write their inputs in place (as on the device): copy back the ones a DMA
