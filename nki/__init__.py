@@ -1,7 +1,8 @@
 """Top-level ``nki`` package: the NKI API of torchneuron under its upstream name.
 
-``import nki; import nki.language as nl; import nki.isa as nisa`` gives the very same modules
-as ``torchneuron.nki``, ``torchneuron.nki.language`` and ``torchneuron.nki.isa``.
+``import nki; import nki.language as nl; import nki.isa as nisa`` (also ``nki.isa.constants``,
+``nki.collectives``, ``nki.typing``, ``nki.dtype``) give the very same modules as
+``torchneuron.nki``, ``torchneuron.nki.language``, ...
 """
 
 import sys as _sys
@@ -15,10 +16,13 @@ except ImportError:  # the simulator itself needs only numpy
 
 import torchneuron.nki as _impl
 from torchneuron.nki import *  # noqa: F401,F403
-from torchneuron.nki import __all__, __version__, isa, language  # noqa: F401
+from torchneuron.nki import (__all__, __version__, collectives, constants, dtype,  # noqa: F401
+                             isa, language, typing)
 
-_sys.modules.setdefault(__name__ + ".language", language)
-_sys.modules.setdefault(__name__ + ".isa", isa)
+for _name, _mod in (("language", language), ("isa", isa), ("isa.constants", constants),
+                    ("collectives", collectives), ("typing", typing), ("dtype", dtype)):
+    _sys.modules.setdefault(__name__ + "." + _name, _mod)
+    _sys.modules.setdefault("torchneuron.nki." + _name, _mod)
 
 
 def __getattr__(name):

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import dtypes, isa, language
+from . import collectives, constants, dtypes, isa, language, typing
+from . import dtypes as dtype  # nki.dtype (dtype names; also the annotation `nki.dtype`)
 from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIError, NKIMemoryError,
                      NKIOutOfBoundsError, NKIPartitionError, NKIPlatformError, NKIShapeError,
                      NKITracingError)
@@ -32,8 +33,8 @@ from .simulator import to_kind_of as _to_kind_of
 from .tensor import NkiTensor
 
 __all__ = [
-    "jit", "simulate", "benchmark", "Kernel", "BenchmarkResult", "NkiTensor", "language", "isa",
-    "dtypes", "NKIError", "NKITracingError", "NKIArgumentError", "NKIShapeError",
+    "jit", "simulate", "benchmark", "Kernel", "LaunchedKernel", "BenchmarkResult", "NkiTensor",
+    "language", "isa", "collectives", "typing", "dtype", "dtypes", "NKIError", "NKITracingError", "NKIArgumentError", "NKIShapeError",
     "NKIPartitionError", "NKIDtypeError", "NKIBufferError", "NKIMemoryError",
     "NKIOutOfBoundsError", "NKIPlatformError",
 ]

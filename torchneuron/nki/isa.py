@@ -156,12 +156,18 @@ def _write(dst: NkiTensor, values: np.ndarray) -> None:
 
 
 def _flags(t: NkiTensor) -> np.ndarray:
-    """The PSUM "written" flags of the view ``t`` (one flag per byte of PSUM, laid out like
-    the data, so views of any dtype and aliases placed at the same address agree)."""
+    """The PSUM "written" flags of the view ``t``: one flag per byte of its allocation (so views
+    of any dtype agree). Flags belong to the allocation: tiles placed at the same address share
+    data but each starts a fresh accumulation group (AWS's rotating PSUM buffers)."""
     st = t.storage
-    off = t.data.__array_interface__["data"][0] - st.written_ptr
-    return np.lib.stride_tricks.as_strided(st.written.reshape(-1)[off:], shape=t.shape,
-                                           strides=t.data.strides)
+    fl = st.written
+    frow = fl.strides[0]
+    rb = st.row_bytes
+    r, c = divmod(t.data.__array_interface__["data"][0] - st.base_ptr, rb)
+    strides = tuple((s // rb) * frow if (s and s % rb == 0 and abs(s) >= rb) else s
+                    for s in t.data.strides)
+    return np.lib.stride_tricks.as_strided(fl.reshape(-1)[r * frow + c:], shape=t.shape,
+                                           strides=strides)
 
 
 def _scalar_arg(x: Any) -> Any:
@@ -588,11 +594,11 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False
     dst = c.compute_operand(dst, "dst", psum=gp, engine=f"the {eng} engine")
     x = c.compute_operand(data, "data", psum=gp, engine=f"the {eng} engine")
     c.same_elements(dst, "dst", x, "data")
-    o0 = _op(c, op0, "op0", ("binary", "compare", "logical", "bitwise"))
-    s0 = c.per_partition_scalar(operand0, "operand0", x)
+    o0 = _op(c, op0, "op0", ("binary", "compare", "logical", "bitwise", "unary"))
+    s0 = c.per_partition_scalar(operand0 if operand0 is not None else 0.0, "operand0", x)
     o1 = s1 = None
     if op1 is not None:
-        o1 = _op(c, op1, "op1", ("binary", "compare", "logical", "bitwise"))
+        o1 = _op(c, op1, "op1", ("binary", "compare", "logical", "bitwise", "unary"))
         if operand1 is None:
             c.fail(NKIArgumentError, "op1 given without operand1", fix="pass operand1")
         s1 = c.per_partition_scalar(operand1, "operand1", x)
@@ -1363,7 +1369,10 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_
     d = c.compute_operand(dst, "dst")
     x = c.compute_operand(data, "data")
     c.same_elements(d, "dst", x, "data")
-    o0 = _op(c, op0, "op0", ("binary",))
+    o0 = _op(c, op0, "op0", ("binary", "unary"))  # unary ALU ops (nl.abs) ignore operand0
+    if o0.kind == "unary" and operand0 not in (None, 0, 0.0):
+        c.fail(NKIArgumentError, f"op0={o0!r} is unary; operand0 must be None or 0, got "
+               f"{operand0!r}", fix="pass operand0=0.0")
     s0 = c.per_partition_scalar(operand0 if operand0 is not None else 0.0, "operand0", x)
     red = _op(c, reduce_op, "reduce_op", ("binary",))
     if red.reducer is None:

@@ -249,13 +249,50 @@ def is_sbuf(buffer) -> _builtins.bool:
     return buffer is sbuf
 
 
-class NKIObject:
+class _NKIObjectType(type):
+    """Lets ``Cfg(x=...)`` set declared attributes the class' own ``__init__`` does not take.
+
+    AWS's kernels decorate NKIObject subclasses with ``@dataclass`` while declaring some
+    attributes without annotations (plain class attributes), which dataclass leaves out of
+    its ``__init__``; those keywords are set after construction. Unknown keywords raise.
+    """
+
+    _params: dict = {}
+
+    def __call__(cls, *args, **kwargs):
+        init = cls.__init__
+        if init is NKIObject.__init__ or not kwargs:
+            return super().__call__(*args, **kwargs)
+        accepted = _NKIObjectType._params.get(init)
+        if accepted is None:
+            import inspect
+            ps = inspect.signature(init).parameters.values()
+            accepted = True if _builtins.any(p.kind is p.VAR_KEYWORD for p in ps) else \
+                frozenset(p.name for p in ps)
+            _NKIObjectType._params[init] = accepted
+        extra = {}
+        if accepted is not True:
+            extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in accepted}
+        obj = super().__call__(*args, **kwargs)
+        if extra:
+            declared = _declared_attributes(cls)
+            unknown = [k for k in extra if k not in declared]
+            if unknown:
+                raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
+                                f"{', '.join(unknown)}; declared attributes: "
+                                f"{', '.join(sorted(declared)) or '(none)'}")
+            for k, v in extra.items():
+                setattr(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectType):
     """Base class of kernel-side objects (configurations, helpers).
 
     ``Cfg(a=1, b=2)`` sets the attributes the class declares (annotations or class attributes,
     through the whole class hierarchy); unknown keywords and declared attributes without a
-    default that are not given are errors. A ``@dataclass`` subclass uses the dataclass'
-    generated ``__init__`` instead.
+    default that are not given are errors. With ``@dataclass`` the generated ``__init__`` takes
+    the annotated fields and the other declared attributes are still accepted as keywords.
     """
 
     def __init__(self, **kwargs: Any) -> None:

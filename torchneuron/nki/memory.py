@@ -76,8 +76,7 @@ class MemoryLedger:
                 plat.psum_bytes_per_partition
             # np.empty maps pages lazily: untouched SBUF costs no host memory
             data = np.empty((plat.sbuf_partitions, cols), np.uint8)
-            flags = np.zeros(data.shape, bool) if buffer == "psum" else None
-            b = self._backing[buffer] = (data, flags)
+            b = self._backing[buffer] = (data, None)
         return b
 
     def place(self, ctx, shape: tuple, dtype, buffer, name, address, desc: str, loc):
@@ -109,7 +108,7 @@ class MemoryLedger:
                 f"{desc} placed at byte {b0}, which is not a multiple of its element size "
                 f"{dtype.itemsize}", fix="align the address to the element size", location=loc,
                 rule="placement")
-        data, flags = self._backing_of(bname)
+        data, _ = self._backing_of(bname)
         raw = data[p0:p0 + shape[0], b0:b0 + nbytes]
         arr = raw.view(dt.storage(dtype)).reshape(shape)
         arr.fill(dt.sentinel(dtype))
@@ -126,11 +125,10 @@ class MemoryLedger:
         if dep is None:
             dep = self._dep_ids[key] = ctx.new_sid()
         st.dep_sid = dep
-        if flags is not None:
-            fv = flags[p0:p0 + shape[0], b0:b0 + nbytes]
-            fv[...] = False  # a new allocation starts a new accumulation group
-            st.written = flags
-            st.written_ptr = data.__array_interface__["data"][0]
+        if bname == "psum":
+            # accumulate=None flags belong to the allocation (a new tile at a reused address
+            # starts a new accumulation group)
+            st.written = np.zeros((shape[0], nbytes), bool)
         self._claim(bname, st, p0, p0 + shape[0], b0, b0 + nbytes, desc, loc)
         self.records.append(_Record(sid, bname, nbytes, len(ctx.instructions), desc, loc,
                                     (p0, b0), p0 + shape[0]))
@@ -171,13 +169,20 @@ class MemoryLedger:
 
     @staticmethod
     def _events(records, last):
-        # (time, kind, record): frees (kind 0) at t + 0.5 come after allocations at t + 0.5
+        """(key, kind, record) in time order; kind 1 = allocation, 0 = end of life.
+
+        A tile allocated before instruction i and last used by instruction L lives until just
+        before the allocations made before instruction L + 1; a tile never used dies right
+        after its own allocation."""
         ev = []
-        for r in records:
-            end = max(last.get(r.sid, r.index - 1), r.index - 1)
-            ev.append((r.index, 1, r))
-            ev.append((end + 0.5, 0, r))
-        ev.sort(key=lambda e: (e[0], e[1]))
+        for seq, r in enumerate(records):
+            ev.append(((r.index, 1, seq), 1, r))
+            end = last.get(r.sid)
+            if end is None or end < r.index:
+                ev.append(((r.index, 1, seq + 0.5), 0, r))
+            else:
+                ev.append(((end + 1, 0, seq), 0, r))
+        ev.sort(key=lambda e: e[0])
         return ev
 
     def _sweep_sbuf(self, records, last, capacity: int) -> None:

@@ -30,7 +30,10 @@ HBM bandwidth.
 Scheduling: every engine (and DMA queue) executes its instructions in program order; an
 instruction starts when its engine is free and every earlier instruction it depends on
 (read-after-write, write-after-read, write-after-write on overlapping byte regions of the same
-allocation) has finished. LNC=2 programs run on separate physical cores in parallel.
+allocation) has finished. LNC=2 programs run on separate physical cores in parallel;
+their cross-core instructions (core_barrier, sendrecv) start on both cores when the later of
+the two is ready (a barrier costs 64 cycles of its engine; a sendrecv occupies a DMA queue of
+each core for the fixed DMA cost + bytes / queue bandwidth).
 """
 
 from __future__ import annotations
@@ -153,7 +156,50 @@ class _Timeline:
 
 
 def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
-    """Schedule one program's instruction stream on one physical core."""
+    """Schedule one program's instruction stream on one physical core (a cross-core
+    instruction starts when this core is ready for it)."""
+    events: list[Event] = []
+    gen = _core(instrs, platform, program, events)
+    try:
+        req = next(gen)
+        while True:
+            req = gen.send(req[1])
+    except StopIteration:
+        pass
+    return events
+
+
+def schedule_programs(programs: list[list[Instr]], platform) -> list[Event]:
+    """Schedule the programs of one launch on their physical cores, in parallel.
+
+    Cross-core instructions (``core_barrier``, ``sendrecv``: ``Instr.sync``) are rendezvous:
+    the k-th of every core starts when the last core is ready for it.
+    """
+    if len(programs) == 1:
+        return schedule(programs[0], platform, 0)
+    events: list[Event] = []
+    gens = [_core(p, platform, pid, events) for pid, p in enumerate(programs)]
+    pending: dict[int, tuple] = {}
+    for pid, g in enumerate(gens):
+        try:
+            pending[pid] = next(g)
+        except StopIteration:
+            pass
+    while pending:
+        start = max(t for _, t in pending.values())
+        nxt: dict[int, tuple] = {}
+        for pid in list(pending):
+            try:
+                nxt[pid] = gens[pid].send(start)
+            except StopIteration:
+                pass
+        pending = nxt
+    return events
+
+
+def _core(instrs: list[Instr], platform, program: int, events: list):
+    """Generator scheduling one core; yields ``(instr, ready time)`` at each cross-core
+    instruction and resumes with its start time."""
     free = {e: 0.0 for e in COMPUTE_ENGINES}
     nq = platform.dma_queues
     queues = [_Timeline() for _ in range(nq)]
@@ -165,7 +211,6 @@ def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
     clocks = {e: clock_of(platform, e) for e in COMPUTE_ENGINES}
     writes: dict[int, list] = {}  # sid -> [(region, end)]
     reads: dict[int, list] = {}
-    events: list[Event] = []
     for ins in instrs:
         ready = 0.0
         for r in ins.reads:
@@ -180,7 +225,24 @@ def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
             for w, end in reads.get(sid, ()):
                 if end > ready and _overlaps(r, w):
                     ready = end
-        if ins.engine == "dma":
+        if ins.sync is not None:
+            # Cross-core: starts on every core at once (the coordinator's time).
+            if ins.engine == "dma":
+                q = min(range(nq), key=lambda j: queues[j].slot(ready, 0.0))
+                local = queues[q].slot(ready, 0.0)
+                dur = fixed + ins.nbytes / q_bw
+            else:
+                local = max(free[ins.engine], ready)
+                dur = ins.cycles / clocks[ins.engine]
+            t0 = yield (ins, local)
+            end = t0 + dur
+            if ins.engine == "dma":
+                queues[q].book(t0, end)
+                events.append(Event(ins, f"dma{q}", t0, end, program, ins.nbytes))
+            else:
+                free[ins.engine] = end
+                events.append(Event(ins, ins.engine, t0, end, program))
+        elif ins.engine == "dma":
             # Large transfers are split across queues (as the compiler spreads descriptors over
             # DMA rings); each chunk pays the fixed cost on its own queue.
             # A DMA is triggered when its inputs are ready, so a transfer waiting for data does
@@ -228,7 +290,6 @@ def schedule(instrs: list[Instr], platform, program: int = 0) -> list[Event]:
             if rl:
                 reads[sid] = [x for x in rl if not _covers(r, x[0])]
             writes.setdefault(sid, []).append((r, end))
-    return events
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -285,9 +346,7 @@ class BenchmarkResult:
 def analyze(programs: list[list[Instr]], platform, outputs: Any = None,
             sbuf_peak: int = 0) -> BenchmarkResult:
     """Schedule every program and summarise into a :class:`BenchmarkResult`."""
-    events: list[Event] = []
-    for pid, instrs in enumerate(programs):
-        events.extend(schedule(instrs, platform, pid))
+    events = schedule_programs(programs, platform)
     latency = max((e.end for e in events), default=0.0)
     busy: dict[str, float] = {e: 0.0 for e in COMPUTE_ENGINES}
     dma_iv: list = []

@@ -66,7 +66,7 @@ class Storage:
     """
 
     __slots__ = ("sid", "buffer", "array", "dtype", "name", "row_bytes", "base_ptr", "written",
-                 "written_ptr", "bank", "external", "dirty", "dep_sid", "p0", "address",
+                 "bank", "external", "dirty", "dep_sid", "p0", "address",
                  "clobbered", "loc", "root", "__weakref__")
 
     def __init__(self, sid: int, buffer: Buffer, array: np.ndarray, dtype, name: str):
@@ -79,7 +79,6 @@ class Storage:
         self.row_bytes = (array.nbytes // array.shape[0]) if array.ndim and array.shape[0] else max(array.nbytes, 1)
         self.base_ptr = array.__array_interface__["data"][0]
         self.written = None  # PSUM: per-byte "has been written" flags for accumulate=None
-        self.written_ptr = 0  # address of the data byte that written[0] describes
         self.bank = None
         self.external = False  # memory owned by the caller (a kernel input)
         self.dirty = False  # an external storage some DMA wrote (the caller must see it)
@@ -190,7 +189,6 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None,
         ctx.memory.record(st, math.prod(shape[1:]) * dtype.itemsize, desc, loc)
     if buffer is psum:
         st.written = np.zeros((shape[0], math.prod(shape[1:]) * dtype.itemsize), dtype=bool)
-        st.written_ptr = st.base_ptr
     return NkiTensor(st, st.array, dtype)
 
 
