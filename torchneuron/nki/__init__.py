@@ -31,6 +31,7 @@ from .perf_model import BenchmarkResult, analyze
 from .simulator import run as _run
 from .simulator import to_kind_of as _to_kind_of
 from .tensor import NkiTensor
+from .tracer import current_or_none as _current_or_none
 
 __all__ = [
     "jit", "simulate", "benchmark", "Kernel", "LaunchedKernel", "BenchmarkResult", "NkiTensor",
@@ -81,6 +82,11 @@ class Kernel:
         return self._launch(1, args, kwargs, grid_ndim=0)
 
     def _launch(self, lnc: int, args: tuple, kwargs: dict, grid_ndim: int = 1) -> Any:
+        ctx = _current_or_none()
+        if ctx is not None and ctx.active:
+            # A kernel called from a running kernel is inlined (as the NKI compiler does): it
+            # runs on the caller's program and grid.
+            return self.fn(*args, **kwargs)
         if _has_torch(args, kwargs):
             from .torch_ops import call_kernel
             return call_kernel(self, lnc, args, kwargs, grid_ndim=grid_ndim)

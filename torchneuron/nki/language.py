@@ -290,9 +290,10 @@ class NKIObject(metaclass=_NKIObjectType):
     """Base class of kernel-side objects (configurations, helpers).
 
     ``Cfg(a=1, b=2)`` sets the attributes the class declares (annotations or class attributes,
-    through the whole class hierarchy); unknown keywords and declared attributes without a
-    default that are not given are errors. With ``@dataclass`` the generated ``__init__`` takes
-    the annotated fields and the other declared attributes are still accepted as keywords.
+    through the whole class hierarchy); unknown keywords are errors, declared attributes not
+    given stay unset (or keep their class default). With ``@dataclass`` the generated
+    ``__init__`` takes the annotated fields and the other declared attributes are still
+    accepted as keywords.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -303,9 +304,6 @@ class NKIObject(metaclass=_NKIObjectType):
             raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; declared attributes: "
                             f"{', '.join(sorted(declared)) or '(none)'}")
-        missing = [k for k in declared if k not in kwargs and not hasattr(cls, k)]
-        if missing:
-            raise TypeError(f"{cls.__name__}() missing keyword argument(s) {', '.join(missing)}")
         for k, v in kwargs.items():
             setattr(self, k, v)
 
