@@ -23,14 +23,14 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-# This file is called nkilib.py: keep its directory off sys.path so `import nkilib` finds the
-# package (same trick as bench/nki.py).
+# This file is called nkilib.py: keep its directory off sys.path so imports find the packages
+# (same trick as bench/nki.py).
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.append(_ROOT)
 sys.modules.pop("nkilib", None)
 
 import nki  # noqa: E402
-import nkilib  # noqa: E402
+import torchneuron.nkilib as nkilib  # noqa: E402
 from torchneuron.nkilib.perf_cases import cases  # noqa: E402
 from torchneuron.platform import get_platform  # noqa: E402
 

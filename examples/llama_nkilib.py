@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 import nki
-from torchneuron import nkilib  # also importable as top-level `nkilib` once installed
+from torchneuron import nkilib  # torchneuron's kernels (AWS's layout: top-level `nkilib`)
 from torchneuron.nkilib import ops
 
 CALLS: Counter = Counter()  # (kernel name, shapes...) -> calls in one training step

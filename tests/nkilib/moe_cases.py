@@ -2,7 +2,7 @@
 
 import torch
 
-from nkilib import make_blocks
+from torchneuron.nkilib import make_blocks
 
 
 def moe_case(T, H, I, E, k, B, dtype, seed=0, with_dout=False):

@@ -7,7 +7,7 @@ import torch
 
 import nki
 import torchneuron.nkilib.attention as attn_mod
-from nkilib import attention_bwd, attention_bwd_ref, attention_cte, attention_ref
+from torchneuron.nkilib import attention_bwd, attention_bwd_ref, attention_cte, attention_ref
 from torchneuron.nki import NKIArgumentError, NKIShapeError
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

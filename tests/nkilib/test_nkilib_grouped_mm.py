@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import nki
-from nkilib import grouped_mm, grouped_mm_ref, grouped_mm_wgrad, grouped_mm_wgrad_ref
+from torchneuron.nkilib import grouped_mm, grouped_mm_ref, grouped_mm_wgrad, grouped_mm_wgrad_ref
 from support import run_python
 from torchneuron.nki import NKIArgumentError
 

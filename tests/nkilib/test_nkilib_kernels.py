@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nki
-from nkilib import (cross_entropy_bwd, cross_entropy_bwd_ref, cross_entropy_fwd,
+from torchneuron.nkilib import (cross_entropy_bwd, cross_entropy_bwd_ref, cross_entropy_fwd,
                     cross_entropy_ref, cumsum, cumsum_ref, mlp, mlp_ref, rmsnorm, rmsnorm_ref,
                     rope, rope_ref, router_topk, router_topk_ref)
 from torchneuron.nki import NKIArgumentError, NKIShapeError

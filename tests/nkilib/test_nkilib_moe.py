@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nki
-from nkilib import moe_cte, moe_cte_ref
+from torchneuron.nkilib import moe_cte, moe_cte_ref
 from moe_cases import moe_case
 from torchneuron.nki import NKIShapeError
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nki
-from nkilib import moe_cte_bwd, moe_cte_bwd_ref
+from torchneuron.nkilib import moe_cte_bwd, moe_cte_bwd_ref
 from moe_cases import moe_case
 from torchneuron.nki import NKIShapeError
 

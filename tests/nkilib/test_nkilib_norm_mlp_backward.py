@@ -10,7 +10,7 @@ import torch
 
 import nki
 import torchneuron.nkilib.gated_mlp as gated_mlp_mod
-from nkilib import mlp_bwd, mlp_bwd_ref, mlp_ref, rmsnorm_bwd, rmsnorm_bwd_ref, rmsnorm_ref
+from torchneuron.nkilib import mlp_bwd, mlp_bwd_ref, mlp_ref, rmsnorm_bwd, rmsnorm_bwd_ref, rmsnorm_ref
 from torchneuron.nki import NKIShapeError
 
 

@@ -5,7 +5,7 @@ import torch
 import nki
 import nki.isa as nisa
 import nki.language as nl
-from nkilib import rmsnorm
+from torchneuron.nkilib import rmsnorm
 
 
 @nki.jit
@@ -49,8 +49,10 @@ def test_package_names_are_kernels_even_after_submodule_imports():
         assert isinstance(getattr(pkg, name), nki.Kernel), name
 
 
-def test_top_level_nkilib_is_torchneuron_nkilib():
+def test_top_level_nkilib_is_the_bundled_aws_layout_package():
     import nkilib
 
     import torchneuron.nkilib
-    assert nkilib is torchneuron.nkilib
+    assert nkilib is not torchneuron.nkilib
+    from nkilib.core.attention.attention_cte import attention_cte
+    assert isinstance(attention_cte, nki.Kernel)

@@ -149,6 +149,107 @@ def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_p
     return out_all
 
 
+@nki.jit
+def moe_cte_shard_on_i(hidden_states, expert_affinities_masked, gate_up_proj_weight,
+                       down_proj_weight, token_position_to_id, block_to_expert, block_size):
+    """Blockwise MoE with the intermediate dimension I sharded across the LNC's cores.
+
+    Same arguments and semantics as :func:`moe_cte`, output (T+1, H). Under LNC=2 core c
+    computes the gated MLP of every block for I columns [c I/2, (c+1) I/2) -- half of each
+    expert's weights, so the two cores read disjoint weight halves -- giving a partial
+    down-projection [tokens, H]. The cores exchange the H half the other one owns with
+    ``nisa.sendrecv`` and each adds the two partials for its half, scales by the affinities
+    and read-modify-writes its H half of the gathered output rows: the cores never write the
+    same bytes, and every block needs one exchange. LNC=1 runs the whole I on one core.
+    """
+    name = "moe_cte_shard_on_i"
+    T1, H, E, I, N, B = _check_moe_shapes(name, hidden_states, expert_affinities_masked,
+                                           gate_up_proj_weight, down_proj_weight,
+                                           token_position_to_id, block_to_expert, block_size)
+    nprog = nl.num_programs()
+    pid = nl.program_id(0)
+    if nprog > 1 and (I % nprog or H % nprog):
+        shape_error(name, f"I={I} and H={H} must be divisible by the {nprog} cores",
+                    "pad I and H to even sizes")
+    Ic, Hc = I // nprog, H // nprog
+    i_off, h_own = pid * Ic, pid * Hc
+    mdt = matmul_dtype(hidden_states.dtype)
+    out = nl.ndarray((T1, H), hidden_states.dtype, buffer=nl.shared_hbm)
+    zero = nl.ndarray((P, Hc), hidden_states.dtype, buffer=nl.sbuf)
+    nisa.memset(zero, 0.0, engine=nisa.engine.gpsimd)
+    for r0 in range(0, T1, P):  # each core zeroes its column half
+        nisa.dma_copy(dst=out[r0:min(T1, r0 + P), h_own:h_own + Hc], src=zero[:min(P, T1 - r0), :])
+    if nprog > 1:
+        nisa.core_barrier(out, (0, 1))  # both halves zeroed before any block reads them
+    g = GatedMLP(H, Ic, mdt)
+    ids_flat = token_position_to_id.reshape((N * B, 1))
+    for b in range(N):
+        e_t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=e_t, src=block_to_expert[b:b + 1, :])
+
+        def load_gate(dst, ic, ki):
+            load_row_chunks(dst, gate_up_proj_weight, H, 2 * I, i_off + ic * P, ki,
+                            pre=[[H * 2 * I, 1]], offset=0, scalar_offset=e_t)
+
+        def load_up(dst, ic, ki):
+            load_row_chunks(dst, gate_up_proj_weight, H, 2 * I, i_off + ic * P, ki,
+                            pre=[[H * 2 * I, 1]], offset=I, scalar_offset=e_t)
+
+        def load_down(dst, h0, hw):
+            load_row_chunks(dst, down_proj_weight, Ic, H, h0, hw, pre=[[I * H, 1]],
+                            offset=i_off * H, scalar_offset=e_t)
+
+        for c0 in range(0, B, 512):
+            tt = min(512, B - c0)
+            idxs, rows_tiles, affs, parts = [], [], [], []
+            for s in range(cdiv(tt, P)):
+                rows = min(P, tt - s * P)
+                s0 = b * B + c0 + s * P
+                idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=idx, src=ids_flat[s0:s0 + rows, :])
+                xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
+                nisa.dma_copy(dst=xr, src=hidden_states.ap([[H, rows], [1, H]],
+                                                           vector_offset=idx, indirect_dim=0))
+                e_col = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=e_col, src=block_to_expert[b:b + 1, :].broadcast_to((rows, 1)))
+                aidx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+                nisa.tensor_scalar(aidx, idx, nl.multiply, float(E), op1=nl.add, operand1=e_col)
+                aff = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=aff, src=expert_affinities_masked.ap(
+                    [[1, rows], [1, 1]], vector_offset=aidx, indirect_dim=0))
+                part = nl.ndarray((rows, H), nl.float32, buffer=nl.sbuf)
+                idxs.append(idx)
+                rows_tiles.append(xr)
+                affs.append(aff)
+                parts.append(part)
+            xT = g.transpose_in(rows_tiles, tt)
+            hT = g.up(xT, tt, load_gate, load_up)
+
+            def emit(s, rows, h0, hw, o):
+                # partial (this core's I columns) scaled by the affinity, fp32
+                nisa.tensor_scalar(parts[s][:, h0:h0 + hw], o, nl.multiply, affs[s])
+
+            g.down(hT, tt, load_down, emit)
+            for s in range(len(parts)):
+                rows = parts[s].shape[0]
+                own = parts[s][:, h_own:h_own + Hc]
+                if nprog > 1:
+                    other = parts[s][:, (1 - pid) * Hc:(2 - pid) * Hc]
+                    got = nl.ndarray((rows, Hc), nl.float32, buffer=nl.sbuf)
+                    nisa.sendrecv(other, got, send_to_rank=1 - pid, recv_from_rank=1 - pid,
+                                  pipe_id=0)
+                    nisa.tensor_tensor(own, own, got, nl.add)
+                dst = out[:, h_own:h_own + Hc]
+                cur = nl.ndarray((rows, Hc), nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=cur, src=dst.ap([[H, rows], [1, Hc]], vector_offset=idxs[s],
+                                                  indirect_dim=0))
+                res = nl.ndarray((rows, Hc), hidden_states.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor(res, cur, own, nl.add)
+                nisa.dma_copy(dst=dst.ap([[H, rows], [1, Hc]], vector_offset=idxs[s],
+                                         indirect_dim=0), src=res)
+    return out
+
+
 def moe_cte_ref(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                 token_position_to_id, block_to_expert, block_size):
     """PyTorch reference (fp32 math; padding row T excluded, set to 0). Returns (T+1, H)."""

@@ -1,0 +1,1 @@
+"""nkilib.core.attention (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

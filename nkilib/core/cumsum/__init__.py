@@ -1,0 +1,1 @@
+"""nkilib.core.cumsum (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

@@ -1,0 +1,1 @@
+"""nkilib.core.embeddings (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

@@ -1,0 +1,1 @@
+"""nkilib.core.moe (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

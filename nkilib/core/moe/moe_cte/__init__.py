@@ -1,0 +1,1 @@
+"""nkilib.core.moe.moe_cte: blockwise MoE for context encoding (AWS NKI-lib layout)."""

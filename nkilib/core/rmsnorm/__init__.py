@@ -1,0 +1,1 @@
+"""nkilib.core.rmsnorm (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

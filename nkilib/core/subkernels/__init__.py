@@ -1,0 +1,1 @@
+"""nkilib.core.subkernels (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""

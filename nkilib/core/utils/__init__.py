@@ -1,0 +1,1 @@
+"""nkilib.core.utils (AWS NKI-lib layout; implementations in torchneuron.nkilib)."""
