@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import dtypes as dt
 from .errors import (NKIArgumentError, NKIBufferError, NKIDtypeError, NKIMemoryError,
                      NKIPartitionError, NKIShapeError)
@@ -138,6 +140,8 @@ class Call:
                           f"[{like.shape[0]}, 1] tile (one value per partition)",
                           fix=f"slice it to shape ({like.shape[0]}, 1)")
             return x
+        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and abs(int(x)) > 2 ** 24:
+            return int(x)  # beyond float32's exact integers (e.g. 32-bit masks): keep it exact
         if isinstance(x, (int, float, bool)) or (hasattr(x, "dtype") and getattr(x, "ndim", 1) == 0):
             return float(x)
         self.fail(NKIArgumentError, f"`{arg}` must be a number or a tile, got {type(x).__name__}",

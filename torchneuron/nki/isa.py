@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from . import dtypes as dt
@@ -176,6 +177,8 @@ def _scalar_arg(x: Any) -> Any:
     """A per-partition operand as something numpy broadcasts against (P, F)."""
     if isinstance(x, NkiTensor):
         return _f32(x).reshape(-1, 1)
+    if isinstance(x, int):  # an integer float32 cannot hold exactly (bit masks): keep it exact
+        return x
     return np.float32(x)
 
 
@@ -1842,7 +1845,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name=None)
     full = np.repeat(np.repeat(scale, 8, axis=0), 4, axis=1).reshape(p, f // 4, 4)
     q = v / full
     el = d.dtype.element
-    maxv = float(np.finfo(el).max)
+    maxv = float(ml_dtypes.finfo(el).max)
     q = np.clip(q, -maxv, maxv).astype(el)
     packed = np.ascontiguousarray(q).view(np.uint8).reshape(p, f // 4, 4).view(np.uint32)
     _write(d, packed.reshape(d.shape))
@@ -1951,6 +1954,12 @@ def rand2(dst: NkiTensor, min, max, name=None) -> None:  # noqa: A002  (AWS argu
     ctx, c = _start("rand2")
     _need_trn3(c, "rand2")
     _rand_fill(c, dst, min, max)
+
+
+def rand_uniform(dst: NkiTensor, lo=0.0, hi=1.0) -> None:
+    """Uniform random values in [lo, hi) into ``dst`` on VectorE (``nl.rand``; all targets)."""
+    ctx, c = _start("rng")
+    _rand_fill(c, dst, lo, hi)
 
 
 def _rand_fill(c: Call, dst, lo, hi) -> None:

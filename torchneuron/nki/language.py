@@ -798,7 +798,7 @@ def rand(shape, dtype, buffer=sbuf, name: str | None = None) -> NkiTensor:
     """A tile of uniform [0, 1) values (GpSimd random number generator; the stream is seeded by
     the ``seed`` of nki.simulate / nki.benchmark and the program id)."""
     t = ndarray(shape, dtype, buffer, name)
-    _isa.rand2(t, 0.0, 1.0)
+    _isa.rand_uniform(t, 0.0, 1.0)
     return t
 
 
