@@ -96,7 +96,7 @@ def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_p
             up_clamp_lower_limit=None):
     """Blockwise MoE expert computation; returns (T+1, H)."""
     name = "moe_cte"
-    if spec.implementation is not MoECTEImplementation.shard_on_i:
+    if spec.implementation != MoECTEImplementation.shard_on_i:
         unsupported(name, f"implementation={spec.implementation.name}",
                     "use MoECTEImplementation.shard_on_i, or torchneuron.nkilib.moe_cte "
                     "(shard on block)")
@@ -115,9 +115,9 @@ def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_p
                      ("up_clamp_lower_limit", up_clamp_lower_limit)):
         if val is not None:
             unsupported(name, arg, f"omit {arg}")
-    if activation_function is not ActFnType.SiLU:
+    if activation_function != ActFnType.SiLU:
         unsupported(name, f"activation_function={activation_function.name}", "use SiLU")
-    if expert_affinities_scaling_mode is not ExpertAffinityScaleMode.POST_SCALE:
+    if expert_affinities_scaling_mode != ExpertAffinityScaleMode.POST_SCALE:
         unsupported(name, f"expert_affinities_scaling_mode={expert_affinities_scaling_mode.name}",
                     "use POST_SCALE")
     if skip_dma.skip_token or skip_dma.skip_weight:
