@@ -231,6 +231,18 @@ class no_reorder:
         return False
 
 
+class MemoryRegion:
+    """The memory kinds, as AWS's ``nl.MemoryRegion`` members (the same objects as ``nl.sbuf``...)."""
+
+    sbuf = sbuf
+    psum = psum
+    private_hbm = private_hbm
+    shared_hbm = shared_hbm
+
+
+DType = Any  # AWS's annotation type of dtypes (here every dtype is a numpy or custom dtype)
+
+
 def is_hbm(buffer) -> _builtins.bool:
     """True for ``nl.hbm``, ``nl.private_hbm``, ``nl.shared_hbm``."""
     return isinstance(buffer, Buffer) and buffer.is_hbm
