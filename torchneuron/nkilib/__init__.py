@@ -36,6 +36,10 @@ _WHERE = {
     "router_topk": "router", "router_topk_ref": "router",
     "grouped_mm": "grouped_matmul", "grouped_mm_ref": "grouped_matmul",
     "grouped_mm_wgrad": "grouped_matmul", "grouped_mm_wgrad_ref": "grouped_matmul",
+    "rope_dbhs": "rotary", "rope_dbhs_ref": "rotary", "rmsnorm_tkg": "norm_tkg",
+    "rmsnorm_tkg_kernel": "norm_tkg", "rmsnorm_tkg_ref": "norm_tkg",
+    "rmsnorm_quant": "norm_quant", "rmsnorm_quant_ref": "norm_quant",
+    "moe_cte_shard_on_i": "moe",
 }
 
 __all__ = list(_WHERE)
