@@ -469,3 +469,55 @@ def test_benchmark_reports_the_new_instructions_on_their_engines():
     names = {ev.instr.op for ev in r.events}
     assert "local_gather" in names
     assert math.isclose(r.latency_us, max(ev.end for ev in r.events) * 1e6)
+
+
+@nki.jit
+def _many_new(x, idx16, idx32):
+    t = nl.load(x)
+    y = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+    r = nl.ndarray((x.shape[0], 1), nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(y, nl.exp, t, nl.add, r)
+    nisa.tensor_scalar_reduce(y, t, nl.add, 1.0, nl.add, reduce_res=r)
+    nisa.tensor_scalar_cumulative(y, t, nl.add, nl.add, 0.0)
+    nisa.tensor_copy_predicated(y, t, nl.load(idx32))
+    nisa.nc_stream_shuffle(y, t, [0] * 32)
+    p = nl.ndarray((1, x.shape[1]), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_partition_reduce(p, nl.add, t)
+    g = nl.ndarray((x.shape[0], 16), nl.float32, buffer=nl.sbuf)
+    nisa.local_gather(g, t, nl.load(idx16), num_valid_indices=16)
+    ng = nl.ndarray((x.shape[0], 4), nl.float32, buffer=nl.sbuf)
+    nisa.nc_n_gather(ng, t, nl.load(idx32)[:, :4])
+    nz = nl.ndarray((x.shape[0], x.shape[1] + 1), nl.int32, buffer=nl.sbuf)
+    nisa.nonzero_with_count(nz, t)
+    m = nl.ndarray((x.shape[0], 8), nl.float32, buffer=nl.sbuf)
+    nisa.max8(m, t)
+    nisa.nc_match_replace8(y, t, m, 0.0)
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, nl.load(idx32)[0:1, 0:1])
+    tt = nl.ndarray((x.shape[1], x.shape[0]), nl.bfloat16, buffer=nl.sbuf)
+    tb = nl.ndarray(x.shape, nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(tb, t)
+    nisa.dma_transpose(tt, tb)
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_compute(out, [x, x], nl.add)
+    nisa.core_barrier(out, (0, 1))
+    return out
+
+
+def test_every_new_instruction_runs_on_its_documented_engine():
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    idx16 = rng.integers(0, 60, (32, 1)).astype(np.uint16)
+    idx32 = rng.integers(0, 60, (32, 64)).astype(np.uint32)
+    r = nki.benchmark(_many_new, numerics=False)(x, idx16, idx32)
+    engines = {}
+    for ev in r.events:
+        engines.setdefault(ev.instr.op, set()).add("dma" if ev.track.startswith("dma") else ev.track)
+    want = {"activation": "scalar", "tensor_scalar_reduce": "vector",
+            "tensor_scalar_cumulative": "vector", "tensor_copy_predicated": "vector",
+            "nc_stream_shuffle": "vector", "tensor_partition_reduce": "gpsimd",
+            "local_gather": "gpsimd", "nc_n_gather": "gpsimd", "nonzero_with_count": "gpsimd",
+            "nc_match_replace8": "vector", "register_load": "gpsimd", "dma_transpose": "dma",
+            "dma_compute": "dma", "core_barrier": "gpsimd"}
+    for op, eng in want.items():
+        assert engines.get(op) == {eng}, (op, engines.get(op))
+    assert all(ev.end > ev.start for ev in r.events)

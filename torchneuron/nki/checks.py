@@ -72,7 +72,8 @@ class Call:
 
     def partitions(self, t: NkiTensor, arg: str) -> None:
         """Partition count <= 128 and the start-partition rule of the compute engines."""
-        n = t.shape[0] if t.ndim else 1
+        shape = t.data.shape
+        n = shape[0] if shape else 1
         pmax = self.ctx.platform.sbuf_partitions
         if n > pmax:
             self.fail(NKIPartitionError, f"partition dimension {n} of `{arg}` ({t._desc()}) exceeds "

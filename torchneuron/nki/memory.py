@@ -29,24 +29,26 @@ from __future__ import annotations
 import bisect
 import math
 import weakref
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import dtypes as dt
 from .errors import NKIArgumentError, NKIMemoryError, NKIPartitionError
 
 
-@dataclass
 class _Record:
-    sid: int
-    buffer: str  # "sbuf" or "psum"
-    nbytes: int  # bytes per partition
-    index: int  # instruction-stream position at allocation
-    desc: str
-    loc: str | None
-    address: tuple | None = None  # placed: (partition, byte)
-    p1: int = 0  # placed: partition range end
+    """One SBUF/PSUM allocation: bytes per partition, stream position, placement."""
+
+    __slots__ = ("sid", "buffer", "nbytes", "index", "desc", "loc", "address", "p1")
+
+    def __init__(self, sid, buffer, nbytes, index, desc, loc, address=None, p1=0):
+        self.sid = sid
+        self.buffer = buffer  # "sbuf" or "psum"
+        self.nbytes = nbytes  # bytes per partition
+        self.index = index  # instruction-stream position at allocation
+        self.desc = desc
+        self.loc = loc
+        self.address = address  # placed: (partition, byte)
+        self.p1 = p1  # placed: partition range end
 
 
 class MemoryLedger:
@@ -55,8 +57,9 @@ class MemoryLedger:
     def __init__(self, platform):
         self.platform = platform
         self.records: list[_Record] = []
-        self.peak_sbuf = 0  # bytes per partition, set by finish()
+        self._peak_sbuf = None  # bytes per partition (computed by the sweep, lazily)
         self.peak_psum_banks = 0
+        self._instructions = None
         self._backing: dict = {}  # "sbuf"/"psum" -> (uint8 array, written flags or None)
         self._placed: dict = {"sbuf": [], "psum": []}  # live placements (not clobbered)
         self._dep_ids: dict = {}  # (buffer, partition, byte) -> dep_sid shared by aliases
@@ -152,9 +155,38 @@ class MemoryLedger:
 
     # -- end of program -----------------------------------------------------------------------
     def finish(self, instructions: list) -> None:
-        """Check SBUF/PSUM capacity over the tiles' lifetimes; sets the peaks."""
+        """Check SBUF/PSUM capacity over the tiles' lifetimes.
+
+        Fast path: when every tile ever allocated fits at once (all auto tiles together, above
+        every placement), no instant can exceed capacity and the sweep is skipped until a peak
+        is asked for (:attr:`peak_sbuf`)."""
+        self._instructions = instructions
         if not self.records:
+            self._peak_sbuf = 0
             return
+        plat = self.platform
+        sb_auto = sb_top = ps_banks = 0
+        bank = plat.psum_bank_bytes
+        for r in self.records:
+            if r.buffer == "sbuf":
+                if r.address is None:
+                    sb_auto += r.nbytes
+                else:
+                    sb_top = max(sb_top, r.address[1] + r.nbytes)
+            else:
+                ps_banks += max(1, -(-r.nbytes // bank))
+        if sb_auto + sb_top <= plat.sbuf_usable_bytes_per_partition and ps_banks <= plat.psum_banks:
+            return
+        self._sweep(instructions)
+
+    @property
+    def peak_sbuf(self) -> int:
+        """Peak live SBUF bytes per partition (tile lifetimes; the sweep runs on demand)."""
+        if self._peak_sbuf is None:
+            self._sweep(self._instructions or [])
+        return self._peak_sbuf
+
+    def _sweep(self, instructions: list) -> None:
         last: dict[int, int] = {}
         for i, ins in enumerate(instructions):
             for r in ins.reads:
@@ -162,6 +194,7 @@ class MemoryLedger:
             for r in ins.writes:
                 last[r[5]] = i
         plat = self.platform
+        self._peak_sbuf = 0
         self._sweep_sbuf([r for r in self.records if r.buffer == "sbuf"], last,
                          plat.sbuf_usable_bytes_per_partition)
         self._sweep_psum([r for r in self.records if r.buffer == "psum"], last,
@@ -216,7 +249,7 @@ class MemoryLedger:
                     f"tiles (a tile is live until its last use): {listing}",
                     fix="use smaller tiles, or finish with tiles (their last use) before allocating "
                         "new ones", location=r.loc, rule="sbuf-capacity")
-        self.peak_sbuf = max(self.peak_sbuf, peak)
+        self._peak_sbuf = max(self._peak_sbuf or 0, peak)
 
     def _sweep_psum(self, records, last, banks: int, bank_bytes: int) -> None:
         auto_banks = 0

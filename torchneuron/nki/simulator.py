@@ -69,8 +69,13 @@ class RunResult:
     outputs: Any
     programs: list  # per program: list of Instr
     platform: Any
-    peak_sbuf: list
+    ledgers: list  # per program: its MemoryLedger
     written_inputs: list = None  # numpy arrays of the kernel inputs some DMA wrote
+
+    @property
+    def peak_sbuf(self) -> list:
+        """Peak live SBUF bytes per partition of each program (tile lifetimes)."""
+        return [m.peak_sbuf for m in self.ledgers]
 
 
 def _to_numpy(x: Any, path: str, writebacks: list) -> tuple[np.ndarray, Any] | None:
@@ -232,8 +237,8 @@ def run(fn: Callable, args: tuple, kwargs: dict, *, lnc: int = 1, platform: Any 
     for st in (s for lst in inputs for s in lst):
         if st.dirty and not any(w is st.array for w in written):
             written.append(st.array)
-    return RunResult(out, [c.instructions for c in ctxs], plat,
-                     [c.memory.peak_sbuf for c in ctxs], written)
+    return RunResult(out, [c.instructions for c in ctxs], plat, [c.memory for c in ctxs],
+                     written)
 
 
 def to_kind_of(outputs: Any, args: tuple, kwargs: dict) -> Any:

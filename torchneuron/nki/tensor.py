@@ -364,11 +364,17 @@ class NkiTensor:
 
     def partition_start(self) -> int:
         """First partition this view accesses (absolute, for tiles placed with ``address``)."""
-        return self.storage.p0 + self.byte_offset() // self.storage.row_bytes
+        st = self.storage
+        off = self._offset if self._offset is not None else self.byte_offset()
+        return st.p0 + off // st.row_bytes
 
     def free_size(self) -> int:
         """Elements per partition (on-chip) / per row."""
-        return math.prod(self.shape[1:]) if self.ndim > 1 else 1
+        a = self.data
+        if a.ndim < 2:
+            return 1
+        n = a.shape[0]
+        return a.size // n if n else math.prod(a.shape[1:])
 
     def region(self) -> tuple:
         """Bounding box ``(dep id, row0, row1, byte0, byte1, storage id)`` of the bytes this
