@@ -149,7 +149,9 @@ class Call:
                   fix="pass a Python float or a [P, 1] tile")
 
     def dtype_in(self, t: NkiTensor, arg: str, allowed, what: str) -> None:
-        if not any(t.dtype is a or (not dt.is_custom(a) and not dt.is_custom(t.dtype) and t.dtype == a)
+        d = t.dtype
+        custom = isinstance(d, dt._CustomDType)
+        if not any(d is a or (not custom and not isinstance(a, dt._CustomDType) and d == a)
                    for a in allowed):
             self.fail(NKIDtypeError, f"`{arg}` has dtype {dt.name(t.dtype)} but {what}",
                       fix=f"cast it (e.g. with nisa.tensor_copy) to one of "

@@ -151,7 +151,12 @@ def is_float(dt: NkiDType) -> bool:
                                                                   float8_e5m2, float8_e8m0fnu)
 
 
+_INTS = frozenset((int8, int16, int32, uint8, uint16, uint32))
+
+
 def is_int(dt: NkiDType) -> bool:
+    if dt in _INTS:  # the usual NKI dtype objects: a set lookup
+        return True
     return not isinstance(dt, _CustomDType) and np.dtype(dt).kind in "iu"
 
 

@@ -159,17 +159,24 @@ def _write(dst: NkiTensor, values: np.ndarray) -> None:
 
 
 def _flags(t: NkiTensor) -> np.ndarray:
-    """The PSUM "written" flags of the view ``t``: one flag per byte of its allocation (so views
-    of any dtype agree). Flags belong to the allocation: tiles placed at the same address share
-    data but each starts a fresh accumulation group (AWS's rotating PSUM buffers)."""
+    """The PSUM "written" flags of the view ``t``: one flag per element of its allocation.
+
+    Flags belong to the allocation: tiles placed at the same address share data but each
+    starts a fresh accumulation group (AWS's rotating PSUM buffers). A view reinterpreted with
+    a different element size maps onto the flags of the allocation's elements it overlaps."""
     st = t.storage
     fl = st.written
-    frow = fl.strides[0]
+    si = st.array.itemsize
     rb = st.row_bytes
-    r, c = divmod(t.data.__array_interface__["data"][0] - st.base_ptr, rb)
-    strides = tuple((s // rb) * frow if (s and s % rb == 0 and abs(s) >= rb) else s
-                    for s in t.data.strides)
-    return np.lib.stride_tricks.as_strided(fl.reshape(-1)[r * frow + c:], shape=t.shape,
+    off = t.data.__array_interface__["data"][0] - st.base_ptr
+    if fl.strides[0] * si == rb and t.data.itemsize == si:  # auto tile, storage dtype
+        return np.lib.stride_tricks.as_strided(fl.reshape(-1)[off // si:], shape=t.shape,
+                                               strides=tuple(x // si for x in t.data.strides))
+    frow = fl.strides[0]
+    r, c = divmod(off, rb)
+    strides = tuple((x // rb) * frow if (x and x % rb == 0 and abs(x) >= rb) else x // si
+                    for x in t.data.strides)
+    return np.lib.stride_tricks.as_strided(fl.reshape(-1)[r * frow + c // si:], shape=t.shape,
                                            strides=strides)
 
 

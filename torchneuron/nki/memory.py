@@ -131,7 +131,7 @@ class MemoryLedger:
         if bname == "psum":
             # accumulate=None flags belong to the allocation (a new tile at a reused address
             # starts a new accumulation group)
-            st.written = np.zeros((shape[0], nbytes), bool)
+            st.written = np.zeros((shape[0], nbytes // dtype.itemsize), bool)
         self._claim(bname, st, p0, p0 + shape[0], b0, b0 + nbytes, desc, loc)
         self.records.append(_Record(sid, bname, nbytes, len(ctx.instructions), desc, loc,
                                     (p0, b0), p0 + shape[0]))

@@ -78,7 +78,7 @@ class Storage:
         self.name = name
         self.row_bytes = (array.nbytes // array.shape[0]) if array.ndim and array.shape[0] else max(array.nbytes, 1)
         self.base_ptr = array.__array_interface__["data"][0]
-        self.written = None  # PSUM: per-byte "has been written" flags for accumulate=None
+        self.written = None  # PSUM: per-element "has been written" flags for accumulate=None
         self.bank = None
         self.external = False  # memory owned by the caller (a kernel input)
         self.dirty = False  # an external storage some DMA wrote (the caller must see it)
@@ -188,7 +188,7 @@ def allocate(shape: Any, dtype: Any, buffer: Buffer, name: str | None = None,
     if buffer.on_chip:
         ctx.memory.record(st, math.prod(shape[1:]) * dtype.itemsize, desc, loc)
     if buffer is psum:
-        st.written = np.zeros((shape[0], math.prod(shape[1:]) * dtype.itemsize), dtype=bool)
+        st.written = np.zeros((shape[0], math.prod(shape[1:])), dtype=bool)
     return NkiTensor(st, st.array, dtype)
 
 
@@ -493,7 +493,8 @@ class NkiTensor:
 
     def __getitem__(self, key) -> "NkiTensor":
         loc = None
-        self._no_indirect("slice")
+        if self.ind is not None:  # inline check: slicing is the hottest call of a kernel
+            self._no_indirect("slice")
         if not isinstance(key, tuple):
             key = (key,)
         if any(k is Ellipsis for k in key):
