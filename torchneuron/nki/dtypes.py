@@ -132,7 +132,8 @@ def name(dt: NkiDType) -> str:
     """NKI name of a dtype (``'bfloat16'``, ``'tfloat32'``...)."""
     if isinstance(dt, _CustomDType):
         return dt.name
-    return _NAME_OF.get(np.dtype(dt), str(dt))
+    n = _NAME_OF.get(dt)  # no str(dt) fallback unless needed: numpy's dtype str is slow
+    return n if n is not None else _NAME_OF.get(np.dtype(dt)) or str(dt)
 
 
 def storage(dt: NkiDType) -> np.dtype:
