@@ -43,12 +43,31 @@ def _psum_tiles(x, count, width):
         nisa.memset(t, 0.0)
 
 
-def test_a_psum_tile_may_fill_exactly_one_bank():
+def test_a_psum_tile_may_fill_exactly_the_whole_psum_partition():
+    # AWS allocates multi-bank PSUM tiles (e.g. for nc_matmul_mx); only TensorE output is
+    # limited to one bank (next test)
     p = get_platform("trn2")
-    bank = p.psum_bytes_per_partition // p.psum_banks
-    nki.simulate(_psum_tiles)(DUMMY, 1, bank // 4)
-    with pytest.raises(NKIMemoryError, match="straddle PSUM banks"):
-        nki.simulate(_psum_tiles)(DUMMY, 1, bank // 4 + 1)
+    nki.simulate(_psum_tiles)(DUMMY, 1, p.psum_bytes_per_partition // 4)
+    with pytest.raises(NKIMemoryError, match="PSUM tile .* needs 16388 bytes per partition"):
+        nki.simulate(_psum_tiles)(DUMMY, 1, p.psum_bytes_per_partition // 4 + 1)
+
+
+@nki.jit
+def _matmul_into(x, width, lo):
+    acc = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)
+    a = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+    b = nl.ndarray((128, width), nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(a, 0.0)
+    nisa.memset(b, 0.0)
+    nisa.nc_matmul(acc[:, lo:lo + width], a, b)
+
+
+def test_a_matmul_output_may_fill_exactly_one_psum_bank():
+    bank_fp32 = get_platform("trn2").psum_bytes_per_partition // get_platform("trn2").psum_banks // 4
+    nki.simulate(_matmul_into)(DUMMY, bank_fp32, 0)
+    nki.simulate(_matmul_into)(DUMMY, bank_fp32, bank_fp32)  # the second bank, whole
+    with pytest.raises(NKIMemoryError, match="crossing a 2048-byte bank boundary"):
+        nki.simulate(_matmul_into)(DUMMY, bank_fp32, 1)
 
 
 def test_every_psum_bank_may_hold_a_live_tile_but_no_more():

@@ -115,6 +115,38 @@ def _unbalanced(x, work0, work1):
         nisa.activation(t, nl.exp, t)
 
 
+@nki.jit
+def _uneven_allocations(x):
+    """Program 0 allocates one tile more than program 1 before the shared output, so with
+    per-program storage ids the shared tensor's id would name a tile of the other program."""
+    pid = nl.program_id(0)
+    a = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    if pid == 0:
+        nisa.memset(nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf), 0.0)
+    out = nl.ndarray((2,) + x.shape, x.dtype, buffer=nl.shared_hbm)
+    b = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    c = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.tensor_copy(dst=b, src=a)
+    nisa.tensor_copy(dst=c, src=b)
+    nisa.dma_copy(dst=out[pid], src=c)
+    return out
+
+
+def test_storage_ids_are_unique_across_the_programs_of_a_launch():
+    # the dependency tracking of one core keys on storage ids: a shared tensor created by the
+    # other program must not alias a local tile (it made LNC=2 latencies depend on thread order)
+    from torchneuron.nki import simulator
+    x = np.zeros((128, 64), np.float32)
+    res = simulator.run(_uneven_allocations, (x,), {}, lnc=2, platform="trn2", numerics=False)
+    for prog in res.programs:
+        store = prog[-1]
+        assert store.op == "dma_copy"
+        out_sid = store.writes[0][-1]
+        local = {r[-1] for ins in prog[:-1] for r in ins.writes}
+        assert out_sid not in local
+
+
 def test_performance_model_runs_cores_in_parallel_and_synchronises_at_barriers():
     x = np.zeros((1, 1), np.float32)
     plat = get_platform("trn2")

@@ -11,6 +11,7 @@ another waits makes the waiting program fail with an error naming both sides (no
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ class Launch:
         self.num_programs = num_programs
         self.grid_ndim = grid_ndim  # 0 for kernel(...), 1 for kernel[lnc](...)
         self.cond = threading.Condition()
+        self.sids = itertools.count(1)  # storage ids, unique across the programs
         self.shared: dict[int, Any] = {}  # k-th shared_hbm allocation -> Storage
         self.failed: BaseException | None = None
         self.done: set[int] = set()

@@ -12,6 +12,7 @@ those lifetimes when the program ends.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -88,7 +89,9 @@ class KernelContext:
         self.rng = np.random.default_rng(seed + program_id)
         self.accumulators: dict[str, np.ndarray] = {}
         self.shared_index = 0
-        self._next_sid = 0
+        # storage ids are unique across the launch: a shared_hbm tensor created by the other
+        # program must not alias one of this program's tiles in the dependency tracking
+        self._sids = launch.sids if launch is not None else itertools.count(1)
         self.active = True
 
     @property
@@ -96,8 +99,7 @@ class KernelContext:
         return self.launch.num_programs
 
     def new_sid(self) -> int:
-        self._next_sid += 1
-        return self._next_sid
+        return next(self._sids)  # itertools.count: atomic under the GIL
 
     def emit(self, instr: Instr) -> None:
         self.instructions.append(instr)
