@@ -158,11 +158,13 @@ void sparse_compressed_fallback(const c10::OperatorHandle& op, torch::jit::Stack
 // explicitly: a backend fallback would lose to the op's CompositeExplicitAutograd(NonFunctional)
 // kernel where one exists (structured ops such as mm, sin, add), and that kernel allocates its
 // result with the sparse input's options, which CPU's own sparse kernel never does. The
-// metadata ops get generic_kernel. (SparseCPU and SparseCsrCPU register the same functions for
-// them as SparseMeta; tests/device/test_sparse.py checks that, so a kernel that started
-// touching data on CPU would be noticed.)
+// metadata ops get generic_kernel: SparseCPU and SparseCsrCPU register the same functions
+// for them as SparseMeta (tests/device/test_sparse.py checks it, so a kernel that started
+// touching data on CPU would be noticed), except COO's copy_, whose CPU kernel only checks
+// the layouts and calls copy_sparse_to_sparse_. Running copies here, not on aliases, is
+// what lets them cross devices (sparse .to() / .cpu() / copy_ from a CPU sparse tensor).
 const char* const kGenericCoo[] = {
-    "_indices", "_values", "indices", "values", "_nnz", "sparse_dim", "dense_dim", "_dimI", "_dimV",
+    "_indices", "_values", "indices", "values", "_nnz", "sparse_dim", "dense_dim", "_dimV",
     "is_coalesced", "_coalesced_", "_sparse_coo_tensor_with_dims",
     "_sparse_coo_tensor_with_dims_and_tensors", "empty.memory_format", "sparse_resize_",
     "sparse_resize_and_clear_", "copy_sparse_to_sparse_", "copy_"};
@@ -186,6 +188,11 @@ void register_sparse_key(torch::Library& m, const char* const (&generic)[N]) {
 }
 
 }  // namespace
+
+std::vector<std::string> sparse_generic_ops(bool compressed) {
+  if (compressed) return {std::begin(kGenericCompressed), std::end(kGenericCompressed)};
+  return {std::begin(kGenericCoo), std::end(kGenericCoo)};
+}
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());

@@ -11,6 +11,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
+#include <string>
+#include <vector>
+
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -58,5 +61,9 @@ inline at::Tensor alias_in(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& t,
 inline at::Tensor alias_out(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& cpu) {
   return is_sparse_layout(cpu) ? sp.out(cpu) : zc.out(cpu);
 }
+
+// The ops of the sparse (compressed=false) or compressed keys that run their CPU kernel
+// directly on the neuron tensors (sparse.cpp), as "name.overload".
+std::vector<std::string> sparse_generic_ops(bool compressed);
 
 }  // namespace torchneuron
