@@ -67,8 +67,8 @@ COMMANDS = {f.__name__[1:]: f for f in [_hold, _hold_from_pipe, _read, _add_, _r
                                          _send_back, _resize, _memory_allocated]}
 
 
-def serve(requests, replies, conn) -> None:
-    held: dict = {}
+def serve(requests, replies, conn, argument) -> None:
+    held: dict = {"argument": argument}  # a neuron tensor passed as a Process argument
     while True:
         try:
             msg = requests.get()
@@ -85,11 +85,12 @@ def serve(requests, replies, conn) -> None:
 
 
 class Consumer:
-    def __init__(self, method: str):
+    def __init__(self, method: str, argument: torch.Tensor):
         ctx = mp.get_context(method)
         self.requests, self.replies = ctx.Queue(), ctx.Queue()
         self.pipe, child_end = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(self.requests, self.replies, child_end), daemon=True)
+        self.proc = ctx.Process(target=serve, args=(self.requests, self.replies, child_end, argument),
+                                daemon=True)
         self.proc.start()
 
     def call(self, cmd: str, *args, timeout: float = 120.0):

@@ -22,9 +22,12 @@ from ipc_consumer import Consumer, NeuronRows  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 
 
+PROCESS_ARGUMENT = torch.arange(6.0).reshape(2, 3)
+
+
 @pytest.fixture(scope="module", params=["spawn", "forkserver"])
 def consumer(request):
-    c = Consumer(request.param)
+    c = Consumer(request.param, PROCESS_ARGUMENT.to("neuron:1"))
     yield c
     c.stop()
 
@@ -63,6 +66,12 @@ def test_tensor_on_another_device_index_arrives_there(consumer, key):
     assert device == "neuron:2"
     torch.testing.assert_close(got, torch.arange(5.0))
     consumer.call("release", key)
+
+
+def test_process_arguments_carry_neuron_tensors(consumer):
+    device, got = consumer.call("read", "argument")
+    assert device == "neuron:1"
+    torch.testing.assert_close(got, PROCESS_ARGUMENT)
 
 
 def test_untyped_storage_crosses_too(consumer, key):

@@ -123,6 +123,38 @@ def test_sparse_tensors_live_on_the_device_they_are_sent_to(layout):
     torch.testing.assert_close(result.cpu(), sparse(dense_matrix(), layout) * 2)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS[:3], ids=LAYOUT_IDS[:3])  # CPU has no empty BSR/BSC
+def test_empty_sparse_factory_builds_a_neuron_tensor(layout):
+    got = torch.empty((4, 6), layout=layout, device="neuron")
+    expected = torch.empty((4, 6), layout=layout)
+    assert got.layout == layout and got.shape == expected.shape and got._nnz() == expected._nnz()
+    assert_on(got, "neuron:0")
+
+
+def test_invalid_indices_are_rejected_as_on_cpu():
+    i, v = torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0])
+    with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        torch.sparse_coo_tensor(i, v, (3,), check_invariants=True)
+    with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        torch.sparse_coo_tensor(i, v, (3,), device="neuron", check_invariants=True)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_save_and_load_keep_sparse_neuron_tensors(layout, tmp_path):
+    s = sparse(dense_matrix(), layout)
+    torch.save(s.to("neuron:1"), tmp_path / "s.pt")
+    loaded = torch.load(tmp_path / "s.pt")
+    assert loaded.layout == layout
+    assert_on(loaded, "neuron:1")
+    torch.testing.assert_close(loaded.cpu(), s)
+
+
+def test_tensor_neuron_method_moves_sparse_tensors():
+    s = sparse(dense_matrix(), torch.sparse_coo)
+    assert_on(s.neuron(), "neuron:0")
+    torch.testing.assert_close(s.neuron().cpu(), s)
+
+
 def test_coalesce_sums_duplicates_like_cpu():
     i = torch.tensor([[1, 0, 1, 1], [2, 0, 2, 0]])
     v = torch.tensor([1.0, 2.0, 3.0, 4.0])

@@ -9,7 +9,8 @@ neuron storages get their own reduction, registered with ``multiprocessing``'s
   file, a memfd), so a storage travels as ``(device, file descriptor, offset, size)``: the
   receiver maps the same pages as a neuron storage on the same device index. Writes on either
   side are seen by the other. The descriptor crosses processes as ``multiprocessing`` passes
-  CPU tensors' shared-memory descriptors (``reduction.DupFd``).
+  CPU tensors' shared-memory descriptors (``reduction.DupFd``), whatever the sharing strategy
+  (``file_system`` concerns CPU tensors only, as for CUDA).
 * **CUDA's lifetime rules.** Each send gets a reference counter in shared memory. The producer
   keeps the memory allocated (not reusable by its caching allocator) until every consumer's
   storage is gone, even if the producer dropped its own tensor first; such blocks wait in a
