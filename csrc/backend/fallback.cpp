@@ -1,6 +1,7 @@
 // The boxed fallback: any ATen op without a neuron kernel runs its CPU kernel zero-copy over
-// device memory (see zero_copy.h). This is what makes "every op that runs on CPU runs on
-// neuron" true; the hot ops in ops.cpp skip the boxing for speed.
+// device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
+// makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing
+// for speed.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 

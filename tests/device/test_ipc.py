@@ -228,6 +228,13 @@ def test_receiver_without_the_device_index_gets_a_clear_error():
 
 # ---- same process: the mechanism without a second interpreter ------------------------------
 
+def test_neuron_tensors_report_shared_memory_as_cuda_tensors_do():
+    assert torch.ones(2, device="neuron").is_shared()
+    assert torch.ones(2, device="neuron").share_memory_().is_shared()
+    assert not torch.ones(2).is_shared()  # CPU unchanged: not in shared memory until shared
+
+
+
 def test_round_trip_in_one_process_maps_the_same_memory():
     x = torch.arange(4.0, device="neuron")
     y = pickle.loads(bytes(ForkingPickler.dumps(x)))

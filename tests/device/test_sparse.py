@@ -155,6 +155,15 @@ def test_tensor_neuron_method_moves_sparse_tensors():
     torch.testing.assert_close(s.neuron().cpu(), s)
 
 
+def test_hybrid_coo_with_dense_dimensions_matches_cpu():
+    x = dense_matrix()
+    expected = x.to_sparse(sparse_dim=1)  # rows are sparse, each stored row is dense
+    got = x.to("neuron").to_sparse(sparse_dim=1)
+    assert got.dense_dim() == 1 and got._values().shape == expected._values().shape
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close((got * 2).to_dense().cpu(), x * 2)
+
+
 def test_coalesce_sums_duplicates_like_cpu():
     i = torch.tensor([[1, 0, 1, 1], [2, 0, 2, 0]])
     v = torch.tensor([1.0, 2.0, 3.0, 4.0])
@@ -357,6 +366,18 @@ def test_generic_sparse_kernels_are_metadata_only():
             if (name, compressed) == ("copy_", False):
                 continue
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", meta_key), name
+
+
+def test_every_sparse_cpu_kernel_has_a_neuron_route():
+    """Registered per op, not only through the key's fallback, so that no op runs a
+    CompositeExplicitAutograd(NonFunctional) kernel on neuron where CPU runs its sparse one."""
+    missing = [(name, cpu_key) for name in torch._C._dispatch_get_all_op_names()
+               if name.startswith("aten::")
+               for cpu_key, neuron_key in [("SparseCPU", "SparsePrivateUse1"),
+                                           ("SparseCsrCPU", "SparseCsrPrivateUse1")]
+               if torch._C._dispatch_has_kernel_for_dispatch_key(name, cpu_key)
+               and not torch._C._dispatch_has_kernel_for_dispatch_key(name, neuron_key)]
+    assert missing == []
 
 
 def test_sparse_with_a_cpu_dense_operand_is_rejected():

@@ -130,3 +130,20 @@ def install() -> None:
             reduction.register(cls, _reduce_tensor)
         elif fn is _reductions.reduce_storage:
             reduction.register(cls, _reduce_storage)
+    _patch_is_shared()
+
+
+def _patch_is_shared() -> None:
+    """``Storage.is_shared()`` (and ``Tensor.is_shared()``) is True for CUDA storages, whose
+    memory can always be shared; torch 2.13 answers False for every other device. Neuron
+    memory is always shareable too."""
+    original = torch.UntypedStorage.is_shared
+    if getattr(original, "_torchneuron", False):
+        return
+
+    def is_shared(self) -> bool:
+        return self.device.type == "neuron" or original(self)
+
+    is_shared._torchneuron = True
+    is_shared.__doc__ = original.__doc__
+    torch.UntypedStorage.is_shared = is_shared
