@@ -1,10 +1,13 @@
 // torchneuron._C: the Python face of the C++ core. Only what Python cannot reach otherwise;
 // memory stats go through torch.accelerator (which reads our DeviceAllocator).
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/extension.h>
 
 #include "backend/allocator.h"
 #include "backend/generator.h"
+#include "backend/ipc.h"
+#include "backend/sparse.h"
 #include "backend/zero_copy.h"
 #include "runtime/runtime.h"
 
@@ -60,6 +63,17 @@ py::list memory_snapshot() {
   return segments;
 }
 
+py::tuple ipc_export(py::handle storage) {
+  TORCH_CHECK(THPStorage_Check(storage.ptr()), "_ipc_export expects a torch.UntypedStorage");
+  auto h = torchneuron::ipc_export(THPStorage_Unpack(storage.ptr()));
+  return py::make_tuple(h.device, h.fd, h.offset, h.nbytes, h.counter_offset);
+}
+
+py::object ipc_import(int device, int fd, size_t offset, size_t nbytes, size_t counter_offset) {
+  c10::Storage storage = torchneuron::ipc_import({device, fd, offset, nbytes, counter_offset});
+  return py::reinterpret_steal<py::object>(THPStorage_Wrap(std::move(storage)));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -106,4 +120,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_clear_op_tracking", &torchneuron::clear_op_tracking);
   m.def("_set_op_tracking", &torchneuron::set_op_tracking);
   torchneuron::bind_cpu_kernel_call(m);
+  // Interprocess sharing (torchneuron/neuron/ipc.py).
+  m.def("_ipc_export", &ipc_export,
+        "Share a neuron storage: (device, heap fd, offset, nbytes, counter offset).");
+  m.def("_ipc_import", &ipc_import, "Map a storage another process exported.");
+  m.def("_ipc_release_counter", &torchneuron::ipc_release_counter);
+  m.def("_ipc_collect", &torchneuron::ipc_collect);
+  m.def("_ipc_limbo_size", &torchneuron::ipc_limbo_size);
+  m.def("_sparse_generic_ops", &torchneuron::sparse_generic_ops,
+        "Sparse ops run by their CPU kernel directly on neuron tensors (metadata only).");
 }

@@ -66,6 +66,9 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
+    from .neuron import ipc as _ipc  # neuron tensors across processes (torch.multiprocessing)
+
+    _ipc.install()
 
 
 def _patch_dlpack() -> None:

@@ -23,6 +23,7 @@
 #include <unordered_set>
 
 #include "../runtime/runtime.h"
+#include "ipc.h"
 
 namespace torchneuron {
 namespace {
@@ -202,7 +203,7 @@ Block* malloc_block(int device, size_t nbytes) {
   const size_t size = round_size(nbytes);
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
-  std::lock_guard<std::mutex> lock(c.mu);
+  std::unique_lock<std::mutex> lock(c.mu);
   auto& pool = large ? c.large_free : c.small_free;
 
   Block key(device, stream, size, nullptr, large);
@@ -218,6 +219,11 @@ Block* malloc_block(int device, size_t nbytes) {
     char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
     if (ptr == nullptr) {
       c.stats.num_alloc_retries++;
+      // Blocks shared with other processes that those have released wait in the IPC limbo
+      // (ipc.h); free them first. Unlocked: freeing a block takes this lock.
+      lock.unlock();
+      ipc_collect();
+      lock.lock();
       release_cached_locked(c, device);
       ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
       if (ptr == nullptr) raise_oom(c, device, nbytes);
@@ -339,6 +345,7 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
   c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   void* ptr = cpu_data.get();
   if (!neuron::rt::reserve(device, nbytes)) {
+    ipc_collect();  // as in malloc_block
     std::lock_guard<std::mutex> lock(c.mu);
     c.stats.num_alloc_retries++;
     release_cached_locked(c, device);

@@ -1,12 +1,14 @@
 // The boxed fallback: any ATen op without a neuron kernel runs its CPU kernel zero-copy over
-// device memory (see zero_copy.h). This is what makes "every op that runs on CPU runs on
-// neuron" true; the hot ops in ops.cpp skip the boxing for speed.
+// device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
+// makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing
+// for speed.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "../runtime/runtime.h"
 #include "fallback.h"
 #include "generator.h"
+#include "sparse.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -27,17 +29,18 @@ bool is_optional_tensor_list(const c10::Argument& arg) {
 
 }  // namespace
 
-void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
   ZeroCopy zc;
+  SparseAliases sp(zc);  // sparse arguments and results (sparse.h); idle for dense ops
 
   // Pass 1: tensors and devices decide the op's device and are replaced by CPU aliases.
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     if (v.isTensor()) {
-      v = zc.in(v.toTensor());
+      v = alias_in(zc, sp, v.toTensor());
     } else if (v.isDevice()) {
       c10::Device d = v.toDevice();
       if (d.type() == c10::DeviceType::PrivateUse1) {
@@ -49,7 +52,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> aliased;
       aliased.reserve(list.size());
-      for (const at::Tensor& t : list) aliased.push_back(zc.in(t));
+      for (const at::Tensor& t : list) aliased.push_back(alias_in(zc, sp, t));
       v = c10::IValue(std::move(aliased));
     } else if (v.isList() && is_optional_tensor_list(schema.arguments()[i])) {
       // Tensor?[] (indices): CPU index tensors are allowed with neuron data, as on CUDA.
@@ -76,42 +79,42 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   track_fallback(schema.operator_name());
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
   zc.sync_inputs();
+  sp.sync();
 
   const size_t num_rets = schema.returns().size();
   const size_t rbegin = stack->size() - num_rets;
   for (size_t i = 0; i < num_rets; ++i) {
     c10::IValue& v = (*stack)[rbegin + i];
     if (v.isTensor()) {
-      v = zc.out(v.toTensor());
+      v = alias_out(zc, sp, v.toTensor());
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> mapped;
       mapped.reserve(list.size());
-      for (const at::Tensor& t : list) mapped.push_back(zc.out(t));
+      for (const at::Tensor& t : list) mapped.push_back(alias_out(zc, sp, t));
       v = c10::IValue(std::move(mapped));
     }
   }
 }
 
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  cpu_fallback(op, stack, c10::DispatchKey::CPU);
+}
+
 namespace {
 
-// Layouts the device does not implement: one clear error instead of the dispatcher's list.
+// Quantized tensors are not implemented: one clear error instead of the dispatcher's list.
+// (Sparse layouts run through cpu_fallback too; see sparse.cpp.)
 void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors are dense (strided) only: ", op.schema().name(),
-                              " was called with a sparse or quantized neuron tensor. Keep sparse "
-                              "or quantized work on the CPU, or convert with .to_dense() first.");
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "quantized neuron tensors are not implemented: ", op.schema().name(),
+                              " was called with a quantized neuron tensor. Keep quantized work "
+                              "on the CPU, or dequantize first.");
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout>());
-}
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout>());
-}
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout>());
 }

@@ -39,11 +39,33 @@ bool in_bad_fork() noexcept;
 // --- device memory (HBM) ---------------------------------------------------------------
 // Raw segment allocation with the device's capacity enforced; returns nullptr when the
 // device is full. reserve/release account bytes that were allocated elsewhere (adopted).
+//
+// A device's memory is one shareable file per process (a memfd, the "heap file"), mapped
+// piece by piece: every segment is a page-aligned range of it. That is what makes device
+// memory exportable to other processes (the emulated counterpart of CUDA IPC handles): a
+// byte of device memory is (heap file, offset), and another process that holds the file
+// descriptor maps the same pages.
 void* malloc(int device, size_t nbytes);
 void free(int device, void* ptr, size_t nbytes) noexcept;
 bool reserve(int device, size_t nbytes) noexcept;
 void release(int device, size_t nbytes) noexcept;
 size_t used(int device) noexcept;
+
+// --- interprocess sharing ----------------------------------------------------------------
+struct SharedRange {
+  int fd;         // the device's heap file (owned by the runtime: dup it to pass it on)
+  size_t offset;  // of the byte in that file
+};
+// Where `ptr` lives in this process's heap file of `device`; false if the runtime did not
+// allocate it (memory adopted from the host allocator).
+bool find_shared(int device, const void* ptr, SharedRange* out);
+// Memory in the heap file outside the device's capacity, for the runtime's own bookkeeping
+// that other processes must see (IPC reference counters). Throws std::runtime_error.
+void* malloc_aux(int device, size_t nbytes);
+// Map bytes [offset, offset + nbytes) of another process's heap file (an fd received from
+// it); returns the address of `offset`. Throws std::runtime_error.
+void* map_shared(int fd, size_t offset, size_t nbytes);
+void unmap_shared(void* ptr, size_t nbytes) noexcept;
 
 // --- streams ---------------------------------------------------------------------------
 // A stream id is 0 for the default stream, else 1 + priority_slot * kStreamsPerPool + idx.

@@ -67,10 +67,8 @@ def test_out_of_memory_is_a_python_exception():
 def test_unsupported_requests_raise_clearly():
     with pytest.raises(NotImplementedError, match="interprocess"):
         torch.neuron.Event(interprocess=True)
-    with pytest.raises(NotImplementedError, match="sparse"):
-        torch.empty(2, device="neuron", layout=torch.sparse_coo)
-    with pytest.raises(NotImplementedError, match="sparse"):
-        torch.eye(3).to_sparse().to("neuron")
+    with pytest.raises(NotImplementedError, match="quantized neuron tensors are not implemented"):
+        torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8).to("neuron")
     with pytest.raises(RuntimeError, match="pinned"):
         torch.empty(2, device="neuron", pin_memory=True)
 

@@ -10,9 +10,9 @@ from torch.utils._pytree import tree_map
 
 # Ops whose result is undefined by design (uninitialised memory), or that need inputs to stay
 # on the CPU (tensor_split's index tensor), move data to another device (to: tested in
-# test_tensor.py), or use sparse layouts (neuron is strided-only).
+# test_tensor.py).
 SKIP = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
-        "tensor_split", "to", "to_sparse", "sparse.sampled_addmm", "sparse.mm", "sparse.mm.reduce"}
+        "tensor_split", "to"}
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.complex64, torch.bool]
 
 

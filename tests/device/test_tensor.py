@@ -164,11 +164,6 @@ def test_executed_ops_are_tracked_and_cleared():
     assert torchneuron.get_executed_ops() == {}
 
 
-def test_sparse_layout_is_refused_clearly():
-    with pytest.raises(RuntimeError):
-        torch.empty(2, 2, device="neuron", layout=torch.sparse_coo)
-
-
 def test_module_to_keeps_tied_weights_tied():
     emb = torch.nn.Embedding(10, 4)
     head = torch.nn.Linear(4, 10, bias=False)
