@@ -19,25 +19,19 @@ def _ok(r):
     return r.stdout.strip().splitlines()
 
 
-def test_plain_torch_compile_of_a_neuron_function_runs_neuron_kernels_after_import_torch():
+def test_plain_torch_compile_after_import_torch_runs_neuron_kernels_and_trains_flex_attention():
+    # One fresh interpreter: nothing registered by hand, only what `import torch` set up.
+    # FlexAttention training: Inductor's own lowering for C++ devices is inference-only
+    # ("torch.compile on CPU only supports inference"); the neuron pipeline decomposes it.
     out = _ok(run_python(
         "import torch\n"
         "from torch._inductor.utils import run_and_get_code\n"
+        "from torch.nn.attention.flex_attention import flex_attention, create_block_mask\n"
         "f = torch.compile(lambda x: ((x * 2).sin() + 1).relu())\n"
         "x = torch.randn(64, device='neuron')\n"
         "y, (code,) = run_and_get_code(f, x)\n"
         "torch.testing.assert_close(y.cpu(), ((x.cpu() * 2).sin() + 1).relu())\n"
         "print(y.device, \"device='neuron:0'\" in code, 'cpp_fused_' in code)\n"
-        "print(torch.neuron.get_dynamo_metrics()['compilations'])\n"))
-    assert out[-2:] == ["neuron:0 True True", "1"]
-
-
-def test_plain_torch_compile_trains_flex_attention_after_import_torch():
-    # Inductor's own FlexAttention lowering for C++ devices is inference-only ("torch.compile on
-    # CPU only supports inference"); the neuron pipeline decomposes training calls.
-    out = _ok(run_python(
-        "import torch\n"
-        "from torch.nn.attention.flex_attention import flex_attention, create_block_mask\n"
         "g = torch.Generator().manual_seed(0)\n"
         "cpu = [torch.randn(1, 2, 64, 16, generator=g, dtype=torch.float64) for _ in range(3)]\n"
         "q, k, v = [t.float().to('neuron').requires_grad_() for t in cpu]\n"
@@ -52,15 +46,18 @@ def test_plain_torch_compile_trains_flex_attention_after_import_torch():
         "torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), atol=1e-5, rtol=1e-4)\n"
         "for a, b in ((q, qc), (k, kc), (v, vc)):\n"
         "    torch.testing.assert_close(a.grad.cpu().double(), b.grad, atol=1e-5, rtol=1e-4)\n"
-        "print(torch.neuron.get_dynamo_metrics()['flex_attention_decomposed'])\n"))
-    assert out[-1] == "1"
+        "m = torch.neuron.get_dynamo_metrics()\n"
+        "print(m['compilations'], m['flex_attention_decomposed'])\n"))
+    assert out[-2:] == ["neuron:0 True True", "2 1"]
 
 
-def test_plain_inductor_registers_the_neuron_device_itself():
-    # compile_fx as the backend: no neuron pipeline, only Inductor's own PrivateUse1 lookup of
-    # torch.neuron.Scheduling & co.
+def test_dynamo_interface_and_plain_inductor_codegen_need_no_registration():
+    # Dynamo knows the device interface as soon as it loads; compile_fx as the backend (no
+    # neuron pipeline) finds the code generators through its own lookup of torch.neuron.*.
     out = _ok(run_python(
         "import torch\n"
+        "from torch._dynamo.device_interface import get_interface_for_device\n"
+        "print(get_interface_for_device('neuron').__name__, get_interface_for_device('neuron:1').__name__)\n"
         "from torch._inductor.compile_fx import compile_fx\n"
         "from torch._inductor.codegen.common import device_codegens\n"
         "f = torch.compile(lambda x: x.cos() * 3, backend=compile_fx)\n"
@@ -68,15 +65,7 @@ def test_plain_inductor_registers_the_neuron_device_itself():
         "torch.testing.assert_close(f(x).cpu(), x.cpu().cos() * 3)\n"
         "print(device_codegens['neuron'].scheduling.__name__)\n"
         "print(torch.neuron.get_dynamo_metrics()['compilations'])\n"))
-    assert out[-2:] == ["NeuronCppScheduling", "0"]
-
-
-def test_dynamo_knows_the_neuron_device_interface_as_soon_as_it_loads():
-    out = _ok(run_python(
-        "import torch\n"
-        "from torch._dynamo.device_interface import get_interface_for_device\n"
-        "print(get_interface_for_device('neuron').__name__, get_interface_for_device('neuron:1').__name__)\n"))
-    assert out[-1] == "NeuronInterface NeuronInterface"
+    assert out[-3:] == ["NeuronInterface NeuronInterface", "NeuronCppScheduling", "0"]
 
 
 def test_default_backend_compiles_mlp_training_like_cpu(metrics):
@@ -141,6 +130,9 @@ def test_graph_creating_neuron_tensors_without_inputs_is_a_neuron_graph(metrics)
 
 
 def test_reduce_overhead_mode_on_neuron_warns_and_compiles_without_cuda_graphs(metrics):
+    from torchneuron.compile import backend
+
+    backend._warned.discard("default:cudagraphs")  # warned once per process
     f = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
     x = torch.randn(8, device=DEV)
     with warnings.catch_warnings(record=True) as w:

@@ -40,12 +40,18 @@ def _train(tmp_path, tokenizer, **args):
     return targs, trainer, torch.tensor(losses)
 
 
-def test_trainer_trains_on_neuron_without_being_told_and_matches_cpu(tmp_path, word_tokenizer):
+@pytest.fixture(scope="module")
+def cpu_fp32_losses(tmp_path_factory, word_tokenizer):
+    _, _, ref = _train(tmp_path_factory.mktemp("cpu"), word_tokenizer, use_cpu=True)
+    return ref
+
+
+def test_trainer_trains_on_neuron_without_being_told_and_matches_cpu(tmp_path, word_tokenizer,
+                                                                     cpu_fp32_losses):
     targs, trainer, losses = _train(tmp_path, word_tokenizer)
     assert targs.device == torch.device("neuron:0")
     assert next(trainer.model.parameters()).device.type == "neuron"
-    _, _, ref = _train(tmp_path, word_tokenizer, use_cpu=True)
-    assert_close(losses, ref, atol=1e-4, rtol=1e-4)
+    assert_close(losses, cpu_fp32_losses, atol=1e-4, rtol=1e-4)
 
 
 def test_trainer_bf16_on_neuron_matches_cpu_bf16(tmp_path, word_tokenizer):
@@ -55,13 +61,13 @@ def test_trainer_bf16_on_neuron_matches_cpu_bf16(tmp_path, word_tokenizer):
     assert_close(losses, ref, atol=3e-2, rtol=1e-2)
 
 
-def test_trainer_torch_compile_uses_the_neuron_backend_and_matches_cpu(tmp_path, word_tokenizer):
+def test_trainer_torch_compile_uses_the_neuron_backend_and_matches_cpu(tmp_path, word_tokenizer,
+                                                                       cpu_fp32_losses):
     torch.neuron.reset_dynamo_metrics()
     targs, _, losses = _train(tmp_path, word_tokenizer, torch_compile=True)
     assert targs.torch_compile_backend == "neuron"
     assert torch.neuron.get_dynamo_metrics()["compilations"] >= 1
-    _, _, ref = _train(tmp_path, word_tokenizer, use_cpu=True)
-    assert_close(losses, ref, atol=1e-4, rtol=1e-4)
+    assert_close(losses, cpu_fp32_losses, atol=1e-4, rtol=1e-4)
 
 
 def test_generate_with_static_cache_compiles_by_itself_on_neuron_and_matches_cpu(word_tokenizer):
