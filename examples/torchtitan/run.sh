@@ -12,7 +12,7 @@ PY="${PYTHON:-python}"
 mkdir -p "$WORK"
 [ -f "$WORK/assets/tokenizer/tokenizer.json" ] || "$PY" "$HERE/prepare_assets.py" "$WORK/assets"
 cd "$WORK"
-exec "$PY" -m torch.distributed.run --nproc-per-node "${NGPU:-2}" -m torchtitan.train \
+exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "${NGPU:-2}" -m torchtitan.train \
     --job.config_file "$HERE/llama3_debug_neuron.toml" \
     --job.dump_folder "$WORK/outputs" \
     --model.hf_assets_path "$WORK/assets/tokenizer" \
