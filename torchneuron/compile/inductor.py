@@ -190,7 +190,7 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
 def _register_support() -> None:
     """Everything Inductor needs for neuron besides the code generators themselves: the Dynamo
     device interface, the device snippets and the patches. Idempotent; safe to call from inside
-    Inductor's ``init_backend_registration`` (takes no lock Inductor could be holding)."""
+    Inductor's ``init_backend_registration`` (it never calls back into it)."""
     from . import device_interface, inductor_patches
 
     device_interface.register()
