@@ -9,6 +9,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORK="${1:-$HERE/work}"
 shift || true
 PY="${PYTHON:-python}"
+# TorchTitan 0.2.2 imports triton at start-up; `make build`/`make test` install it into its own
+# directory (kept off the venv, where vLLM refuses it). TORCHTITAN_TRITON_DIR overrides.
+TRITON_DIR="${TORCHTITAN_TRITON_DIR:-$HERE/../../.venv/torchtitan-triton}"
+if [ -d "$TRITON_DIR/triton" ]; then
+    export PYTHONPATH="$TRITON_DIR${PYTHONPATH:+:$PYTHONPATH}"
+fi
 mkdir -p "$WORK"
 [ -f "$WORK/assets/tokenizer/tokenizer.json" ] || "$PY" "$HERE/prepare_assets.py" "$WORK/assets"
 cd "$WORK"

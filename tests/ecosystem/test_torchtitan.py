@@ -67,6 +67,10 @@ def _cpu_first_step(spec, model, jc):
 def test_llama3_debug_fsdp2_compiled_on_two_neuron_ranks_matches_cpu(tmp_path):
     from torch.distributed.checkpoint import save
 
+    triton_dir = os.path.join(REPO, ".venv", "torchtitan-triton", "triton")
+    assert os.path.isdir(triton_dir), (
+        "TorchTitan 0.2.2 imports triton: run `make test` (or `make .venv/torchtitan-triton/.stamp`)")
+
     work = str(tmp_path)
     subprocess.run([sys.executable, os.path.join(EXAMPLE, "prepare_assets.py"), f"{work}/assets"],
                    check=True, capture_output=True, timeout=120)
