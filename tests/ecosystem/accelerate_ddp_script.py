@@ -37,6 +37,11 @@ def main(out: str) -> None:
         "gathered": objs,
         "broadcast": shared,
     }, f"{out}.{acc.process_index}.pt")
+    # Tear the process group down before interpreter exit, as accelerate scripts should: a rank
+    # leaving with live DDP/c10d threads can abort at exit ("terminate called without an active
+    # exception", seen once in a loaded full-suite run).
+    acc.wait_for_everyone()
+    acc.end_training()
 
 
 if __name__ == "__main__":
