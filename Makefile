@@ -7,6 +7,8 @@ DEPS   := $(VENV)/.deps-stamp
 EXT    := torchneuron/_C$(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 CSRC   := $(shell find csrc -name '*.cpp' -o -name '*.h')
 VLLM   := $(VENV)/.vllm-stamp
+# triton for TorchTitan runs only (examples/torchtitan): kept off the venv's path (vLLM refuses it)
+TITAN_TRITON := $(VENV)/torchtitan-triton
 
 .PHONY: all build demo test bench clean vllm
 
@@ -17,10 +19,10 @@ $(PY):
 
 # torch first and pinned, so nothing can pull another (multi-GB CUDA) build; then the project
 # in editable mode without compiling (the extension is built below, incrementally).
-$(DEPS): $(PY) pyproject.toml setup.py
+$(DEPS): $(PY) pyproject.toml setup.py requirements/constraints.txt
 	$(PY) -m pip install -q --upgrade pip setuptools wheel ninja
 	$(PY) -m pip install -q torch==2.13.0
-	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[test,ecosystem]'
 	touch $@
 
 $(EXT): $(DEPS) $(CSRC) setup.py
@@ -44,10 +46,16 @@ $(VLLM): $(EXT) requirements/vllm.txt requirements/constraints.txt
 
 vllm: build $(VLLM)
 
+# TorchTitan 0.2.2 imports triton at start-up (no kernel of it runs on neuron). Installed into
+# its own directory, which examples/torchtitan/run.sh adds to PYTHONPATH for TorchTitan alone.
+$(TITAN_TRITON)/.stamp: $(DEPS)
+	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt --target $(TITAN_TRITON) triton==3.7.1
+	touch $@
+
 demo: build
 	$(PY) examples/train_gpt.py
 
-test: build $(VLLM)
+test: build $(VLLM) $(TITAN_TRITON)/.stamp
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: build $(VLLM)

@@ -31,6 +31,7 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -528,26 +529,32 @@ class ProcessGroupNeuron : public c10d::Backend {
                                 const c10d::AllreduceOptions& opts) override {
     auto a = host_alias(ts, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
-    return run(OpType::ALLREDUCE, ts, ts, [&] { return inner_->allreduce(a, o); },
-               avg ? divider(a) : nullptr);
+    auto fix = fix_op(o.reduceOp);
+    return run(OpType::ALLREDUCE, ts, ts, [&] {
+      premul_in_place(a, fix);
+      return inner_->allreduce(a, o);
+    }, fix.avg ? divider(a) : nullptr);
   }
   intrusive_ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& ts,
                                           const c10d::AllreduceCoalescedOptions& opts) override {
     auto a = host_alias(ts, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
-    return run(OpType::ALLREDUCE_COALESCED, ts, ts,
-               [&] { return inner_->allreduce_coalesced(a, o); }, avg ? divider(a) : nullptr);
+    auto fix = fix_op(o.reduceOp);
+    return run(OpType::ALLREDUCE_COALESCED, ts, ts, [&] {
+      premul_in_place(a, fix);
+      return inner_->allreduce_coalesced(a, o);
+    }, fix.avg ? divider(a) : nullptr);
   }
   intrusive_ptr<Work> reduce(std::vector<at::Tensor>& ts,
                              const c10d::ReduceOptions& opts) override {
     auto a = host_alias(ts, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
+    auto fix = fix_op(o.reduceOp);
     bool root = opts.rootRank == getRank();
-    return run(OpType::REDUCE, ts, ts, [&] { return inner_->reduce(a, o); },
-               avg && root ? divider(a) : nullptr);
+    return run(OpType::REDUCE, ts, ts, [&] {
+      premul_in_place(a, fix);
+      return inner_->reduce(a, o);
+    }, fix.avg && root ? divider(a) : nullptr);
   }
   intrusive_ptr<Work> allgather(std::vector<std::vector<at::Tensor>>& outs,
                                 std::vector<at::Tensor>& ins,
@@ -608,19 +615,23 @@ class ProcessGroupNeuron : public c10d::Backend {
     auto ao = host_alias(outs, false);
     auto ai = host_alias(ins, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
-    return run(OpType::REDUCE_SCATTER, outs, flat(ins),
-               [&] { return inner_->reduce_scatter(ao, ai, o); }, avg ? divider(ao) : nullptr);
+    auto fix = fix_op(o.reduceOp);
+    return run(OpType::REDUCE_SCATTER, outs, flat(ins), [&] {
+      if (fix.premul)
+        for (auto& v : ai) v = premul_copy(v, fix);
+      return inner_->reduce_scatter(ao, ai, o);
+    }, fix.avg ? divider(ao) : nullptr);
   }
   intrusive_ptr<Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                            const c10d::ReduceScatterOptions& opts) override {
     auto ao = host_alias(out, false);
     auto ai = host_alias(in, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
-    return run(OpType::_REDUCE_SCATTER_BASE, {out}, {in},
-               [&] { return inner_->_reduce_scatter_base(ao, ai, o); },
-               avg ? divider({ao}) : nullptr);
+    auto fix = fix_op(o.reduceOp);
+    return run(OpType::_REDUCE_SCATTER_BASE, {out}, {in}, [&] {
+      if (fix.premul) ai = ai.mul(*fix.premul);
+      return inner_->_reduce_scatter_base(ao, ai, o);
+    }, fix.avg ? divider({ao}) : nullptr);
   }
   intrusive_ptr<Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
@@ -628,10 +639,11 @@ class ProcessGroupNeuron : public c10d::Backend {
     auto ao = host_alias(outs, false);
     auto ai = host_alias(ins, false);
     auto o = opts;
-    bool avg = fix_op(o.reduceOp);
-    return run(OpType::REDUCE_SCATTER_TENSOR_COALESCED, outs, ins,
-               [&] { return inner_->reduce_scatter_tensor_coalesced(ao, ai, o); },
-               avg ? divider(ao) : nullptr);
+    auto fix = fix_op(o.reduceOp);
+    return run(OpType::REDUCE_SCATTER_TENSOR_COALESCED, outs, ins, [&] {
+      ai = premul_copy(ai, fix);
+      return inner_->reduce_scatter_tensor_coalesced(ao, ai, o);
+    }, fix.avg ? divider(ao) : nullptr);
   }
   intrusive_ptr<Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                     std::vector<int64_t>& out_splits,
@@ -688,14 +700,38 @@ class ProcessGroupNeuron : public c10d::Backend {
     for (const auto& x : v) out.insert(out.end(), x.begin(), x.end());
     return out;
   }
-  // gloo has no AVG: run SUM and divide the result in place before completing the Work.
-  bool fix_op(c10d::ReduceOp& op) {
-    TORCH_CHECK(op.op_ != c10d::ReduceOp::PREMUL_SUM,
-                "neuron process group: ReduceOp.PREMUL_SUM is not supported; scale the tensor "
-                "and use SUM");
-    if (op.op_ != c10d::ReduceOp::AVG) return false;
+  // gloo has neither AVG nor PREMUL_SUM: both run as SUM. AVG divides the result by the group
+  // size before the Work completes (divider). PREMUL_SUM(f) (FSDP2 with a gradient divide
+  // factor) multiplies each rank's input by that rank's f before the sum, as NCCL does: in place
+  // for allreduce and reduce, whose buffer the result overwrites anyway, and on a scaled copy for
+  // the reduce-scatters, whose input must stay untouched.
+  struct OpFix {
+    bool avg = false;
+    std::optional<double> premul;
+  };
+  OpFix fix_op(c10d::ReduceOp& op) {
+    OpFix f;
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
+      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(s != nullptr, "neuron process group: ReduceOp.PREMUL_SUM without a factor");
+      f.premul = s->tensor_factor.defined() ? s->tensor_factor.item<double>() : s->double_factor;
+    } else if (op.op_ != c10d::ReduceOp::AVG) {
+      return f;
+    } else {
+      f.avg = true;
+    }
     op = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    return true;
+    return f;
+  }
+  static void premul_in_place(const std::vector<at::Tensor>& a, const OpFix& f) {
+    if (f.premul)
+      for (auto t : a) t.mul_(*f.premul);
+  }
+  static std::vector<at::Tensor> premul_copy(const std::vector<at::Tensor>& a, const OpFix& f) {
+    if (!f.premul) return a;
+    std::vector<at::Tensor> out;
+    for (const auto& t : a) out.push_back(t.mul(*f.premul));
+    return out;
   }
   std::function<void()> divider(std::vector<at::Tensor> aliases) {
     int64_t n = getSize();

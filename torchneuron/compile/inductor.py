@@ -38,9 +38,10 @@ from torch._inductor.codegen.cpp import (
 )
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.virtualized import V
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _registered = False
 
 
@@ -186,6 +187,35 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
+def _register_support() -> None:
+    """Everything Inductor needs for neuron besides the code generators themselves: the Dynamo
+    device interface, the device snippets and the patches. Idempotent; safe to call from inside
+    Inductor's ``init_backend_registration`` (it never calls back into it)."""
+    from . import device_interface, inductor_patches
+
+    device_interface.register()
+    register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
+    inductor_patches.apply()
+
+
+# Names Inductor reads from the device module (``torch.neuron.<name>``) when it builds its
+# backend table: ``init_backend_registration`` registers a PrivateUse1 device from them.
+DEVICE_MODULE_CODEGENS = {
+    "Scheduling": NeuronCppScheduling,
+    "PythonWrapperCodegen": NeuronPythonWrapperCodegen,
+    "CppWrapperCodegen": CppWrapperCpu,
+    "WrapperFxCodegen": WrapperFxCodegen,  # Inductor requires all four, or registers none
+}
+
+
+def codegen_for_device_module(name: str) -> type:
+    """``torch.neuron.<name>`` for Inductor's lookup; registers the rest of the support first,
+    so that a graph lowered by Inductor alone (``compile_fx`` called directly) works too."""
+    with _lock:
+        _register_support()
+    return DEVICE_MODULE_CODEGENS[name]
+
+
 def register() -> None:
     """Make Inductor able to compile graphs whose tensors live on ``neuron``. Idempotent."""
     global _registered
@@ -194,15 +224,7 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        from . import device_interface, inductor_patches
-
-        device_interface.register()
-        # Builds the built-in table first so our entry is not shadowed by auto-registration.
-        from torch._inductor.codegen.common import init_backend_registration
-
-        init_backend_registration()
+        _register_support()
         register_backend_for_device("neuron", NeuronCppScheduling, NeuronPythonWrapperCodegen,
-                                    CppWrapperCpu)
-        register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
-        inductor_patches.apply()
+                                    CppWrapperCpu, WrapperFxCodegen)
         _registered = True

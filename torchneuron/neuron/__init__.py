@@ -195,3 +195,18 @@ def reset_dynamo_metrics() -> None:
     from ..compile import metrics
 
     metrics.reset()
+
+
+# Inductor's code generators for this device. Inductor looks them up here by itself
+# (``torch.utils.backend_registration._get_custom_mod_func``) the first time it builds its
+# backend table, so plain Inductor compiles neuron graphs without a prior registration call.
+# Resolved on access: importing them imports Inductor, which ``import torch`` must not do.
+_INDUCTOR_CODEGENS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INDUCTOR_CODEGENS:
+        from ..compile import inductor
+
+        return inductor.codegen_for_device_module(name)
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
