@@ -17,10 +17,10 @@ $(PY):
 
 # torch first and pinned, so nothing can pull another (multi-GB CUDA) build; then the project
 # in editable mode without compiling (the extension is built below, incrementally).
-$(DEPS): $(PY) pyproject.toml setup.py
+$(DEPS): $(PY) pyproject.toml setup.py requirements/constraints.txt
 	$(PY) -m pip install -q --upgrade pip setuptools wheel ninja
 	$(PY) -m pip install -q torch==2.13.0
-	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[test,profiler]'
 	touch $@
 
 $(EXT): $(DEPS) $(CSRC) setup.py
@@ -52,7 +52,7 @@ test: build $(VLLM)
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
-	@for b in bench/compile.py bench/precision.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py; do \
+	@for b in bench/compile.py bench/precision.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/profiler.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 clean:

@@ -36,8 +36,14 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Pass 1: tensors and devices decide the op's device and are replaced by CPU aliases.
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
+    // How the profiler counts the argument's bytes: out= buffers are written, arguments
+    // mutated in place are read and written.
+    const auto& arg = schema.arguments()[i];
+    const int64_t tf = arg.is_out() ? prof::kOutput
+                       : (arg.alias_info() && arg.alias_info()->isWrite()) ? (prof::kOutput | prof::kRead)
+                                                                          : 0;
     if (v.isTensor()) {
-      v = zc.in(v.toTensor());
+      v = zc.in(v.toTensor(), /*allow_cpu=*/false, tf);
     } else if (v.isDevice()) {
       c10::Device d = v.toDevice();
       if (d.type() == c10::DeviceType::PrivateUse1) {
@@ -49,7 +55,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> aliased;
       aliased.reserve(list.size());
-      for (const at::Tensor& t : list) aliased.push_back(zc.in(t));
+      for (const at::Tensor& t : list) aliased.push_back(zc.in(t, /*allow_cpu=*/false, tf));
       v = c10::IValue(std::move(aliased));
     } else if (v.isList() && is_optional_tensor_list(schema.arguments()[i])) {
       // Tensor?[] (indices): CPU index tensors are allowed with neuron data, as on CUDA.
@@ -75,7 +81,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = c10::IValue(cpu_twin(gen, static_cast<c10::DeviceIndex>(device)));
   }
 
-  track_fallback(schema.operator_name());
+  zc.launch(schema.operator_name());
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   zc.sync_inputs();
 
