@@ -98,8 +98,11 @@ def kernel_info(nodes: list, outputs: list) -> dict:
             val = o.meta.get("val")
             outs = [val.shape] if isinstance(val, torch.Tensor) else [
                 v.shape for v in (val or ()) if isinstance(v, torch.Tensor)]
+            # Symbolic shapes (dynamic=True): no FLOP count at codegen; evaluating one would
+            # specialize the graph (a guard per size, a recompilation per shape).
+            static = all(isinstance(d, int) for s_ in ins + outs for d in s_)
             try:
-                f = flops_of(opname, ins, outs)
+                f = flops_of(opname, ins, outs) if static else 0
             except Exception:
                 f = 0
             flops += f
