@@ -22,7 +22,7 @@ $(PY):
 $(DEPS): $(PY) pyproject.toml setup.py requirements/constraints.txt
 	$(PY) -m pip install -q --upgrade pip setuptools wheel ninja
 	$(PY) -m pip install -q torch==2.13.0
-	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[test,ecosystem]'
+	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[test,ecosystem,profiler]'
 	touch $@
 
 $(EXT): $(DEPS) $(CSRC) setup.py
@@ -60,7 +60,7 @@ test: build $(VLLM) $(TITAN_TRITON)/.stamp
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
-	@for b in bench/compile.py bench/precision.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py; do \
+	@for b in bench/compile.py bench/precision.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 clean:

@@ -17,7 +17,14 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     # -Wno-interference-size: torch headers use std::hardware_destructive_interference_size.
     flags = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-interference-size"]
     core = sorted(glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/backend/*.cpp")) + ["csrc/module.cpp"]
-    ext_modules.append(CppExtension(name="torchneuron._C", sources=core, extra_compile_args=flags))
+    # The kineto plugin (csrc/backend/profiler.cpp) compiles against the kineto headers the
+    # wheel ships; libtorch was built with USE_KINETO, and fmt is used header-only.
+    import torch.utils.cpp_extension as _cpp
+
+    kineto = [os.path.join(d, "kineto") for d in _cpp.include_paths() if os.path.isdir(os.path.join(d, "kineto"))]
+    ext_modules.append(CppExtension(name="torchneuron._C", sources=core, include_dirs=kineto,
+                                    define_macros=[("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
+                                    extra_compile_args=flags))
     dist = sorted(glob.glob("csrc/distributed/*.cpp"))
     if dist:
         ext_modules.append(

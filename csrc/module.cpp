@@ -14,7 +14,11 @@
 namespace torchneuron {
 void register_hooks();
 void bind_cpu_kernel_call(py::module& m);
+void bind_memory_history(py::module& m);
+namespace prof {
+void bind_profiler(py::module& m);
 }
+}  // namespace torchneuron
 
 namespace {
 
@@ -118,6 +122,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_executed_ops", [](bool fallback_only) { return torchneuron::executed_ops(fallback_only); },
         py::arg("fallback_only") = false);
   m.def("_clear_op_tracking", &torchneuron::clear_op_tracking);
+  m.def("_scalar_type_names", []() {
+    // ScalarType index -> name, to decode the profiler's tensor records.
+    std::vector<std::string> names;
+    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+      names.emplace_back(c10::toString(static_cast<c10::ScalarType>(i)));
+    }
+    return names;
+  });
+  torchneuron::prof::bind_profiler(m);
+  torchneuron::bind_memory_history(m);
   m.def("_set_op_tracking", &torchneuron::set_op_tracking);
   torchneuron::bind_cpu_kernel_call(m);
   // Interprocess sharing (torchneuron/neuron/ipc.py).

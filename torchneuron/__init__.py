@@ -142,6 +142,31 @@ def _register_distributed() -> None:
 
 
 _register_distributed()
+
+
+def _install_profiler_callbacks() -> None:
+    """Let the kineto plugin reach torchneuron.profiler (imported only when a profiler session
+    records neuron activities, so ``import torch`` stays cheap)."""
+
+    def on_start() -> None:
+        from .profiler import _session
+
+        _session.on_start()
+
+    def on_stop() -> None:
+        from .profiler import _session
+
+        _session.on_stop()
+
+    def annotate(items):
+        from .profiler import _session
+
+        return _session.annotate(items)
+
+    _C._profiler_set_callbacks(on_start, on_stop, annotate)
+
+
+_install_profiler_callbacks()
 if __import__("os").environ.get("TORCHNEURON_NKI_SDPA") == "1":
     from .nkilib import sdpa as _nki_sdpa  # kernels load lazily: the import is cheap
 

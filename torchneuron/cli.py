@@ -1,4 +1,9 @@
-"""The ``torchneuron`` command. ``torchneuron info`` lists the emulated machine like ``neuron-ls``."""
+"""The ``torchneuron`` command.
+
+``torchneuron info`` lists the emulated machine like ``neuron-ls``;
+``torchneuron profile run [--steps A:B] [--out DIR] script.py args...`` profiles an unmodified
+script; ``torchneuron profile report DIR`` writes the bottleneck report of a profile.
+"""
 
 from __future__ import annotations
 
@@ -40,10 +45,72 @@ def info(out=None) -> None:
     print("+" + "-" * (len(header) + 2) + "+", file=out)
 
 
+def _print_report(rep, out=None) -> None:
+    out = out or sys.stdout
+    for line in rep.headline:
+        print(line, file=out)
+    if rep.findings:
+        print("top findings:", file=out)
+        for i, f in enumerate(rep.findings[:5], 1):
+            saving = f" [~{f['saving_ns'] / 1e3:.0f} us/step]" if f["saving_ns"] else ""
+            print(f"  {i}. {f['text']}{saving}", file=out)
+    print(f"report: {rep.html_path}\n        {rep.markdown_path}", file=out)
+
+
+def profile_command(args) -> int:
+    """``torchneuron profile run|report``."""
+    if args.profile_command == "report":
+        from .profiler.report import write_report
+
+        try:
+            rep = write_report(args.dir)
+        except (FileNotFoundError, ImportError) as exc:
+            print(f"torchneuron profile report: {exc}", file=sys.stderr)
+            return 2
+        _print_report(rep)
+        return 0
+    from .profiler.run import parse_steps, profile_script
+
+    try:
+        steps = parse_steps(args.steps)
+    except ValueError as exc:
+        print(f"torchneuron profile run: {exc}", file=sys.stderr)
+        return 2
+    if not args.script:
+        print("torchneuron profile run: give a script to run (torchneuron profile run script.py args...)",
+              file=sys.stderr)
+        return 2
+    try:
+        res = profile_script(args.script, args.args, args.out, steps)
+    except FileNotFoundError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if res.rank_dir is None:
+        print(f"torchneuron profile run: nothing was recorded (the script finished before step "
+              f"{steps[0] if steps else 0}?); output directory {res.out_dir}", file=sys.stderr)
+        return 1
+    print(f"trace and Parquet tables: {res.rank_dir}")
+    if res.report is not None:
+        _print_report(res.report)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchneuron", description=__doc__)
+    parser = argparse.ArgumentParser(prog="torchneuron", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("info", help="list platform, chips, devices and memory (like neuron-ls)")
+    prof = sub.add_parser("profile", help="profile a script / write a profile's report")
+    psub = prof.add_subparsers(dest="profile_command", required=True)
+    run = psub.add_parser("run", help="profile an unmodified script: torchneuron profile run script.py args...")
+    run.add_argument("--steps", default=None, metavar="A:B",
+                     help="record optimizer steps A..B-1 (default: the whole run)")
+    run.add_argument("--out", default="neuron_profile", metavar="DIR",
+                     help="output directory (default: ./neuron_profile)")
+    run.add_argument("script", nargs="?")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    rep = psub.add_parser("report", help="write DIR/report.html and report.md and print the top findings")
+    rep.add_argument("dir")
     args = parser.parse_args(argv)
     if args.command in (None, "info"):
         try:
@@ -52,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torchneuron: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "profile":
+        return profile_command(args)
     return 1
 
 

@@ -80,6 +80,19 @@ class Platform:
         key = _DTYPE_CLASS.get(dtype, dtype)
         return self.tensor_tflops[key] * 1e12
 
+    @property
+    def hbm_bytes_per_s_per_physical_core(self) -> float:
+        """A physical core's share of the chip's HBM bandwidth (derived)."""
+        return self.hbm_bandwidth_per_chip / self.physical_cores_per_chip
+
+    @property
+    def dma_transfer_fixed_s(self) -> float:
+        """Fixed cost of one DMA transfer including the descriptor issue (derived: fixed cost
+        per transfer + hardware-DGE instruction cost). The profiler's estimator charges it
+        once per kernel (a kernel moves at least one tile in) and once per ring step of a
+        collective; see docs/profiling.md."""
+        return self.dma_fixed_cost_s + self.dma_issue_cost_s
+
 
 # dtype name -> the TensorE rate class it runs at
 _DTYPE_CLASS = {

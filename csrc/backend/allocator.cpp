@@ -14,6 +14,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -68,6 +69,7 @@ struct Block {
   Block* prev = nullptr;  // neighbours inside the segment
   Block* next = nullptr;
   std::vector<int64_t> stream_uses;  // record_stream
+  std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
 };
@@ -85,6 +87,7 @@ struct Adopted {
   c10::DataPtr cpu;
   int device;
   size_t nbytes;
+  std::shared_ptr<c10::GatheredContext> context;  // memory history
 };
 
 struct DeviceCache {
@@ -96,6 +99,21 @@ struct DeviceCache {
 };
 
 DeviceCache g_cache[neuron::rt::kMaxDevices];
+
+// Memory history recorder (null unless torch.neuron.memory._record_memory_history is on).
+std::atomic<AllocatorRecorder*> g_recorder{nullptr};
+
+inline std::shared_ptr<c10::GatheredContext> history_context(bool for_free = false) {
+  AllocatorRecorder* r = g_recorder.load(std::memory_order_acquire);
+  return r ? r->context(for_free) : nullptr;
+}
+
+inline void history(AllocAction action, int device, const void* ptr, size_t size, int64_t stream,
+                    const std::shared_ptr<c10::GatheredContext>& ctx = nullptr) {
+  if (AllocatorRecorder* r = g_recorder.load(std::memory_order_acquire)) {
+    r->record(action, device, reinterpret_cast<size_t>(ptr), size, stream, ctx);
+  }
+}
 
 inline void stat_add(StatArray& arr, bool large, int64_t delta) {
   auto apply = [delta](Stat& s) {
@@ -147,7 +165,8 @@ std::string format_size(size_t bytes) {
   return buf;
 }
 
-void free_block_locked(DeviceCache& c, Block* b);
+void free_block_locked(DeviceCache& c, Block* b,
+                       const std::shared_ptr<c10::GatheredContext>& ctx);
 
 // Return every fully free segment to the runtime. Caller holds c.mu.
 void release_cached_locked(DeviceCache& c, int device) {
@@ -159,6 +178,7 @@ void release_cached_locked(DeviceCache& c, int device) {
       stat_add(c.stats.reserved_bytes, head->is_large, -static_cast<int64_t>(head->size));
       stat_add(c.stats.segment, head->is_large, -1);
       c.stats.num_device_free++;
+      history(AllocAction::SegmentFree, device, head->ptr, head->size, head->stream);
       neuron::rt::free(device, head->ptr, head->size);
       delete head;
       it = c.segments.erase(it);
@@ -170,6 +190,7 @@ void release_cached_locked(DeviceCache& c, int device) {
 
 [[noreturn]] void raise_oom(DeviceCache& c, int device, size_t requested) {
   c.stats.num_ooms++;
+  history(AllocAction::Oom, device, nullptr, requested, neuron::rt::current_stream(device));
   size_t cap = neuron::rt::capacity(device);
   size_t used = neuron::rt::used(device);
   size_t allocated = c.stats.allocated_bytes[0].current;
@@ -203,6 +224,7 @@ Block* malloc_block(int device, size_t nbytes) {
   const size_t size = round_size(nbytes);
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
+  auto ctx = history_context();
   std::unique_lock<std::mutex> lock(c.mu);
   auto& pool = large ? c.large_free : c.small_free;
 
@@ -229,6 +251,7 @@ Block* malloc_block(int device, size_t nbytes) {
       if (ptr == nullptr) raise_oom(c, device, nbytes);
     }
     c.stats.num_device_alloc++;
+    history(AllocAction::SegmentAlloc, device, ptr, seg, stream, ctx);
     block = new Block(device, stream, seg, ptr, large);
     c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
     stat_add(c.stats.segment, large, 1);
@@ -249,6 +272,8 @@ Block* malloc_block(int device, size_t nbytes) {
   }
   block->allocated = true;
   block->requested = nbytes;
+  block->context = ctx;
+  history(AllocAction::Alloc, device, block->ptr, block->size, stream, ctx);
   stat_add(c.stats.allocation, large, 1);
   stat_add(c.stats.active, large, 1);
   stat_add(c.stats.allocated_bytes, large, static_cast<int64_t>(block->size));
@@ -275,8 +300,13 @@ void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Bloc
   delete n;
 }
 
-void free_block_locked(DeviceCache& c, Block* b) {
+void free_block_locked(DeviceCache& c, Block* b,
+                       const std::shared_ptr<c10::GatheredContext>& ctx = nullptr) {
   const bool large = b->is_large;
+  // Synchronous device: a free is complete as soon as it is requested.
+  history(AllocAction::FreeRequested, b->device, b->ptr, b->size, b->stream, ctx);
+  history(AllocAction::FreeCompleted, b->device, b->ptr, b->size, b->stream, ctx);
+  b->context.reset();
   stat_add(c.stats.allocation, large, -1);
   stat_add(c.stats.active, large, -1);
   stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
@@ -306,15 +336,21 @@ void free_block_locked(DeviceCache& c, Block* b) {
 void delete_block(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
   auto& c = g_cache[b->device];
+  auto context = history_context(/*for_free=*/true);
   std::lock_guard<std::mutex> lock(c.mu);
-  free_block_locked(c, b);
+  free_block_locked(c, b, context);
 }
 
 void delete_adopted(void* ctx) {
   auto* a = static_cast<Adopted*>(ctx);
   auto& c = g_cache[a->device];
+  auto context = history_context(/*for_free=*/true);
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    // Adopted memory is its own segment: freeing it frees the segment too.
+    history(AllocAction::FreeRequested, a->device, a->cpu.get(), a->nbytes, 0, context);
+    history(AllocAction::FreeCompleted, a->device, a->cpu.get(), a->nbytes, 0, context);
+    history(AllocAction::SegmentFree, a->device, a->cpu.get(), a->nbytes, 0, context);
     count_adopted(c, a->nbytes, -1);
     c.adopted.erase(a);
     report_usage(c, a->device, a->cpu.get(), -static_cast<int64_t>(a->nbytes));
@@ -351,9 +387,12 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
     release_cached_locked(c, device);
     if (!neuron::rt::reserve(device, nbytes)) raise_oom(c, device, nbytes);
   }
-  auto* a = new Adopted{std::move(cpu_data), device, nbytes};
+  auto context = history_context();
+  auto* a = new Adopted{std::move(cpu_data), device, nbytes, context};
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    history(AllocAction::SegmentAlloc, device, ptr, nbytes, 0, context);
+    history(AllocAction::Alloc, device, ptr, nbytes, 0, context);
     count_adopted(c, nbytes, 1);
     c.adopted.insert(a);
     report_usage(c, device, ptr, static_cast<int64_t>(nbytes));
@@ -445,14 +484,15 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
           s.active_size += b->size;
           s.requested_size += b->requested;
         }
-        s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated});
+        s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated,
+                            b->allocated ? b->context : nullptr});
       }
       out.push_back(std::move(s));
     }
     for (Adopted* a : c.adopted) {
       auto addr = reinterpret_cast<size_t>(a->cpu.get());
       out.push_back({d, addr, a->nbytes, a->nbytes, a->nbytes, a->nbytes, 0, a->nbytes > kSmallSize,
-                     {{addr, a->nbytes, a->nbytes, true}}});
+                     {{addr, a->nbytes, a->nbytes, true, a->context}}});
     }
   }
   return out;
@@ -461,6 +501,10 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
 NeuronAllocator* device_allocator() {
   static NeuronAllocator instance;
   return &instance;
+}
+
+void set_allocator_recorder(AllocatorRecorder* recorder) {
+  g_recorder.store(recorder, std::memory_order_release);
 }
 
 // Registered for PrivateUse1 so at::empty, storage allocation and torch.accelerator.memory_*

@@ -5,6 +5,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
+#include <memory>
 #include <vector>
 
 namespace torchneuron {
@@ -13,6 +14,7 @@ namespace torchneuron {
 struct BlockRecord {
   size_t address, size, requested_size;
   bool allocated;
+  std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (memory history)
 };
 struct SegmentRecord {
   int device;
@@ -46,6 +48,21 @@ class NeuronAllocator : public c10::DeviceAllocator {
 };
 
 NeuronAllocator* device_allocator();
+
+// Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
+// allocation, free, segment change and OOM to one recorder while one is set.
+enum class AllocAction : uint8_t { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom };
+class AllocatorRecorder {
+ public:
+  virtual ~AllocatorRecorder() = default;
+  // The caller's context (a stack), gathered before the allocator takes its lock: gathering
+  // may take the GIL, which a thread waiting for the allocator lock might hold.
+  virtual std::shared_ptr<c10::GatheredContext> context(bool for_free) = 0;
+  // Called with the device's allocator lock held: must not block.
+  virtual void record(AllocAction action, int device, size_t address, size_t size, int64_t stream,
+                      const std::shared_ptr<c10::GatheredContext>& context) = 0;
+};
+void set_allocator_recorder(AllocatorRecorder* recorder);  // nullptr: off
 
 // Pinned ("page-locked") host memory: ordinary host memory that the device tracks, so
 // is_pinned() is true and non_blocking copies may be issued from it.

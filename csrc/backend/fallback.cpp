@@ -39,8 +39,14 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   // Pass 1: tensors and devices decide the op's device and are replaced by CPU aliases.
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
+    // How the profiler counts the argument's bytes: out= buffers are written, arguments
+    // mutated in place are read and written.
+    const auto& arg = schema.arguments()[i];
+    const int64_t tf = arg.is_out() ? prof::kOutput
+                       : (arg.alias_info() && arg.alias_info()->isWrite()) ? (prof::kOutput | prof::kRead)
+                                                                          : 0;
     if (v.isTensor()) {
-      v = alias_in(zc, sp, v.toTensor());
+      v = alias_in(zc, sp, v.toTensor(), /*allow_cpu=*/false, tf);
     } else if (v.isDevice()) {
       c10::Device d = v.toDevice();
       if (d.type() == c10::DeviceType::PrivateUse1) {
@@ -52,7 +58,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
       auto list = v.toTensorList();
       c10::List<at::Tensor> aliased;
       aliased.reserve(list.size());
-      for (const at::Tensor& t : list) aliased.push_back(alias_in(zc, sp, t));
+      for (const at::Tensor& t : list) aliased.push_back(alias_in(zc, sp, t, /*allow_cpu=*/false, tf));
       v = c10::IValue(std::move(aliased));
     } else if (v.isList() && is_optional_tensor_list(schema.arguments()[i])) {
       // Tensor?[] (indices): CPU index tensors are allowed with neuron data, as on CUDA.
@@ -78,7 +84,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
     v = c10::IValue(cpu_twin(gen, static_cast<c10::DeviceIndex>(device)));
   }
 
-  track_fallback(schema.operator_name());
+  zc.launch(schema.operator_name());
   op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
   zc.sync_inputs();
   sp.sync();

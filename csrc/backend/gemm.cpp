@@ -137,10 +137,10 @@ void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const 
 at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
-  track_hot("aten::mm");
+  zc.launch("aten::mm");
   if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::mm(a, b));
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
+  at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 2)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
   else at::cpu::mm_out(o, a, b);
   zc.sync_inputs();
@@ -151,12 +151,12 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
                  const at::Scalar& beta, const at::Scalar& alpha) {
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2);
-  track_hot("aten::addmm");
+  zc.launch("aten::addmm");
   if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != b.scalar_type()) {
     return zc.out(at::cpu::addmm(s, a, b, beta, alpha));
   }
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
+  at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 2) && via_fp32(s) && at::is_expandable_to(s.sizes(), o.sizes())) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else {
@@ -169,10 +169,10 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
 at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
-  track_hot("aten::bmm");
+  zc.launch("aten::bmm");
   if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) return zc.out(at::cpu::bmm(a, b));
   at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
+  at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 3)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
   else at::cpu::bmm_out(o, a, b);
   zc.sync_inputs();
@@ -183,12 +183,12 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
                    const at::Scalar& beta, const at::Scalar& alpha) {
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2);
-  track_hot("aten::baddbmm");
+  zc.launch("aten::baddbmm");
   if (a.dim() != 3 || b.dim() != 3 || a.scalar_type() != b.scalar_type()) {
     return zc.out(at::cpu::baddbmm(s, a, b, beta, alpha));
   }
   at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-  at::Tensor o = zc.in(out);
+  at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 3) && via_fp32(s) && at::is_expandable_to(s.sizes(), o.sizes())) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else {
@@ -211,8 +211,8 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   if (half_out(out) && half_pair(self, mat2, 2)) return copy_into(out, mm_hot(self, mat2));
   ZeroCopy zc;
-  at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in(out);
-  track_hot("aten::mm.out");
+  at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
+  zc.launch("aten::mm.out");
   at::cpu::mm_out(o, a, b);
   zc.sync_inputs();
   return out;
@@ -224,8 +224,8 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }
   ZeroCopy zc;
-  at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2), o = zc.in(out);
-  track_hot("aten::addmm.out");
+  at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2), o = zc.in_output(out);
+  zc.launch("aten::addmm.out");
   at::cpu::addmm_out(o, s, a, b, beta, alpha);
   zc.sync_inputs();
   return out;
@@ -234,8 +234,8 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
 at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   if (half_out(out) && half_pair(self, mat2, 3)) return copy_into(out, bmm_hot(self, mat2));
   ZeroCopy zc;
-  at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in(out);
-  track_hot("aten::bmm.out");
+  at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
+  zc.launch("aten::bmm.out");
   at::cpu::bmm_out(o, a, b);
   zc.sync_inputs();
   return out;
@@ -247,8 +247,8 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const 
     return copy_into(out, baddbmm_hot(self, batch1, batch2, beta, alpha));
   }
   ZeroCopy zc;
-  at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2), o = zc.in(out);
-  track_hot("aten::baddbmm.out");
+  at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2), o = zc.in_output(out);
+  zc.launch("aten::baddbmm.out");
   at::cpu::baddbmm_out(o, s, a, b, beta, alpha);
   zc.sync_inputs();
   return out;
@@ -259,8 +259,8 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const 
 at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
                       const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   ZeroCopy zc;
-  at::Tensor s = zc.in(self), m = zc.in(mat), v = zc.in(vec), o = zc.in(out);
-  track_hot("aten::addmv.out");
+  at::Tensor s = zc.in(self), m = zc.in(mat), v = zc.in(vec), o = zc.in_output(out);
+  zc.launch("aten::addmv.out");
   const bool half = via_fp32(m) && via_fp32(v) && via_fp32(s) && half_out(o) && m.dim() == 2 &&
                     v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
   if (!half) {
@@ -288,7 +288,7 @@ at::Tensor addmv_hot(const at::Tensor& self, const at::Tensor& mat, const at::Te
 at::Tensor dot_hot(const at::Tensor& self, const at::Tensor& other) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
-  track_hot("aten::dot");
+  zc.launch("aten::dot");
   if (via_fp32(a) && via_fp32(b) && a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel()) {
     return zc.out(at::cpu::dot(gemm::upcast(zc, a), gemm::upcast(zc, b)).to(at::kHalf));
   }
@@ -308,7 +308,9 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   at::Tensor in = zc.in(input), w = zc.in(weight);
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = zc.in(*bias);
-  track_hot("aten::convolution_overrideable");
+  zc.launch("aten::convolution_overrideable");
+  zc.trace_meta("transposed", transposed ? "true" : "false");
+  zc.trace_meta("groups", std::to_string(groups.expect_int()));
   const bool half = via_fp32(in) && via_fp32(w) && (!b || via_fp32(*b));
   if (half) {
     in = gemm::upcast(zc, in);
@@ -332,7 +334,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_output), in = zc.in(input), w = zc.in(weight);
   std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};
-  track_hot("aten::convolution_backward_overrideable");
+  zc.launch("aten::convolution_backward_overrideable");
+  zc.trace_meta("transposed", transposed ? "true" : "false");
+  zc.trace_meta("groups", std::to_string(groups.expect_int()));
   const bool half = via_fp32(go) && via_fp32(in) && via_fp32(w);
   if (half) {
     go = gemm::upcast(zc, go);

@@ -105,7 +105,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     // need not wait. Still validate the pairing like a real device would.
     auto* e = static_cast<neuron::rt::Event*>(event);
     if (e == nullptr || !e->recorded) return;
-    (void)stream;
+    neuron::rt::wait_event(e, normalize(stream.device_index()), stream.id());
   }
   bool queryEvent(void* event) const override {
     auto* e = static_cast<neuron::rt::Event*>(event);
@@ -115,7 +115,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event, const DeviceIndex) const noexcept override {
     delete static_cast<neuron::rt::Event*>(event);
   }
-  void synchronizeEvent(void*) const override {}
+  void synchronizeEvent(void* event) const override {
+    neuron::rt::synchronize_event(static_cast<neuron::rt::Event*>(event));
+  }
   double elapsedTime(void* start, void* end, const DeviceIndex) const override {
     TORCH_CHECK(start && end,
                 "Both events must be recorded before calculating elapsed time.");

@@ -158,17 +158,28 @@ at::Tensor& set_empty(at::Tensor& self) {
 // Cross-device copies land here (copy_ sends any copy involving PrivateUse1 to _copy_from).
 // Both sides become CPU tensors over the same bytes and the CPU copy kernel does the rest:
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
+int64_t copy_bytes(const at::Tensor& dst) { return static_cast<int64_t>(dst.numel()) * dst.element_size(); }
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  using neuron::rt::trace::CopyKind;
   if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
     // neuron:i -> neuron:j is a legal copy, unlike an op mixing devices: alias each side alone.
     ZeroCopy zs, zd;
-    zd.in(dst).copy_(zs.in(self), non_blocking);
+    at::Tensor s = zs.in(self);
+    at::Tensor d = zd.in_output(dst);
+    zd.launch_copy(CopyKind::DtoD, copy_bytes(dst), false);
+    d.copy_(s, non_blocking);
     return dst;
   }
   // One alias set for both sides, so a copy between overlapping views sees the sharing.
   ZeroCopy zc;
   at::Tensor src = zc.in(self, /*allow_cpu=*/true);
-  zc.in(dst, /*allow_cpu=*/true).copy_(src, non_blocking);
+  at::Tensor d = zc.in_output(dst, /*allow_cpu=*/true);
+  const CopyKind kind = !self.is_privateuseone() ? CopyKind::HtoD
+                        : !dst.is_privateuseone() ? CopyKind::DtoH : CopyKind::DtoD;
+  // A device-to-host copy the caller waits for synchronizes the stream (like cudaMemcpy).
+  zc.launch_copy(kind, copy_bytes(dst), kind == CopyKind::DtoH && !non_blocking);
+  d.copy_(src, non_blocking);
   return dst;
 }
 
@@ -179,9 +190,11 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  // item(): a blocking device-to-host copy of one element.
   ZeroCopy zc;
-  return at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   zc.in(self));
+  at::Tensor s = zc.in(self);
+  zc.launch_copy(neuron::rt::trace::CopyKind::DtoH, self.element_size(), /*blocking=*/true);
+  return at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), s);
 }
 
 // `module.to("neuron")` moves parameters with `param.data = moved` only when ATen calls the
@@ -240,7 +253,7 @@ template <class R, class... A> struct Hot<R(A...)> {
     ZeroCopy zc;
     // Braced initialisation evaluates left to right, so device checks see arguments in order.
     std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
-    track_hot(Name);
+    zc.launch(Name);
     R r = std::apply(F, cpu);
     zc.sync_inputs();
     return Out<R>::map(zc, std::move(r));
@@ -252,9 +265,9 @@ template <class... Rest> struct HotInplace {
   template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
     ZeroCopy zc;
-    at::Tensor s = zc.in(self);
+    at::Tensor s = zc.in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
     std::tuple<at::Tensor&, typename Arg<Rest>::type...> cpu{s, map_in(zc, rest)...};
-    track_hot(Name);
+    zc.launch(Name);
     std::apply(F, cpu);
     zc.sync_inputs();
     return self;
@@ -281,7 +294,7 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
                        OutCall out_call, FuncCall func_call) {
   if (plain(a) && plain(b) && (a.dim() == 0 || b.dim() == 0 || a.sizes() == b.sizes())) {
     at::Tensor out = pooled(zc, a.dim() == 0 ? b.sizes() : a.sizes(), dtype);
-    at::Tensor o = zc.in(out);
+    at::Tensor o = zc.in_output(out);
     out_call(o);
     zc.sync_inputs();
     return out;
@@ -294,7 +307,7 @@ template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, c
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
-  track_hot(Name);
+  zc.launch(Name);
   return elementwise(zc, a, b, at::result_type(a, b), [&](at::Tensor& o) { Out(o, a, b, alpha); },
                      [&] { return Func(a, b, alpha); });
 }
@@ -304,7 +317,7 @@ template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, con
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
-  track_hot(Name);
+  zc.launch(Name);
   c10::ScalarType dtype = at::result_type(a, b);
   if (TrueDivide && c10::isIntegralType(dtype, /*includeBool=*/true)) {
     dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
@@ -323,7 +336,7 @@ at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::T
     if (t.has_value() && t->defined()) idx.push_back(zc.in(*t, /*allow_cpu=*/true));
     else idx.push_back(std::nullopt);
   }
-  track_hot("aten::index.Tensor");
+  zc.launch("aten::index.Tensor");
   return zc.out(at::cpu::index(s, idx));
 }
 

@@ -223,10 +223,10 @@ at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::T
   std::optional<at::Tensor> bi, sr;
   if (bias.has_value() && bias->defined()) bi = zc.in(*bias);
   if (scale_result.has_value() && scale_result->defined()) sr = zc.in(*scale_result);
-  track_hot("aten::_scaled_mm");
+  zc.launch("aten::_scaled_mm");
   check_scaled_mm(a, b, sa, sb, bi, sr);
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, out_dtype.value_or(a.scalar_type()));
-  scaled_mm_into(zc, zc.in(out), a, b, sa, sb, bi, sr);
+  scaled_mm_into(zc, zc.in_output(out), a, b, sa, sb, bi, sr);
   zc.sync_inputs();
   return out;
 }
@@ -248,10 +248,10 @@ at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const 
 at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
-  track_hot("aten::_int_mm");
+  zc.launch("aten::_int_mm");
   if (a.dim() != 2 || b.dim() != 2) return zc.out(at::cpu::_int_mm(a, b));
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, at::kInt);
-  at::Tensor o = zc.in(out);
+  at::Tensor o = zc.in_output(out);
   at::cpu::_int_mm_out(o, a, b);
   zc.sync_inputs();
   return out;

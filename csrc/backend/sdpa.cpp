@@ -121,7 +121,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
   auto bias = alias_opt(zc, attn_bias);
-  track_hot("aten::_scaled_dot_product_efficient_attention");
+  zc.launch("aten::_scaled_dot_product_efficient_attention");
+  zc.trace_meta("is_causal", is_causal ? "true" : "false");
   auto [out, lse] = flash_forward(zc, q, k, v, dropout_p, is_causal, bias, scale);
   // Output laid out as the op's meta function says, (B, L, H, E) viewed as (B, H, L, E), so
   // compiled graphs see the strides they planned for. The logsumexp stays (B, H, L): context
@@ -151,7 +152,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   at::Tensor lse = zc.in(logsumexp);
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = zc.in(attn_bias);
-  track_hot("aten::_scaled_dot_product_efficient_attention_backward");
+  zc.launch("aten::_scaled_dot_product_efficient_attention_backward");
+  zc.trace_meta("is_causal", is_causal ? "true" : "false");
   auto [gq, gk, gv] = flash_backward(zc, go, q, k, v, o, lse, dropout_p, is_causal, bias, scale);
   return {zc.out(gq), zc.out(gk), zc.out(gv), at::Tensor()};
 }
@@ -163,7 +165,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_for_cpu(
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
   auto mask = alias_opt(zc, attn_mask);
-  track_hot("aten::_scaled_dot_product_flash_attention_for_cpu");
+  zc.launch("aten::_scaled_dot_product_flash_attention_for_cpu");
+  zc.trace_meta("is_causal", is_causal ? "true" : "false");
   auto [out, lse] = flash_forward(zc, q, k, v, dropout_p, is_causal, mask, scale);
   return {zc.out(out), zc.out(lse)};
 }
@@ -176,7 +179,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_cpu_backward(
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
   at::Tensor o = zc.in(out), lse = zc.in(logsumexp);
   auto mask = alias_opt(zc, attn_mask);
-  track_hot("aten::_scaled_dot_product_flash_attention_for_cpu_backward");
+  zc.launch("aten::_scaled_dot_product_flash_attention_for_cpu_backward");
+  zc.trace_meta("is_causal", is_causal ? "true" : "false");
   auto [gq, gk, gv] = flash_backward(zc, go, q, k, v, o, lse, dropout_p, is_causal, mask, scale);
   return {zc.out(gq), zc.out(gk), zc.out(gv)};
 }

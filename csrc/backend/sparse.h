@@ -54,9 +54,10 @@ class SparseAliases {
 };
 
 // Any tensor argument or result, sparse or dense.
+// trace_flags: how the profiler counts a dense argument's bytes (ZeroCopy::in).
 inline at::Tensor alias_in(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& t,
-                           bool allow_cpu = false) {
-  return is_sparse_layout(t) ? sp.in(t) : zc.in(t, allow_cpu);
+                           bool allow_cpu = false, int64_t trace_flags = 0) {
+  return is_sparse_layout(t) ? sp.in(t) : zc.in(t, allow_cpu, trace_flags);
 }
 inline at::Tensor alias_out(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& cpu) {
   return is_sparse_layout(cpu) ? sp.out(cpu) : zc.out(cpu);

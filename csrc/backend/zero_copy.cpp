@@ -56,11 +56,14 @@ c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s) {
   return alias;
 }
 
-at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu) {
+at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags) {
   if (!t.defined()) return t;
   const auto dev = t.device();
   if (dev.type() != c10::DeviceType::PrivateUse1) {
-    if (dev.type() == c10::DeviceType::CPU && (allow_cpu || t.dim() == 0)) return t;
+    if (dev.type() == c10::DeviceType::CPU && (allow_cpu || t.dim() == 0)) {
+      if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
+      return t;
+    }
     if (device_ >= 0) mismatch(at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(device_)), dev);
     TORCH_CHECK(dev.type() == c10::DeviceType::CPU || dev.type() == c10::DeviceType::Meta,
                 "neuron operators cannot take tensors on ", dev);
@@ -77,7 +80,54 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu) {
   if (src->is_neg()) impl->_set_neg(true);
   at::Tensor alias(std::move(impl));
   args_.push_back({t, alias});
+  if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
   return alias;
+}
+
+at::Tensor ZeroCopy::in_output(const at::Tensor& t, bool allow_cpu) {
+  return in(t, allow_cpu, prof::kOutput);
+}
+
+namespace {
+// "aten::add.Tensor" -> "nc::add.Tensor": a name distinct from the framework op's, so
+// key_averages() shows the kernel as its own device row instead of merging it into the op's.
+std::string kernel_name(const char* qualified) {
+  std::string s(qualified);
+  if (s.rfind("aten::", 0) == 0) s.erase(0, 6);
+  return "nc::" + s;
+}
+}  // namespace
+
+void ZeroCopy::launch(const char* qualified_name) {
+  track_hot(qualified_name);
+  if (C10_UNLIKELY(trace_ != nullptr)) {
+    prof::begin_execution(*trace_, neuron::rt::trace::Kind::Kernel, kernel_name(qualified_name));
+  }
+}
+
+void ZeroCopy::launch(const c10::OperatorName& op) {
+  track_fallback(op);
+  if (C10_UNLIKELY(trace_ != nullptr)) {
+    std::string name = op.name;
+    if (!op.overload_name.empty()) name += "." + op.overload_name;
+    // Fills are memsets on the device (DMA), which is how trace tools classify them.
+    const bool fill = op.name == "aten::fill_" || op.name == "aten::zero_";
+    if (fill) name.erase(0, 6);
+    prof::begin_execution(*trace_, fill ? neuron::rt::trace::Kind::Memset : neuron::rt::trace::Kind::Kernel,
+                          fill ? "Memset (" + name + ")" : kernel_name(name.c_str()));
+    trace_->rec.meta.emplace_back("fallback", "1");  // no dedicated neuron kernel (boxed path)
+  }
+}
+
+void ZeroCopy::launch_copy(neuron::rt::trace::CopyKind kind, int64_t bytes, bool blocking) {
+  if (C10_LIKELY(trace_ == nullptr)) return;
+  const char* dir = kind == neuron::rt::trace::CopyKind::HtoD   ? "HtoD"
+                    : kind == neuron::rt::trace::CopyKind::DtoH ? "DtoH"
+                                                                : "DtoD";
+  trace_->rec.copy = kind;
+  trace_->rec.bytes = bytes;
+  trace_->rec.blocking = blocking;
+  prof::begin_execution(*trace_, neuron::rt::trace::Kind::Memcpy, std::string("Memcpy ") + dir);
 }
 
 at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like) {
@@ -117,6 +167,16 @@ at::Tensor ZeroCopy::adopt(const at::Tensor& cpu) {
 }
 
 at::Tensor ZeroCopy::out(const at::Tensor& cpu) {
+  if (C10_UNLIKELY(trace_ != nullptr)) {
+    prof::end_execution(*trace_);
+    at::Tensor r = map_out(cpu);
+    prof::encode_tensor(trace_->rec.tensors, r, prof::kOutput);
+    return r;
+  }
+  return map_out(cpu);
+}
+
+at::Tensor ZeroCopy::map_out(const at::Tensor& cpu) {
   if (!cpu.defined() || cpu.device().type() != c10::DeviceType::CPU) return cpu;
   c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
   for (auto& a : args_) {
@@ -145,6 +205,7 @@ at::Tensor ZeroCopy::out(const at::Tensor& cpu) {
 }
 
 void ZeroCopy::sync_inputs() {
+  if (C10_UNLIKELY(trace_ != nullptr)) prof::end_execution(*trace_);
   for (auto& e : storages_) {
     c10::StorageImpl* alias = e.alias.unsafeGetStorageImpl();
     if (alias->data_ptr().get() == e.data && alias->nbytes() == e.nbytes) continue;

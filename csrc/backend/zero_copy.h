@@ -12,8 +12,11 @@
 #include <ATen/core/operator_name.h>
 #include <c10/util/SmallVector.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "profiler.h"
 
 namespace torchneuron {
 
@@ -22,10 +25,37 @@ void check_device_index(int index);
 
 class ZeroCopy {
  public:
+  // While torch.profiler records device activities, a ZeroCopy also records the kernel it
+  // runs (see profiler.h); otherwise this is one branch.
+  ZeroCopy() {
+    if (C10_UNLIKELY(neuron::rt::trace::active())) trace_ = prof::begin_launch();
+  }
+  ~ZeroCopy() {
+    if (C10_UNLIKELY(trace_ != nullptr)) prof::finish(std::move(trace_), device_);
+  }
+  ZeroCopy(const ZeroCopy&) = delete;
+  ZeroCopy& operator=(const ZeroCopy&) = delete;
+
+  // ---- the kernel ----
+  // Call right before the CPU kernel runs: counts the op (get_executed_ops) and, when
+  // profiling, starts the device activity (named nc::<op>).
+  void launch(const char* qualified_name);
+  void launch(const c10::OperatorName& op);
+  // A copy of `bytes` bytes (the activity is named "Memcpy HtoD/DtoH/DtoD").
+  void launch_copy(neuron::rt::trace::CopyKind kind, int64_t bytes, bool blocking);
+
   // ---- inputs ----
   // Note a tensor argument: checks devices (same neuron device; CPU only as 0-dim scalars
   // unless allow_cpu) and returns the CPU alias for neuron tensors, the tensor itself otherwise.
-  at::Tensor in(const at::Tensor& t, bool allow_cpu = false);
+  // trace_flags: how the profiler records the argument (prof::kOutput for out= buffers).
+  at::Tensor in(const at::Tensor& t, bool allow_cpu = false, int64_t trace_flags = 0);
+  // A device buffer the kernel writes (a preallocated output): aliased like in(), recorded as
+  // written rather than read.
+  at::Tensor in_output(const at::Tensor& t, bool allow_cpu = false);
+  // An extra argument of the kernel's device activity (raw JSON value; profiling only).
+  void trace_meta(const char* key, std::string raw_json) {
+    if (C10_UNLIKELY(trace_ != nullptr)) trace_->rec.meta.emplace_back(key, std::move(raw_json));
+  }
   void set_device(int d);
   int device() const { return device_; }
 
@@ -51,6 +81,7 @@ class ZeroCopy {
     at::Tensor alias;
   };
   c10::Storage alias_storage(c10::StorageImpl* s);
+  at::Tensor map_out(const at::Tensor& cpu);
   at::Tensor adopt(const at::Tensor& cpu);
   [[noreturn]] void mismatch(const at::Device& a, const at::Device& b);
 
@@ -59,6 +90,7 @@ class ZeroCopy {
   c10::SmallVector<Entry, 4> storages_;
   c10::SmallVector<Arg, 6> args_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
+  std::unique_ptr<prof::Pending> trace_;  // non-null only while profiling
 };
 
 // Wrap CPU bytes as a device tensor (used for adoption and by the c10d backend).

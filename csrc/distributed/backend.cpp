@@ -35,6 +35,8 @@
 #include <sstream>
 #include <thread>
 
+#include "../backend/trace_api.h"
+
 namespace torchneuron_dist {
 
 using c10::intrusive_ptr;
@@ -215,6 +217,48 @@ void collect_devices(const at::Tensor& t, std::vector<c10::Device>& devs) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Profiler: a collective is one device activity on the device's communication queue, from
+// issue to completion (recorded through torchneuron._C's trace API; null until registered).
+const torchneuron::TraceApi* g_trace = nullptr;
+
+const char* cc_kernel_name(OpType t) {
+  // NCCL-style names: trace tools (Holistic Trace Analysis) classify "nccl*Kernel*" kernels as
+  // communication.
+  switch (t) {
+    case OpType::BROADCAST: return "ncclKernel_Broadcast (neuron)";
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED: return "ncclKernel_AllReduce (neuron)";
+    case OpType::REDUCE: return "ncclKernel_Reduce (neuron)";
+    case OpType::ALLGATHER:
+    case OpType::_ALLGATHER_BASE:
+    case OpType::ALLGATHER_COALESCED: return "ncclKernel_AllGather (neuron)";
+    case OpType::GATHER: return "ncclKernel_Gather (neuron)";
+    case OpType::SCATTER: return "ncclKernel_Scatter (neuron)";
+    case OpType::REDUCE_SCATTER:
+    case OpType::_REDUCE_SCATTER_BASE:
+    case OpType::REDUCE_SCATTER_TENSOR_COALESCED: return "ncclKernel_ReduceScatter (neuron)";
+    case OpType::ALLTOALL:
+    case OpType::ALLTOALL_BASE: return "ncclKernel_AllToAll (neuron)";
+    case OpType::SEND: return "ncclKernel_Send (neuron)";
+    case OpType::RECV:
+    case OpType::RECVANYSOURCE: return "ncclKernel_Recv (neuron)";
+    case OpType::BARRIER: return "ncclKernel_Barrier (neuron)";
+    default: return "ncclKernel_Collective (neuron)";
+  }
+}
+
+struct CollectiveTrace {
+  const char* name;
+  int device;
+  uint64_t external;
+  int32_t tid;
+  int64_t launch_start, launch_end;
+  int64_t bytes;
+  std::string meta;
+  std::vector<int64_t> tensors;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Work: wraps one or more inner Works. Shared state lives in State so the inner futures'
 // callbacks can complete it without holding a reference to the Work itself.
 struct State {
@@ -226,6 +270,7 @@ struct State {
   std::vector<at::Tensor> stash;          // every tensor the transport touches
   std::function<void()> post;             // runs on success before completion (e.g. AVG divide)
   uint64_t fr_id = UINT64_MAX;
+  std::unique_ptr<CollectiveTrace> trace;  // set only while a profiler records
 
   void finish(std::exception_ptr e) {
     std::unique_lock<std::mutex> g(mu);
@@ -241,6 +286,12 @@ struct State {
     error = e;
     g.unlock();
     if (fr_id != UINT64_MAX) FlightRecorder::get().complete(fr_id, e ? "failed" : "completed");
+    if (trace && !e && g_trace) {
+      const auto& t = *trace;
+      g_trace->record_collective(t.name, t.device, 0, t.external, t.tid, t.launch_start,
+                                 t.launch_end, t.launch_end, g_trace->now_ns(), t.bytes,
+                                 t.meta.c_str(), &t.tensors);
+    }
     if (e)
       future->setErrorIfNeeded(e);
     else
@@ -763,6 +814,46 @@ class ProcessGroupNeuron : public c10d::Backend {
     return out;
   }
 
+  // Profiling: what the collective's device activity will carry (completed in State::finish).
+  void begin_trace(State& st, OpType op, uint64_t seq, const std::vector<at::Tensor>& outs,
+                   const std::vector<at::Tensor>& ins, const std::vector<c10::Device>& devs) {
+    auto t = std::make_unique<CollectiveTrace>();
+    t->name = cc_kernel_name(op);
+    t->device = devs.empty() ? 0 : devs[0].index();
+    t->external = g_trace->current_correlation();
+    t->tid = g_trace->thread_id();
+    t->launch_start = g_trace->now_ns();
+    int64_t in_bytes = 0, out_bytes = 0;
+    for (const auto& x : ins) {
+      in_bytes += static_cast<int64_t>(x.numel()) * x.element_size();
+      g_trace->encode_tensor(t->tensors, x, 0);
+    }
+    for (const auto& x : outs) {
+      out_bytes += static_cast<int64_t>(x.numel()) * x.element_size();
+      g_trace->encode_tensor(t->tensors, x, 1);
+    }
+    t->bytes = std::max(in_bytes, out_bytes);
+    int64_t issue_stream = 0;
+    if (!devs.empty()) {
+      c10::impl::VirtualGuardImpl impl(devs[0].type());
+      issue_stream = impl.getStream(devs[0]).id();
+    }
+    const std::string pg = getGroupUid().empty() ? group_name_ : getGroupUid();
+    auto add = [&t](const std::string& k, const std::string& v) {
+      t->meta += k + '\x1f' + v + '\x1e';
+    };
+    add("op", std::string("\"") + op_name(op) + "\"");
+    add("pg", "\"" + pg + "\"");
+    add("seq", std::to_string(seq));
+    add("group_size", std::to_string(getSize()));
+    add("group_rank", std::to_string(getRank()));
+    add("total_bytes", std::to_string(t->bytes));
+    add("issue_stream", std::to_string(issue_stream));
+    const auto& any = !ins.empty() ? ins : outs;
+    if (!any.empty()) add("cc_dtype", std::string("\"") + c10::toString(any[0].scalar_type()) + "\"");
+    st.trace = std::move(t);
+  }
+
   template <typename F>
   intrusive_ptr<Work> run(OpType op, const std::vector<at::Tensor>& outs,
                           const std::vector<at::Tensor>& ins, F&& launch,
@@ -784,6 +875,7 @@ class ProcessGroupNeuron : public c10d::Backend {
     const auto& any = !ins.empty() ? ins : outs;
     if (!any.empty()) e.dtype = any[0].scalar_type();
     st->fr_id = FlightRecorder::get().record(std::move(e));
+    if (g_trace && g_trace->active()) begin_trace(*st, op, seq, outs, ins, devs);
     intrusive_ptr<Work> inner;
     try {
       inner = launch();
@@ -791,6 +883,7 @@ class ProcessGroupNeuron : public c10d::Backend {
       FlightRecorder::get().complete(st->fr_id, "failed");
       throw;
     }
+    if (st->trace) st->trace->launch_end = g_trace->now_ns();
     auto w = c10::make_intrusive<NeuronWork>(getRank(), op, seq,
                                              std::vector<intrusive_ptr<Work>>{inner}, st,
                                              &no_future_[static_cast<uint8_t>(op)]);
@@ -945,6 +1038,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using torchneuron_dist::ProcessGroupNeuron;
   // Base class c10d::Backend is torch._C._distributed_c10d.Backend (pybind type sharing).
   py::module::import("torch.distributed");
+  // The profiler's trace API from the device extension (see backend/trace_api.h).
+  try {
+    py::object cap = py::module::import("torchneuron._C").attr("_trace_api");
+    auto* api = static_cast<const torchneuron::TraceApi*>(
+        PyCapsule_GetPointer(cap.ptr(), "torchneuron._trace_api"));
+    if (api && api->version == torchneuron::kTraceApiVersion) torchneuron_dist::g_trace = api;
+  } catch (py::error_already_set&) {
+    PyErr_Clear();  // no device extension: collectives are simply not traced
+  }
   py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(
       m, "ProcessGroupNeuron")
       .def(py::init<c10::intrusive_ptr<c10d::Backend>, int, int, double, std::string>(),

@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include "trace.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -303,8 +305,20 @@ void set_current_stream(int device, int64_t stream_id) noexcept {
 }
 
 bool query_stream(int, int64_t) noexcept { return true; }
-void synchronize_stream(int, int64_t) noexcept {}
-void synchronize_device(int) noexcept {}
+
+// Synchronous execution: nothing to wait for. The profiler still sees the synchronization
+// points (their blocked time is measured; the estimated timeline replays them as stalls).
+void synchronize_stream(int device, int64_t stream_id) noexcept {
+  if (!trace::active()) return;
+  const int64_t t = trace::now_ns();
+  trace::record_sync("neuronStreamSynchronize", device, stream_id, t, trace::now_ns());
+}
+
+void synchronize_device(int device) noexcept {
+  if (!trace::active()) return;
+  const int64_t t = trace::now_ns();
+  trace::record_sync("neuronDeviceSynchronize", device, -1, t, trace::now_ns());
+}
 
 int64_t now_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -312,11 +326,43 @@ int64_t now_ns() noexcept {
       .count();
 }
 
+namespace {
+// Event record / wait as trace records: the estimated timeline orders queues by them.
+void trace_event(trace::Kind kind, const char* name, const Event* event, int device,
+                 int64_t stream_id) {
+  trace::Record r;
+  r.id = trace::next_id();
+  r.external = trace::current_correlation();
+  r.kind = kind;
+  r.device = device;
+  r.stream = stream_id;
+  r.tid = trace::thread_id();
+  r.scope = trace::current_scope();
+  r.launch_start_ns = r.launch_end_ns = r.start_ns = r.end_ns = trace::now_ns();
+  r.name = name;
+  r.meta.emplace_back("event", std::to_string(reinterpret_cast<uintptr_t>(event)));
+  r.meta.emplace_back("event_stream", std::to_string(event->stream_id));
+  trace::record(std::move(r));
+}
+}  // namespace
+
 void record_event(Event* event, int device, int64_t stream_id) noexcept {
   event->device = device;
   event->stream_id = stream_id;
   event->recorded = true;
   event->time_ns = now_ns();
+  if (trace::active()) trace_event(trace::Kind::EventRecord, "neuronEventRecord", event, device, stream_id);
+}
+
+void synchronize_event(const Event* event) noexcept {
+  if (!trace::active() || event == nullptr || !event->recorded) return;
+  const int64_t t = trace::now_ns();
+  trace::record_sync("neuronEventSynchronize", event->device, event->stream_id, t, trace::now_ns());
+}
+
+void wait_event(const Event* event, int device, int64_t stream_id) noexcept {
+  if (!trace::active() || event == nullptr || !event->recorded) return;
+  trace_event(trace::Kind::Wait, "neuronStreamWaitEvent", event, device, stream_id);
 }
 
 double elapsed_ms(const Event& start, const Event& end) {

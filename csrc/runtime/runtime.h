@@ -88,6 +88,10 @@ struct Event {
   int64_t time_ns = 0;  // steady-clock time at which all prior work on the stream completed
 };
 void record_event(Event* event, int device, int64_t stream_id) noexcept;
+// Host waits for the event (complete already: execution is synchronous; traced as a sync).
+void synchronize_event(const Event* event) noexcept;
+// Future work on (device, stream_id) waits for the event (traced for the profiler's timeline).
+void wait_event(const Event* event, int device, int64_t stream_id) noexcept;
 // Milliseconds from start to end; throws std::invalid_argument if either is unusable.
 double elapsed_ms(const Event& start, const Event& end);
 int64_t now_ns() noexcept;

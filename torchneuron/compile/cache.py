@@ -45,10 +45,13 @@ def _codegen_tag() -> str:
 def _source_hash() -> str:
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            with open(os.path.join(here, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
+    files = [os.path.join(here, n) for n in sorted(os.listdir(here)) if n.endswith(".py")]
+    # The profiler's per-kernel attribution is emitted into the generated code too.
+    prof = os.path.join(os.path.dirname(here), "profiler")
+    files += [os.path.join(prof, n) for n in ("compiled.py", "estimate_flops.py")]
+    for path in files:
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read())
     return h.hexdigest()[:12]
 
 

@@ -115,7 +115,23 @@ class NeuronCppScheduling(CppScheduling):
     def define_kernel(self, src_code, nodes, kernel_args=None):
         if "neuron_tanh(" in src_code and _PREFIX_INCLUDE in src_code:
             src_code = src_code.replace(_PREFIX_INCLUDE, _PREFIX_INCLUDE + _FAST_TANH_HELPERS, 1)
-        return super().define_kernel(src_code, nodes, kernel_args)
+        args = self.kernel_group.args if kernel_args is None else kernel_args
+        name = super().define_kernel(src_code, nodes, kernel_args)
+        # Profiler attribution of the kernel (FX nodes' ops, FLOPs, source lines, module path),
+        # emitted as a literal at its call sites (see _NeuronWrapperMixin).
+        try:
+            from ..profiler.compiled import kernel_info
+
+            outputs = list(args.output_buffers) + list(args.inplace_buffers)
+            _kernel_info[name] = kernel_info(nodes, [str(o) for o in outputs])
+        except Exception:  # attribution must never break compilation
+            _kernel_info.pop(name, None)
+        return name
+
+
+# Kernel name -> profiler info of the graph being generated (a kernel's definition precedes
+# its calls in Inductor's codegen).
+_kernel_info: dict = {}
 
 
 class _NeuronWrapperMixin:
@@ -125,8 +141,17 @@ class _NeuronWrapperMixin:
                                      **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if not triton and device.type == "neuron":
-            # C++ kernel over raw pointers: a plain call, as for CPU.
+            # C++ kernel over raw pointers: a plain call, as for CPU. While torch.profiler
+            # records neuron activities the call is a device activity (one C call otherwise).
+            info = _kernel_info.get(kernel_name)
+            if info is not None:
+                outs = tuple(i for i, a in enumerate(call_args) if str(a) in info["outputs"])
+                info = {k: v for k, v in info.items() if k != "outputs"}
+                self.writeline(f"_nk = _nrt_launch({kernel_name!r}, {info!r}, {outs!r}, "
+                               f"{', '.join(str(a) for a in call_args)}) if _nrt_active() else None")
             self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            if info is not None:
+                self.writeline("if _nk is not None: _nk.end()")
             return
         return super()._generate_kernel_call_helper(  # type: ignore[misc]
             kernel_name, call_args, device=device, triton=triton, **kwargs)
@@ -155,6 +180,11 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronWrapperMixin, SubgraphPythonWrap
 
 class NeuronPythonWrapperCodegen(_NeuronWrapperMixin, PythonWrapperCodegen):
     """Python wrapper that launches C++ kernels on neuron buffers."""
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline("from torchneuron.profiler.compiled import launch as _nrt_launch")
+        self.imports.writeline("from torchneuron._C import _trace_active as _nrt_active")
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):

@@ -6,8 +6,10 @@ Mirrors ``torch.cuda.memory``. Statistics come from the C++ ``DeviceAllocator`` 
 
 from __future__ import annotations
 
+import pickle
+import sys
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -19,6 +21,7 @@ __all__ = [
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "memory_summary",
     "memory_snapshot", "mem_get_info", "host_memory_stats", "list_gpu_processes",
+    "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
 
@@ -141,3 +144,49 @@ def list_gpu_processes(device: Any = None) -> str:
     """The emulated device is private to this process."""
     index = _index(device)
     return f"neuron:{index}: emulated device, used only by this process"
+
+
+def _record_memory_history(enabled: Optional[str] = "all", context: Optional[str] = "all",
+                           stacks: str = "all", max_entries: int = sys.maxsize,
+                           device: Any = None, clear_history: bool = False) -> None:
+    """Record the allocator's history, like ``torch.cuda.memory._record_memory_history``.
+
+    Args:
+        enabled: ``"all"`` keeps a trace of every alloc/free/segment/OOM action plus the stack
+            of every live block; ``"state"`` only the live blocks' stacks; ``None`` stops
+            recording and forgets the history (``True``/``False`` mean ``"all"``/``None``).
+        context: which actions capture a stack: ``"alloc"``, ``"all"`` (allocs and frees),
+            ``"state"`` (allocs, for the live blocks), or ``None``.
+        stacks: ``"python"`` (Python frames only, cheap) or ``"all"`` (Python and C++).
+        max_entries: the most recent actions kept.
+        device: accepted for CUDA compatibility (every neuron device is recorded).
+        clear_history: forget the actions recorded so far before continuing.
+
+    Render with ``torch.cuda._memory_viz`` (or pytorch.org/memory_viz) after
+    :func:`_dump_snapshot`.
+    """
+    if enabled is True:
+        enabled = "all"
+    elif enabled is False:
+        enabled = None
+    if clear_history and enabled is not None:
+        _C._memory_record_history(None, None, "python", 1)
+    torch.neuron._lazy_init()
+    _C._memory_record_history(enabled, context, stacks, int(min(max_entries, 2**62)))
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """The allocator state and recorded history in ``torch.cuda.memory._snapshot`` form:
+    ``{"segments": [...], "device_traces": [[...] per device], "allocator_settings": {...}}``,
+    each block and trace entry with its ``frames`` (``filename``, ``line``, ``name``)."""
+    if not torch.neuron.is_initialized():
+        return {"segments": [], "device_traces": [[] for _ in range(torch.neuron.device_count())],
+                "allocator_settings": {"device": "neuron"}}
+    return _C._memory_snapshot_full()
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle :func:`_snapshot` to ``filename`` (open it with ``torch.cuda._memory_viz`` or
+    drag it onto pytorch.org/memory_viz)."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)

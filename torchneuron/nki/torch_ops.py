@@ -128,27 +128,39 @@ def call_kernel(kernel: Any, lnc: int, args: tuple, kwargs: dict, grid_ndim: int
             spec = _spec(run(fn, na, nk, lnc=lnc, numerics=False, grid_ndim=grid_ndim).outputs)
             _spec_cache[key] = spec
         return _fake_outputs(spec, device)
-    host: dict[int, torch.Tensor] = {}
+    # While torch.profiler records neuron activities, the launch is one device activity
+    # (torchneuron.profiler.nki); None otherwise.
+    from ..profiler import nki as _prof
 
-    def to_host(t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu":
-            return t
-        h = t.detach().cpu()
-        host[id(h)] = (t, h)
-        return h
-    hargs = _map(args, to_host)
-    hkwargs = _map(kwargs, to_host)
-    res = run(fn, hargs, hkwargs, lnc=lnc, grid_ndim=grid_ndim)
-    _spec_cache[key] = _spec(res.outputs)
-    for dev_t, h in host.values():
-        # Kernels may write their inputs in place (as on the device): copy back the ones a DMA
-        # wrote -- only those, so read-only inputs keep their autograd version counter.
-        if _written(h, res.written_inputs):
-            with torch.no_grad():
-                dev_t.copy_(h)
-    out = numpy_to_torch(res.outputs)
-    if device.type != "cpu":
-        out = _map(out, lambda t: t.to(device))
+    act = _prof.begin(fn, tensors, device)
+    try:
+        host: dict[int, torch.Tensor] = {}
+
+        def to_host(t: torch.Tensor) -> torch.Tensor:
+            if t.device.type == "cpu":
+                return t
+            h = t.detach().cpu()
+            host[id(h)] = (t, h)
+            return h
+        hargs = _map(args, to_host)
+        hkwargs = _map(kwargs, to_host)
+        res = run(fn, hargs, hkwargs, lnc=lnc, grid_ndim=grid_ndim)
+        _spec_cache[key] = _spec(res.outputs)
+        for dev_t, h in host.values():
+            # Kernels may write their inputs in place (as on the device): copy back the ones a
+            # DMA wrote -- only those, so read-only inputs keep their autograd version counter.
+            if _written(h, res.written_inputs):
+                with torch.no_grad():
+                    dev_t.copy_(h)
+        out = numpy_to_torch(res.outputs)
+        if device.type != "cpu":
+            out = _map(out, lambda t: t.to(device))
+    except BaseException:
+        if act is not None:
+            _prof.cancel(act)
+        raise
+    if act is not None:
+        _prof.end(act, fn, res, _tensors(out))
     return out
 
 

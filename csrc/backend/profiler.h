@@ -1,0 +1,50 @@
+// Device activities for torch.profiler: the recording hook the execution paths call, and the
+// helpers the kineto plugin (profiler.cpp) and the Python bindings share.
+//
+// An op's kernel is recorded by its ZeroCopy (zero_copy.h): construction starts the host-side
+// launch, `launch(name)` marks where the kernel starts executing, the first of
+// sync_inputs()/out()/destruction marks its end. Tensors seen by in()/out() are encoded into
+// the record so the estimator knows shapes, dtypes, strides and which storages were read and
+// written. Everything is behind `neuron::rt::trace::active()`: one branch when off.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <string>
+
+#include "../runtime/trace.h"
+
+namespace torchneuron::prof {
+
+// Tensor encoding in Record::tensors, one group per tensor:
+//   [flags, dtype, ndim, storage_key, storage_nbytes, storage_offset, sizes..., strides...]
+// flags: bit 0 written, bit 1 on the CPU (not device memory), bit 2 also read (in place).
+constexpr int64_t kOutput = 1;
+constexpr int64_t kCpu = 2;
+constexpr int64_t kRead = 4;
+void encode_tensor(std::vector<int64_t>& out, const at::Tensor& t, int64_t flags);
+
+// A device activity under construction (only allocated while a session records).
+struct Pending {
+  neuron::rt::trace::Record rec;
+  bool launched = false;
+  bool ended = false;
+  bool rf_was_enabled = true;
+  bool rf_disabled = false;
+  int uncaught = 0;  // std::uncaught_exceptions() at launch: a kernel that throws is not recorded
+};
+
+// Start / mark execution / finish a pending activity. `begin_execution` turns RecordFunction
+// off on this thread while the emulated kernel runs, so CPU ops a CPU kernel calls internally
+// (e.g. relu -> clamp_min) do not appear as framework ops nested in the device op.
+std::unique_ptr<Pending> begin_launch();
+void begin_execution(Pending& p, neuron::rt::trace::Kind kind, std::string name);
+void end_execution(Pending& p) noexcept;
+void finish(std::unique_ptr<Pending> p, int device) noexcept;
+
+// Python source capture per launch (on by default; torchneuron.profiler.set_options).
+bool source_capture_enabled() noexcept;
+void set_source_capture(bool on) noexcept;
+
+}  // namespace torchneuron::prof
