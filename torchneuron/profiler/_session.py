@@ -165,7 +165,8 @@ def user_frames(frames: Any) -> tuple:
     for f in frames:  # innermost first
         fn = f.get("filename", "")
         if _is_user_frame(fn):
-            out.append((fn, int(f.get("line", 0)), f.get("name", "")))
+            # One spelling per file, however it was imported ("a/../b.py" is "b.py").
+            out.append((os.path.normpath(fn), int(f.get("line", 0)), f.get("name", "")))
     return tuple(reversed(out))
 
 
