@@ -8,8 +8,9 @@ kernel is compute-bound; (a') is a memory-bound chain of cheap ops), (b) a train
 examples/gpt.py (forward, backward, AdamW step; model and optimizer step compiled), (c)
 FlexAttention causal forward+backward (CPU Inductor has no FlexAttention backward: n/a).
 
-Timings: minimum of --repeat timed calls after --warmup calls (compile happens in warm-up);
-the variants of a workload are timed round-robin, so background load hits them alike.
+Timings: --repeat rounds after --warmup calls (compile happens in warm-up); in each round the
+variants of a workload are timed once each, round-robin, so background load hits them alike.
+Printed: median [min-max] per variant, and the per-round ratios' median [min-max].
 Usage: python bench/compile.py [--repeat 30] [--warmup 3]
 """
 
@@ -26,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 import torchneuron.compile as tnc  # noqa: E402
+from _stats import fmt, fmt_ratio, ratios  # noqa: E402
 
 tnc.register()
 tnc.install_import_hooks()
@@ -39,9 +41,8 @@ def _sync(device):
 
 
 def timeit(fns, warmup, repeat):
-    """Seconds per call of each ``{name: (fn, device)}``: the minimum over ``repeat`` calls (the
-    least-disturbed run; this host is shared). Calls are interleaved round-robin so that every
-    variant sees the same background load."""
+    """Seconds per call of each ``{name: (fn, device)}``, one sample per round. Calls are
+    interleaved round-robin so that every variant sees the same background load."""
     for fn, dev in fns.values():
         for _ in range(warmup):  # compiles
             fn()
@@ -53,7 +54,7 @@ def timeit(fns, warmup, repeat):
             fn()
             _sync(dev)
             times[name].append(time.perf_counter() - t0)
-    return {name: min(ts) for name, ts in times.items()}
+    return times
 
 
 # (a) pointwise chain ---------------------------------------------------------------------------
@@ -153,7 +154,7 @@ def bench_flex(args):
 
     out = timeit({"neuron eager": (run(flex_attention), NEURON),
                   "neuron compiled": (run(compiled), NEURON)}, args.warmup, args.repeat)
-    out["cpu inductor"] = float("nan")
+    out["cpu inductor"] = None
     return out
 
 
@@ -169,16 +170,14 @@ def main():
             ("(a') arithmetic pointwise x10, 4M fp32", bench_pointwise(args, pointwise_chain_arith)),
             ("(b) GPT train step (2L, d128, 16x64)", bench_gpt(args)),
             ("(c) FlexAttention causal fwd+bwd (4x8x256x64)", bench_flex(args))]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, min of {args.repeat} interleaved runs")
-    hdr = f"{'workload':<46}{'neuron eager':>14}{'neuron comp':>14}{'cpu inductor':>14}{'comp/eager':>12}{'comp/cpu-ind':>14}"
-    print(hdr)
-    print("-" * len(hdr))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeat} interleaved "
+          "rounds: median [min-max]")
     for name, r in rows:
         e, c, i = r["neuron eager"], r["neuron compiled"], r["cpu inductor"]
-        ratio_i = c / i if i == i else float("nan")
-        fmt = lambda s: f"{s * 1e3:.3f} ms" if s == s else "n/a"
-        print(f"{name:<46}{fmt(e):>14}{fmt(c):>14}{fmt(i):>14}{c / e:>12.3f}"
-              f"{(f'{ratio_i:.3f}' if ratio_i == ratio_i else 'n/a'):>14}")
+        print(f"{name}\n  neuron eager {fmt(e)} | neuron compiled {fmt(c)} | cpu inductor "
+              f"{fmt(i) if i else 'n/a'}")
+        print(f"  compiled/eager {fmt_ratio(ratios(c, e))}"
+              + (f" | compiled/cpu-inductor {fmt_ratio(ratios(c, i))}" if i else ""))
     print("compile metrics:", torch.neuron.get_dynamo_metrics())
 
 

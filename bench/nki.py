@@ -29,6 +29,9 @@ import nki.isa as nisa  # noqa: E402
 import nki.language as nl  # noqa: E402
 from nki_kernels import matmul_kernel, softmax_kernel  # noqa: E402
 
+sys.path.insert(0, _HERE)  # after `import nki` (this directory holds nki.py): the shared summaries
+from _stats import fmt, fmt_ratio, ratios, summary  # noqa: E402
+
 
 @nki.jit
 def _many_small(x, n):
@@ -38,22 +41,24 @@ def _many_small(x, n):
         nisa.tensor_scalar(r, t, nl.add, 1.0)
 
 
-def _best(f, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t)
-    return best
+def _timed(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def _samples(f, repeat: int) -> list[float]:
+    return [_timed(f) for _ in range(repeat)]
 
 
 def instructions_per_second() -> None:
     x = np.zeros((128, 64), np.float32)
     n = 20000
     for numerics in (True, False):
-        s = _best(lambda: nki.simulate(_many_small, numerics=numerics)(x, n), 3)
+        rates = [(n + 1) / t for t in _samples(lambda: nki.simulate(_many_small, numerics=numerics)(x, n), 5)]
+        m, lo, hi = summary(rates)
         print(f"simulated instructions/s ([128, 64] tensor_scalar, numerics={numerics}): "
-              f"{(n + 1) / s:,.0f}")
+              f"{m:,.0f} [{lo:,.0f}-{hi:,.0f}]")
 
 
 def softmax_ratio() -> None:
@@ -62,17 +67,22 @@ def softmax_ratio() -> None:
     xt = torch.from_numpy(x)
     sim = nki.simulate(softmax_kernel)
     sim(x)  # warm-up (source checks are cached per kernel)
-    t_sim = _best(lambda: sim(x), 20)
-    t_torch = _best(lambda: torch.softmax(xt, dim=-1), 50)
+    # Interleaved rounds: each round times the simulation once and torch.softmax (best of 5
+    # calls, it is 100x shorter) with the default threads and with one thread.
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a loaded machine makes torch's thread pool erratic: report both
-    try:
-        t_torch1 = _best(lambda: torch.softmax(xt, dim=-1), 50)
-    finally:
-        torch.set_num_threads(threads)
-    print(f"softmax 128x4096 fp32: simulator {t_sim * 1e3:.2f} ms; torch.softmax "
-          f"{t_torch * 1e3:.3f} ms ({threads} threads) -> ratio {t_sim / t_torch:.1f}x, "
-          f"{t_torch1 * 1e3:.3f} ms (1 thread) -> ratio {t_sim / t_torch1:.1f}x (target <= 20x)")
+    t_sim, t_torch, t_torch1 = [], [], []
+    for _ in range(15):
+        t_sim.append(_timed(lambda: sim(x)))
+        t_torch.append(min(_samples(lambda: torch.softmax(xt, dim=-1), 5)))
+        torch.set_num_threads(1)  # a loaded machine makes torch's thread pool erratic: report both
+        try:
+            t_torch1.append(min(_samples(lambda: torch.softmax(xt, dim=-1), 5)))
+        finally:
+            torch.set_num_threads(threads)
+    print(f"softmax 128x4096 fp32 (15 rounds, median [min-max]): simulator {fmt(t_sim)}; "
+          f"torch.softmax {fmt(t_torch, digits=3)} ({threads} threads) -> ratio "
+          f"{fmt_ratio(ratios(t_sim, t_torch), 1)}x; {fmt(t_torch1, digits=3)} (1 thread) -> ratio "
+          f"{fmt_ratio(ratios(t_sim, t_torch1), 1)}x (target <= 20x on the median)")
 
 
 def matmul_mfu() -> None:

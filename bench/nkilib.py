@@ -34,6 +34,9 @@ import torchneuron.nkilib as nkilib  # noqa: E402
 from torchneuron.nkilib.perf_cases import cases  # noqa: E402
 from torchneuron.platform import get_platform  # noqa: E402
 
+sys.path.insert(0, _HERE)  # after `import nkilib` (this directory holds nkilib.py)
+from _stats import fmt, fmt_ratio, ratios  # noqa: E402
+
 
 def roofline_us(plat, flops, nbytes, mm_dtype, lnc):
     hbm = plat.hbm_bandwidth_per_chip / plat.physical_cores_per_chip * lnc
@@ -78,12 +81,15 @@ def sim_speed() -> None:
                                                       causal_mask=causal)
         sdpa()
         sim()
-        ts = min(_timed(sdpa) for _ in range(3))
-        tn = min(_timed(sim) for _ in range(2))
+        tn, ts = [], []
+        for _ in range(5):  # interleaved rounds; SDPA is the best of 3 calls within a round
+            tn.append(_timed(sim))
+            ts.append(min(_timed(sdpa) for _ in range(3)))
         err = (sim() - sdpa()).abs().max().item()
         print(f"attention_cte fwd simulation, {H} heads x S={S} x d={d} fp32, "
-              f"{'causal' if causal else 'full'}: {tn * 1e3:.0f} ms vs SDPA on CPU "
-              f"{ts * 1e3:.0f} ms -> ratio {tn / ts:.2f}x (target <= 10x); max |err| {err:.1e}")
+              f"{'causal' if causal else 'full'} (5 rounds, median [min-max]): {fmt(tn, digits=0)} "
+              f"vs SDPA on CPU {fmt(ts, digits=0)} -> ratio {fmt_ratio(ratios(tn, ts))}x "
+              f"(target <= 10x on the median); max |err| {err:.1e}")
 
 
 def _timed(f) -> float:
