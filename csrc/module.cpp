@@ -40,33 +40,6 @@ py::object default_generator(int device) {
   return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
 }
 
-py::list memory_snapshot() {
-  py::list segments;
-  for (const auto& s : torchneuron::device_allocator()->snapshot()) {
-    py::dict seg;
-    seg["device"] = s.device;
-    seg["address"] = s.address;
-    seg["total_size"] = s.total_size;
-    seg["allocated_size"] = s.allocated_size;
-    seg["active_size"] = s.active_size;
-    seg["requested_size"] = s.requested_size;
-    seg["stream"] = s.stream;
-    seg["segment_type"] = s.is_large ? "large" : "small";
-    py::list blocks;
-    for (const auto& b : s.blocks) {
-      py::dict blk;
-      blk["address"] = b.address;
-      blk["size"] = b.size;
-      blk["requested_size"] = b.requested_size;
-      blk["state"] = b.allocated ? "active_allocated" : "inactive";
-      blocks.append(blk);
-    }
-    seg["blocks"] = blocks;
-    segments.append(seg);
-  }
-  return segments;
-}
-
 py::tuple ipc_export(py::handle storage) {
   TORCH_CHECK(THPStorage_Check(storage.ptr()), "_ipc_export expects a torch.UntypedStorage");
   auto h = torchneuron::ipc_export(THPStorage_Unpack(storage.ptr()));
@@ -108,7 +81,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_stream_priority", &neuron::rt::stream_priority);
   m.def("_get_default_generator", &default_generator);
-  m.def("_memory_snapshot", &memory_snapshot);
   m.def("_host_stats", []() {
     auto s = torchneuron::host_allocator()->get_stats();
     py::dict d;

@@ -132,11 +132,22 @@ def test_holistic_trace_analysis_reads_the_trace(gpt_profile, tmp_path):
     _, trace, _ = gpt_profile
     trace = dict(trace)
     trace["distributedInfo"] = {"rank": 0, "world_size": 1}
-    # HTA subtracts sums of absolute timestamps in float64: with ts ~5e12 us and thousands of
-    # kernels those sums lose microseconds, enough to fail its own `non_compute_time >= 0`
-    # check when little non-compute time exists. Rebase the (relative) timestamps to 0.
+    # HTA subtracts sums of timestamps in float64 (`sum(end) - sum(ts)` over thousands of
+    # kernels) and asserts `non_compute_time >= 0`; fractional microseconds make those sums
+    # inexact, so when the memory kernels hide under compute ones (a timing accident of a loaded
+    # machine) it fails by ~1e-9 us. Rebase to 0 and snap each interval to whole microseconds
+    # (ordering kept), so every sum is exact.
     t0 = min(e["ts"] for e in trace["traceEvents"] if "ts" in e)
-    trace["traceEvents"] = [dict(e, ts=e["ts"] - t0) if "ts" in e else e for e in trace["traceEvents"]]
+
+    def snapped(e):
+        if "ts" not in e:
+            return e
+        start = round(e["ts"] - t0)
+        if "dur" not in e:
+            return dict(e, ts=start)
+        return dict(e, ts=start, dur=round(e["ts"] - t0 + e["dur"]) - start)
+
+    trace["traceEvents"] = [snapped(e) for e in trace["traceEvents"]]
     (tmp_path / "rank0.json").write_text(json.dumps(trace))
     ta = TraceAnalysis(trace_dir=str(tmp_path))
     temporal = ta.get_temporal_breakdown(visualize=False)

@@ -92,9 +92,7 @@ def host_memory_stats() -> dict[str, int]:
 
 def memory_snapshot() -> list[dict[str, Any]]:
     """Every segment of every device with its blocks, in ``torch.cuda.memory_snapshot`` form."""
-    if not torch.neuron.is_initialized():
-        return []
-    return _C._memory_snapshot()
+    return _snapshot()["segments"]
 
 
 def _fmt(n: float) -> str:

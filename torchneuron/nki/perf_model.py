@@ -292,7 +292,8 @@ def _core(instrs: list[Instr], platform, program: int, events: list):
             writes.setdefault(sid, []).append((r, end))
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
     total = 0.0
     cur_s = cur_e = None
     for s, e in sorted(intervals):
@@ -367,7 +368,7 @@ def analyze(programs: list[list[Instr]], platform, outputs: Any = None,
             by_dtype[ev.instr.dtype] = by_dtype.get(ev.instr.dtype, 0.0) + ev.instr.flops
     nprog = max(len(programs), 1)
     busy = {k: v / nprog * 1e6 for k, v in busy.items()}
-    busy["dma"] = _union_length(dma_iv) / nprog * 1e6
+    busy["dma"] = union_length(dma_iv) / nprog * 1e6
     busy["dma_queue_avg"] = dma_sum / (platform.dma_queues * nprog) * 1e6
     mm_dtype = max(by_dtype, key=by_dtype.get) if by_dtype else ""
     peak = platform.peak_flops(mm_dtype) if mm_dtype else 0.0

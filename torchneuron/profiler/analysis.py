@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..nki.perf_model import union_length
+
 __all__ = ["Analysis", "analyze_trace", "load_trace"]
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -29,21 +31,6 @@ def load_trace(path: str) -> dict:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
         return json.load(f)
-
-
-def _union(intervals: list) -> float:
-    total = 0.0
-    cur_s = cur_e = None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def _overlap(a: tuple, intervals: list) -> float:
@@ -287,7 +274,7 @@ def _steps(a: Analysis, steps: list, devs: list) -> None:
         comp = [e for e in inside if e.get("kind") != "collective"]
         est_end = max((e["est_end_ns"] for e in inside), default=v1)
         est_span = max(max(v1, est_end) - v0, 1.0)
-        busy = _union([(int(e["est_start_ns"]), e["est_end_ns"]) for e in comp])
+        busy = union_length([(int(e["est_start_ns"]), e["est_end_ns"]) for e in comp])
         flops = sum(int(e.get("flops", 0)) for e in inside)
         nbytes = sum(int(e.get("bytes_read", 0)) + int(e.get("bytes_written", 0)) for e in comp)
         by_dtype: dict = defaultdict(float)

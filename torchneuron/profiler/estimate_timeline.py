@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .estimate import Cost, Hardware, cost_of
+from ..nki.perf_model import union_length
 from .records import DeviceRecord
 
 __all__ = ["Estimated", "Timeline", "build_timeline"]
@@ -54,21 +55,6 @@ class Timeline:
 
     def device_items(self) -> list:
         return [e for e in self.items if e.record.is_device]
-
-
-def _union(intervals: list) -> float:
-    total = 0.0
-    cur_s = cur_e = None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def build_timeline(records: list[DeviceRecord], hw: Hardware) -> Timeline:
@@ -171,7 +157,7 @@ def summarize(tl: Timeline, t0: float | None = None, t1: float | None = None) ->
     end = max(e.est_end for e in items)
     span = max(end - start, 1e-9)
     compute = [(e.est_start, e.est_end) for e in items if e.record.kind != "collective"]
-    busy = _union(compute)
+    busy = union_length(compute)
     flops = sum(e.cost.flops for e in items)
     nbytes = sum(e.cost.bytes for e in items if e.record.kind != "collective")
     peak = hw.peak_flops(dominant_dtype(items))
