@@ -25,3 +25,13 @@ def word_tokenizer():
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate's singletons reset before and after the test (they remember the device)."""
+    from hf_support import reset_accelerate_state
+
+    reset_accelerate_state()
+    yield
+    reset_accelerate_state()

@@ -17,6 +17,14 @@ SENTENCES = [
 ]
 
 
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide singletons, so each run picks its device anew."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 def train_word_tokenizer():
     """Word-level tokenizer over SENTENCES with pad/eos/unk tokens, as a transformers
     ``PreTrainedTokenizerFast``."""

@@ -13,27 +13,15 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from accelerate_common import BATCH, STEPS, make_data, make_loader, make_model
+from hf_support import reset_accelerate_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture
-def fresh_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _train(mixed_precision: str, cpu: bool):
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     model, opt, loader = acc.prepare(make_model(), None, make_loader())
     opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
@@ -49,7 +37,7 @@ def _train(mixed_precision: str, cpu: bool):
 
 
 @pytest.mark.parametrize("mixed_precision,tol", [("no", 1e-5), ("bf16", 2e-2)])
-def test_single_process_training_runs_on_neuron_and_matches_cpu(fresh_state, mixed_precision, tol):
+def test_single_process_training_runs_on_neuron_and_matches_cpu(fresh_accelerate_state, mixed_precision, tol):
     acc, model, losses = _train(mixed_precision, cpu=False)
     assert acc.device.type == "neuron"  # single process: torch.device("neuron"), as for CUDA
     assert next(model.parameters()).device.type == "neuron"
@@ -59,7 +47,7 @@ def test_single_process_training_runs_on_neuron_and_matches_cpu(fresh_state, mix
         assert_close(p.detach().cpu(), q.detach(), atol=tol, rtol=tol)
 
 
-def test_bf16_autocast_context_is_neurons(fresh_state):
+def test_bf16_autocast_context_is_neurons(fresh_accelerate_state):
     from accelerate import Accelerator
 
     acc = Accelerator(mixed_precision="bf16")
@@ -71,7 +59,7 @@ def test_bf16_autocast_context_is_neurons(fresh_state):
     assert y.dtype == torch.bfloat16
 
 
-def test_save_and_load_state_round_trip_neuron_rng_and_weights(fresh_state, tmp_path):
+def test_save_and_load_state_round_trip_neuron_rng_and_weights(fresh_accelerate_state, tmp_path):
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
@@ -89,7 +77,7 @@ def test_save_and_load_state_round_trip_neuron_rng_and_weights(fresh_state, tmp_
         assert_close(p.detach().cpu(), q.detach())
 
 
-def test_release_memory_empties_the_neuron_cache(fresh_state):
+def test_release_memory_empties_the_neuron_cache(fresh_accelerate_state):
     from accelerate.utils import release_memory
 
     before = torch.neuron.memory_reserved()

@@ -6,28 +6,17 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from hf_support import lm_dataset, tiny_llama
+from hf_support import lm_dataset, reset_accelerate_state, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 STEPS = 4
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _train(tmp_path, tokenizer, **args):
-    from accelerate.state import AcceleratorState, GradientState
     from transformers import Trainer, TrainingArguments
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     targs = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
                               max_steps=STEPS, learning_rate=1e-3, logging_steps=1,
                               report_to=[], save_strategy="no", seed=0, data_seed=0,

@@ -6,29 +6,18 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from hf_support import SENTENCES, tiny_llama
+from hf_support import SENTENCES, reset_accelerate_state, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 STEPS = 3
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _sft(tmp_path, tokenizer, **args):
-    from accelerate.state import AcceleratorState, GradientState
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     cfg = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=STEPS, per_device_train_batch_size=4,
                     learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no",
                     max_length=24, seed=0, data_seed=0, dataloader_num_workers=0, **args)
