@@ -68,6 +68,29 @@ def _check_moe_shapes(name, hidden_states, expert_affinities_masked, gate_up_pro
     return T1, H, E, I, N, B
 
 
+def _gather_token_rows(ids_flat, hidden_states, s0, rows, H, mdt):
+    """Token ids ``ids_flat[s0:s0+rows]`` of a block slot and their hidden-state rows (indirect DMA)."""
+    idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=ids_flat[s0:s0 + rows, :])
+    xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xr, src=hidden_states.ap([[H, rows], [1, H]], vector_offset=idx,
+                                               indirect_dim=0))
+    return idx, xr
+
+
+def _gather_affinities(idx, block_to_expert, expert_affinities_masked, b, rows, E):
+    """Each token's affinity to block ``b``'s expert: flat index ``t*E + e`` (``e`` broadcast to
+    every partition by DMA), then an indirect DMA of the fp32 affinities. Returns (index, aff)."""
+    e_col = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=e_col, src=block_to_expert[b:b + 1, :].broadcast_to((rows, 1)))
+    aidx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
+    nisa.tensor_scalar(aidx, idx, nl.multiply, float(E), op1=nl.add, operand1=e_col)
+    aff = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=aff, src=expert_affinities_masked.ap([[1, rows], [1, 1]], vector_offset=aidx,
+                                                          indirect_dim=0))
+    return aidx, aff
+
+
 @nki.jit
 def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
             token_position_to_id, block_to_expert, block_size):
@@ -111,19 +134,9 @@ def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_p
             for s in range(cdiv(tt, P)):
                 rows = min(P, tt - s * P)
                 s0 = b * B + c0 + s * P
-                idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=idx, src=ids_flat[s0:s0 + rows, :])
-                xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
-                nisa.dma_copy(dst=xr, src=hidden_states.ap([[H, rows], [1, H]],
-                                                           vector_offset=idx, indirect_dim=0))
-                # affinity index t*E + e (e broadcast to every partition by DMA)
-                e_col = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=e_col, src=block_to_expert[b:b + 1, :].broadcast_to((rows, 1)))
-                aidx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.tensor_scalar(aidx, idx, nl.multiply, float(E), op1=nl.add, operand1=e_col)
-                aff = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=aff, src=expert_affinities_masked.ap(
-                    [[1, rows], [1, 1]], vector_offset=aidx, indirect_dim=0))
+                idx, xr = _gather_token_rows(ids_flat, hidden_states, s0, rows, H, mdt)
+                aidx, aff = _gather_affinities(idx, block_to_expert, expert_affinities_masked, b,
+                                               rows, E)
                 acc = nl.ndarray((rows, H), nl.float32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=acc, src=out.ap([[H, rows], [1, H]], vector_offset=idx,
                                                   indirect_dim=0))
@@ -205,18 +218,9 @@ def moe_cte_shard_on_i(hidden_states, expert_affinities_masked, gate_up_proj_wei
             for s in range(cdiv(tt, P)):
                 rows = min(P, tt - s * P)
                 s0 = b * B + c0 + s * P
-                idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=idx, src=ids_flat[s0:s0 + rows, :])
-                xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
-                nisa.dma_copy(dst=xr, src=hidden_states.ap([[H, rows], [1, H]],
-                                                           vector_offset=idx, indirect_dim=0))
-                e_col = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=e_col, src=block_to_expert[b:b + 1, :].broadcast_to((rows, 1)))
-                aidx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.tensor_scalar(aidx, idx, nl.multiply, float(E), op1=nl.add, operand1=e_col)
-                aff = nl.ndarray((rows, 1), nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=aff, src=expert_affinities_masked.ap(
-                    [[1, rows], [1, 1]], vector_offset=aidx, indirect_dim=0))
+                idx, xr = _gather_token_rows(ids_flat, hidden_states, s0, rows, H, mdt)
+                aidx, aff = _gather_affinities(idx, block_to_expert, expert_affinities_masked, b,
+                                               rows, E)
                 part = nl.ndarray((rows, H), nl.float32, buffer=nl.sbuf)
                 idxs.append(idx)
                 rows_tiles.append(xr)
@@ -485,21 +489,12 @@ def moe_cte_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight, do
             for s in range(NS):
                 rows = min(P, tt - s * P)
                 s0 = b * B + c0 + s * P
-                idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=idx, src=ids_flat[s0:s0 + rows, :])
-                xr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
-                nisa.dma_copy(dst=xr, src=hidden_states.ap([[H, rows], [1, H]],
-                                                           vector_offset=idx, indirect_dim=0))
+                idx, xr = _gather_token_rows(ids_flat, hidden_states, s0, rows, H, mdt)
                 dr = nl.ndarray((rows, H), mdt, buffer=nl.sbuf)
                 nisa.dma_copy(dst=dr, src=dout.ap([[H, rows], [1, H]], vector_offset=idx,
                                                   indirect_dim=0))
-                e_col = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=e_col, src=block_to_expert[b:b + 1, :].broadcast_to((rows, 1)))
-                aidx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf)
-                nisa.tensor_scalar(aidx, idx, nl.multiply, float(E), op1=nl.add, operand1=e_col)
-                aff = nl.ndarray((rows, 1), f32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=aff, src=expert_affinities_masked.ap(
-                    [[1, rows], [1, 1]], vector_offset=aidx, indirect_dim=0))
+                aidx, aff = _gather_affinities(idx, block_to_expert, expert_affinities_masked, b,
+                                               rows, E)
                 # padding slots (id T) contribute nothing: aff *= (id < T)
                 nisa.tensor_scalar(aff, idx, nl.less, float(T), op1=nl.multiply, operand1=aff,
                                    engine=nisa.engine.gpsimd)
