@@ -1,7 +1,8 @@
 """Eager overhead of the neuron device against native CPU, measured interleaved in one run.
 
 Ratios neuron time / CPU time (targets): (a) 16-element add <= 1.6, (b) 512x512 matmul <= 1.02,
-(c) one training step of the demo GPT with identical optimizer settings <= 1.10.
+(c) one training step of the demo GPT with identical optimizer settings <= 1.10. Each is the
+median of per-round ratios with its min-max (bench/_stats.py); targets are judged on the median.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from gpt import GPT, CharDataset, GPTConfig  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _stats import fmt, fmt_ratio, ratios, summary  # noqa: E402
+
 
 def timed(fn, inner: int) -> float:
     start = time.perf_counter()
@@ -25,15 +29,15 @@ def timed(fn, inner: int) -> float:
 
 
 def interleaved(fns: dict, inner: int, rounds: int) -> dict:
-    """Alternate the candidates round by round so drift and noise hit both alike."""
+    """Per-round samples of each candidate, alternated round by round so that drift and noise
+    from other processes hit both alike."""
     for fn in fns.values():  # warm up
         timed(fn, max(1, inner // 4))
     samples = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
             samples[k].append(timed(fn, inner))
-    # The minimum over rounds: noise from other processes only ever adds time.
-    return {k: min(v) for k, v in samples.items()}
+    return samples
 
 
 def add_case(device):
@@ -65,20 +69,24 @@ def train_case(device):
     return step
 
 
-def import_time(autoload: bool, repeats: int = 5) -> float:
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1" if autoload else "0")
-    best = float("inf")
+def import_times(repeats: int = 7) -> dict:
+    """Wall time of ``import torch`` in a fresh interpreter, autoload on and off, interleaved."""
+    samples = {True: [], False: []}
     for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True)
-        best = min(best, time.perf_counter() - start)
-    return best
+        for autoload in (True, False):
+            env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1" if autoload else "0")
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True)
+            samples[autoload].append(time.perf_counter() - start)
+    return samples
 
 
 def main() -> None:
-    with_autoload, without = import_time(True), import_time(False)
-    print(f"import torch: {without:.3f} s without autoload, {with_autoload:.3f} s with "
-          f"(+{with_autoload - without:.3f} s; target <= 0.3 s)")
+    imp = import_times()
+    extra = [a - b for a, b in zip(imp[True], imp[False])]
+    m, lo, hi = summary(extra)
+    print(f"import torch: {fmt(imp[False], 1, 's', 3)} without autoload, {fmt(imp[True], 1, 's', 3)} "
+          f"with; difference {m:+.3f} s [{lo:+.3f}..{hi:+.3f}] (target <= +0.3 s)")
     rows = []
     for name, make, inner, rounds, target in [
         ("(a) add, 16 elements", add_case, 20000, 15, 1.6),
@@ -86,13 +94,16 @@ def main() -> None:
         ("(c) GPT train step", train_case, 10, 15, 1.10),
     ]:
         t = interleaved({"cpu": make("cpu"), "neuron": make("neuron")}, inner, rounds)
-        ratio = t["neuron"] / t["cpu"]
-        rows.append((name, t["cpu"], t["neuron"], ratio, target))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of interleaved rounds")
-    print(f"{'case':<24}{'cpu':>12}{'neuron':>12}{'ratio':>8}{'target':>8}  ok")
+        rows.append((name, t["cpu"], t["neuron"], ratios(t["neuron"], t["cpu"]), target))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median [min-max] over "
+          f"interleaved rounds, load {os.getloadavg()[0]:.1f}")
+    print(f"{'case':<24}{'cpu':>30}{'neuron':>30}{'neuron / cpu':>20}{'target':>8}  ok")
     for name, c, n, r, tgt in rows:
-        unit = lambda s: f"{s * 1e6:9.2f} us" if s < 1e-3 else f"{s * 1e3:9.3f} ms"
-        print(f"{name:<24}{unit(c):>12}{unit(n):>12}{r:8.3f}{tgt:8.2f}  {'yes' if r <= tgt else 'NO'}")
+        us = max(c) < 1e-3
+        scale, unit = (1e6, "us") if us else (1e3, "ms")
+        ok = summary(r)[0] <= tgt
+        print(f"{name:<24}{fmt(c, scale, unit):>30}{fmt(n, scale, unit):>30}{fmt_ratio(r):>20}"
+              f"{tgt:8.2f}  {'yes' if ok else 'NO'}")
 
 
 if __name__ == "__main__":
