@@ -131,6 +131,21 @@ def test_profiler_options_work_on_neuron(tmp_path):
     assert any("test_device_timeline.py" in n for n in py)
 
 
+def test_with_modules_records_the_module_hierarchy_around_device_work(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).to("neuron")
+    x = torch.randn(8, 4, device="neuron")
+    with profile(activities=ACTIVITIES, with_stack=True, with_modules=True) as prof:
+        model(x)
+    t = _trace(prof, tmp_path)
+    mods = {e["name"]: e for e in t["traceEvents"]
+            if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: ")}
+    assert {"nn.Module: Sequential_0", "nn.Module: Linear_0", "nn.Module: ReLU_0"} <= set(mods)
+    # The Linear's CPU op (the launcher of the device addmm) runs inside the Linear module span.
+    lin = mods["nn.Module: Linear_0"]
+    (addmm,) = [e for e in t["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    assert lin["ts"] <= addmm["ts"] and addmm["ts"] + addmm["dur"] <= lin["ts"] + lin["dur"]
+
+
 def test_schedule_and_tensorboard_trace_handler_write_device_and_estimated_tracks(tmp_path):
     x = torch.randn(16, 16, device="neuron")
     handler = torch.profiler.tensorboard_trace_handler(str(tmp_path))
