@@ -10,6 +10,7 @@ tested in test_random.py).
 import pytest
 import torch
 import torchneuron
+from support import ran_random_kernel
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
 
@@ -40,17 +41,6 @@ def _cases():
         for dtype in DTYPES:
             if dtype in op.supported_dtypes("cpu"):
                 yield pytest.param(op, dtype, id=f"{_name(op)}-{str(dtype)[6:]}")
-
-
-# The kernels of csrc/backend/random.cpp, as op tracking names them.
-RANDOM_KERNELS = {f"aten::{k}" for k in (
-    "uniform_", "normal_", "log_normal_", "exponential_", "cauchy_", "geometric_", "random_",
-    "bernoulli_", "native_dropout", "randperm", "multinomial", "_standard_gamma",
-    "_sample_dirichlet", "poisson", "binomial")}
-
-
-def _ran_random_kernel():
-    return bool(RANDOM_KERNELS & set(torchneuron.get_executed_ops()))
 
 
 def _assert_same_random_result(rerun, got, expected):
@@ -89,7 +79,7 @@ def test_op_matches_cpu(op, dtype):
     for t in torch.utils._pytree.tree_leaves(got):
         if isinstance(t, torch.Tensor) and on_device:
             assert t.device.type == "neuron", f"{_name(op)} returned a tensor on {t.device}"
-    if _ran_random_kernel():
+    if ran_random_kernel():
         _assert_same_random_result(lambda: op(moved[0], *moved[1], **moved[2]), got, expected)
         return
     torch.testing.assert_close(tree_map(_cpu, got), expected, equal_nan=True, check_device=False,
@@ -131,7 +121,7 @@ def test_op_gradient_matches_cpu(op):
     torch.manual_seed(0)
     torchneuron.clear_op_tracking()
     got = grads()
-    if _ran_random_kernel():
+    if ran_random_kernel():
         _assert_same_random_result(grads, got, expected)
         return
     for g, e in zip(got, expected):

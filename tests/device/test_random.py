@@ -519,3 +519,12 @@ def test_rrelu_noise_is_uniform_on_negative_inputs():
     assert ks(slopes, lambda v: (v - 0.1) / 0.2) < 2 * KS_BOUND
     ev = F.rrelu(torch.tensor([-1.0, 2.0], device=DEV), 0.1, 0.3, training=False).cpu()
     assert torch.allclose(ev, torch.tensor([-0.2, 2.0]))
+
+
+def test_sparse_normal_fills_the_values_from_the_neuron_generator():
+    csr = torch.eye(5).to_sparse_csr().to(DEV)
+    torch.manual_seed(4)
+    got = torch.randn_like(csr)
+    assert got.layout == torch.sparse_csr and got.device.type == "neuron"
+    torch.manual_seed(4)
+    assert torch.equal(got.values().cpu(), torch.randn(5, device=DEV).cpu())
