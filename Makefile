@@ -60,7 +60,7 @@ test: build $(VLLM) $(TITAN_TRITON)/.stamp
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
-	@for b in bench/compile.py bench/precision.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
+	@for b in bench/compile.py bench/precision.py bench/rng.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 clean:

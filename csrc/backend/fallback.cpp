@@ -7,7 +7,6 @@
 
 #include "../runtime/runtime.h"
 #include "fallback.h"
-#include "generator.h"
 #include "sparse.h"
 #include "zero_copy.h"
 
@@ -73,15 +72,12 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
       v = c10::IValue(std::move(aliased));
     }
   }
-  // Pass 2: generators become their CPU twins (None means the device's default generator).
+  // Random ops have neuron kernels (random.cpp) drawing from the device's Philox generators; a
+  // CPU kernel would draw from the CPU generator instead, so none may run here.
   for (size_t i = 0; i < num_args; ++i) {
-    const auto& arg = schema.arguments()[i];
-    if (!is_optional_generator(arg)) continue;
-    c10::IValue& v = (*stack)[begin + i];
-    std::optional<at::Generator> gen;
-    if (v.isGenerator()) gen = v.toGenerator();
-    const int device = zc.device() >= 0 ? zc.device() : neuron::rt::current_device();
-    v = c10::IValue(cpu_twin(gen, static_cast<c10::DeviceIndex>(device)));
+    TORCH_CHECK_NOT_IMPLEMENTED(!is_optional_generator(schema.arguments()[i]), schema.operator_name(),
+                                " draws random numbers and has no neuron kernel (csrc/backend/random.cpp "
+                                "registers every random op with a CPU kernel); run it on the CPU.");
   }
 
   zc.launch(schema.operator_name());

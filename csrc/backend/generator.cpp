@@ -1,7 +1,11 @@
 #include "generator.h"
 
+#include <ATen/Utils.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/util/CallOnce.h>
 
+#include <cstring>
 #include <deque>
 #include <mutex>
 
@@ -9,34 +13,83 @@
 
 namespace torchneuron {
 
-NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex device)
+NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex device, c10::intrusive_ptr<PhiloxState> state)
     : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      twin_(at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val)) {}
+      state_(std::move(state)) {}
 
-// The twin's own mutex serialises access, exactly as kernels lock it.
-#define WITH_TWIN(stmt)                          \
-  std::lock_guard<std::mutex> lock(twin_.mutex()); \
-  stmt
+// As CUDA: a new seed restarts the stream at offset 0.
+void NeuronGeneratorImpl::set_current_seed(uint64_t seed) {
+  state_->seed = seed;
+  state_->offset = 0;
+}
 
-void NeuronGeneratorImpl::set_current_seed(uint64_t seed) { WITH_TWIN(twin_.set_current_seed(seed)); }
-void NeuronGeneratorImpl::set_offset(uint64_t offset) { WITH_TWIN(twin_.set_offset(offset)); }
-uint64_t NeuronGeneratorImpl::get_offset() const { WITH_TWIN(return twin_.get_offset()); }
-uint64_t NeuronGeneratorImpl::current_seed() const { WITH_TWIN(return twin_.current_seed()); }
-uint64_t NeuronGeneratorImpl::seed() { WITH_TWIN(return twin_.seed()); }
+void NeuronGeneratorImpl::set_offset(uint64_t offset) {
+  TORCH_CHECK(offset % 4 == 0, "offset must be a multiple of 4");
+  state_->offset = offset;
+}
+
+uint64_t NeuronGeneratorImpl::get_offset() const { return state_->offset; }
+uint64_t NeuronGeneratorImpl::current_seed() const { return state_->seed; }
+
+uint64_t NeuronGeneratorImpl::seed() {
+  const uint64_t s = c10::detail::getNonDeterministicRandom(/*is_cuda=*/true);
+  set_current_seed(s);
+  return s;
+}
+
+// CUDA's layout: uint64 seed, int64 offset (an 8-byte state sets the seed alone).
 void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  WITH_TWIN(twin_.unsafeGetGeneratorImpl()->set_state(new_state));
+  constexpr size_t seed_size = sizeof(uint64_t), offset_size = sizeof(int64_t);
+  at::detail::check_rng_state(new_state);
+  const auto size = static_cast<size_t>(new_state.numel());
+  TORCH_CHECK(size == seed_size + offset_size || size == seed_size,
+              "RNG state is wrong size: a neuron generator state is 16 bytes (uint64 seed, int64 "
+              "offset), as CUDA's; got ", size, " bytes");
+  const auto* bytes = new_state.data_dtype_initialized<uint8_t>();
+  uint64_t seed = 0;
+  int64_t offset = 0;
+  std::memcpy(&seed, bytes, seed_size);
+  if (size == seed_size + offset_size) std::memcpy(&offset, bytes + seed_size, offset_size);
+  TORCH_CHECK(offset >= 0 && offset % 4 == 0, "offset must be a multiple of 4");
+  state_->seed = seed;
+  state_->offset = static_cast<uint64_t>(offset);
 }
+
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
-  WITH_TWIN(return twin_.unsafeGetGeneratorImpl()->get_state());
+  constexpr size_t seed_size = sizeof(uint64_t), offset_size = sizeof(int64_t);
+  auto state = at::detail::empty_cpu({static_cast<int64_t>(seed_size + offset_size)}, at::kByte,
+                                     std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+  auto* bytes = state.data_ptr<uint8_t>();
+  const uint64_t seed = state_->seed;
+  const auto offset = static_cast<int64_t>(state_->offset);
+  std::memcpy(bytes, &seed, seed_size);
+  std::memcpy(bytes + seed_size, &offset, offset_size);
+  return state.getIntrusivePtr();
 }
-#undef WITH_TWIN
+
+// Graph-safe state: generators share one (seed, offset) object, as CUDA's do.
+void NeuronGeneratorImpl::graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& gen) {
+  auto* other = dynamic_cast<NeuronGeneratorImpl*>(gen.get());
+  TORCH_CHECK(other != nullptr, "Expected a 'neuron' Generator, got one on ", gen->device());
+  state_ = other->state_;
+}
+
+c10::intrusive_ptr<c10::GeneratorImpl> NeuronGeneratorImpl::graphsafe_get_state() const {
+  return c10::make_intrusive<NeuronGeneratorImpl>(device().index(), state_);
+}
+
+std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::philox_engine_inputs(uint64_t increment) {
+  const uint64_t offset = state_->offset;
+  state_->offset = offset + (increment + 3) / 4 * 4;
+  return {state_->seed, offset};
+}
 
 NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
-  auto* gen = new NeuronGeneratorImpl(device().index());
-  std::lock_guard<std::mutex> lock(twin_.mutex());
-  gen->twin_ = twin_.clone();
-  return gen;
+  auto state = c10::make_intrusive<PhiloxState>();
+  state->seed = state_->seed;
+  state->offset = state_->offset;
+  return new NeuronGeneratorImpl(device().index(), std::move(state));
 }
 
 namespace {
@@ -46,8 +99,6 @@ std::deque<at::Generator> g_defaults;  // one per device, created together on fi
 void init_defaults() {
   for (int d = 0; d < neuron::rt::device_count(); ++d) {
     g_defaults.push_back(at::make_generator<NeuronGeneratorImpl>(static_cast<c10::DeviceIndex>(d)));
-    // Distinct default streams per device, as CUDA's default generators seed by index.
-    g_defaults.back().set_current_seed(c10::default_rng_seed_val);
   }
 }
 
@@ -68,15 +119,11 @@ at::Generator new_generator(c10::DeviceIndex device) {
   return at::make_generator<NeuronGeneratorImpl>(resolve(device));
 }
 
-at::Generator cpu_twin(const std::optional<at::Generator>& gen, c10::DeviceIndex device) {
-  if (gen.has_value() && gen->defined()) {
-    if (gen->device().type() == c10::DeviceType::CPU) return *gen;
-    TORCH_CHECK(gen->device().type() == c10::DeviceType::PrivateUse1,
-                "Expected a 'neuron' or 'cpu' generator, but got one on ", gen->device());
-    return static_cast<NeuronGeneratorImpl*>(gen->unsafeGetGeneratorImpl())->twin();
-  }
-  return static_cast<NeuronGeneratorImpl*>(default_generator(device).unsafeGetGeneratorImpl())
-      ->twin();
+std::pair<uint64_t, uint64_t> reserve_philox(const std::optional<at::Generator>& gen,
+                                             c10::DeviceIndex device, uint64_t increment) {
+  auto* impl = at::get_generator_or_default<NeuronGeneratorImpl>(gen, default_generator(device));
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  return impl->philox_engine_inputs(increment);
 }
 
 }  // namespace torchneuron

@@ -172,6 +172,14 @@ const char* const kGenericCompressed[] = {"crow_indices", "col_indices", "ccol_i
                                           "values", "_nnz", "sparse_dim", "dense_dim",
                                           "empty.memory_format", "copy_", "resize_as_sparse_"};
 
+// Random ops must draw from the neuron generator (random.cpp), never run a CPU kernel on
+// aliases. The one sparse random kernel of torch 2.13, SparseCsrCPU's normal_, fills the
+// values; so does this, through the dense neuron kernel.
+at::Tensor& sparse_compressed_normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  self.values().normal_(mean, std, gen);
+  return self;
+}
+
 template <c10::DispatchKey CpuKey, c10::BoxedKernel::BoxedKernelFunction* Fallback, size_t N>
 void register_sparse_key(torch::Library& m, const char* const (&generic)[N]) {
   std::unordered_set<std::string> generic_names(std::begin(generic), std::end(generic));
@@ -179,7 +187,9 @@ void register_sparse_key(torch::Library& m, const char* const (&generic)[N]) {
     if (op.name.rfind("aten::", 0) != 0) continue;
     std::string name = op.name.substr(6);
     if (!op.overload_name.empty()) name += "." + op.overload_name;
-    if (generic_names.count(name) > 0) {
+    if (CpuKey == c10::DispatchKey::SparseCsrCPU && name == "normal_") {
+      m.impl("normal_", TORCH_FN(sparse_compressed_normal_));
+    } else if (generic_names.count(name) > 0) {
       m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel<CpuKey>>());
     } else {
       m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<Fallback>());

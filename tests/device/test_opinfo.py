@@ -1,10 +1,16 @@
 """Every ATen op that runs on CPU runs on neuron with identical results.
 
 PyTorch's own OpInfo database (sample inputs for ~700 ops) is the battery; CPU is the oracle.
+Random ops (those that run one of neuron's random kernels) draw from neuron's Philox
+generator, whose numbers differ from CPU's by design, as CUDA's do: for them the oracle is
+CPU's shapes and dtypes, and the same seed must give the same result again (their values are
+tested in test_random.py).
 """
 
 import pytest
 import torch
+import torchneuron
+from support import ran_random_kernel
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
 
@@ -37,6 +43,16 @@ def _cases():
                 yield pytest.param(op, dtype, id=f"{_name(op)}-{str(dtype)[6:]}")
 
 
+def _assert_same_random_result(rerun, got, expected):
+    """A random op: CPU's shapes and dtypes, and the same values again from the same seed."""
+    got_cpu = tree_map(_cpu, got)
+    for g, e in zip(torch.utils._pytree.tree_leaves(got_cpu), torch.utils._pytree.tree_leaves(expected)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype, (g, e)
+    torch.manual_seed(0)
+    torch.testing.assert_close(tree_map(_cpu, rerun()), got_cpu, equal_nan=True, atol=0, rtol=0)
+
+
 def _first_sample(op, dtype, requires_grad=False):
     torch.manual_seed(0)
     for sample in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
@@ -58,10 +74,14 @@ def test_op_matches_cpu(op, dtype):
     on_device = "device" in moved[2] or any(
         isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(moved))
     torch.manual_seed(0)
+    torchneuron.clear_op_tracking()
     got = op(moved[0], *moved[1], **moved[2])
     for t in torch.utils._pytree.tree_leaves(got):
         if isinstance(t, torch.Tensor) and on_device:
             assert t.device.type == "neuron", f"{_name(op)} returned a tensor on {t.device}"
+    if ran_random_kernel():
+        _assert_same_random_result(lambda: op(moved[0], *moved[1], **moved[2]), got, expected)
+        return
     torch.testing.assert_close(tree_map(_cpu, got), expected, equal_nan=True, check_device=False,
                                atol=1e-5, rtol=1e-5)
 
@@ -92,11 +112,18 @@ def test_op_gradient_matches_cpu(op):
     dev = tree_map(lambda x: x.detach().to("neuron").requires_grad_(x.requires_grad)
                    if isinstance(x, torch.Tensor) else x, (sample.input, sample.args, sample.kwargs))
     dev_inputs = [t for t in torch.utils._pytree.tree_leaves(dev) if isinstance(t, torch.Tensor) and t.requires_grad]
+    def grads():
+        out = op(dev[0], *dev[1], **dev[2])
+        outs = [o for o in torch.utils._pytree.tree_leaves(out)
+                if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
+        return torch.autograd.grad([o.sum() for o in outs], dev_inputs, allow_unused=True)
+
     torch.manual_seed(0)
-    out = op(dev[0], *dev[1], **dev[2])
-    outs = [o for o in torch.utils._pytree.tree_leaves(out)
-            if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
-    got = torch.autograd.grad([o.sum() for o in outs], dev_inputs, allow_unused=True)
+    torchneuron.clear_op_tracking()
+    got = grads()
+    if ran_random_kernel():
+        _assert_same_random_result(grads, got, expected)
+        return
     for g, e in zip(got, expected):
         if e is None:
             assert g is None

@@ -10,6 +10,7 @@ from torch.testing._internal.opinfo.core import UnaryUfuncInfo
 from torch.utils._pytree import tree_leaves, tree_map
 
 import torchneuron
+from support import ran_random_kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta",
                                         "ignore:Sparse invariant checks are implicitly disabled")
@@ -230,10 +231,17 @@ def test_opinfo_sparse_samples_match_cpu(op, layout):
                          (sample.input, sample.args, dict(sample.kwargs)))
         if "device" in moved[2]:  # factory-like ops: ask for the neuron device instead
             moved[2]["device"] = "neuron"
+        torchneuron.clear_op_tracking()
         got = op(moved[0], *moved[1], **moved[2])
         for t in tree_leaves(got):
             if isinstance(t, torch.Tensor):
                 assert t.device.type == "neuron"
+        if ran_random_kernel():
+            # neuron's Philox numbers differ from CPU's by design: same layout, shape, dtype.
+            g, e = cpu(got), expected
+            assert (g.layout, g.shape, g.dtype) == (e.layout, e.shape, e.dtype)
+            compared += 1
+            continue
         torch.testing.assert_close(tree_map(cpu, got), expected, equal_nan=True)
         compared += 1
     assert compared > 0, "every sample raises on CPU: nothing was compared"

@@ -205,6 +205,10 @@ _INDUCTOR_CODEGENS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen",
 
 
 def __getattr__(name: str) -> Any:
+    if name == "_initialized":
+        # torch.cuda's module flag, read by torch.utils.checkpoint: without it checkpointing
+        # neither saves nor restores the device RNG state (preserve_rng_state has no effect).
+        return _C._is_initialized()
     if name in _INDUCTOR_CODEGENS:
         from ..compile import inductor
 

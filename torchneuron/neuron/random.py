@@ -1,7 +1,10 @@
 """Random number generation on neuron devices (``torch.neuron.random``), like ``torch.cuda.random``.
 
-Each device has a default generator; ``torch.manual_seed`` seeds them all. Kernels draw from a
-CPU twin of the generator, so the same seed gives the same numbers as on CPU.
+Each device has a default generator; ``torch.manual_seed`` seeds them all. Generators are
+counter-based, as CUDA's: a state is 16 bytes (uint64 seed, int64 offset), random kernels compute
+element ``i`` of an op from Philox4x32-10 at ``offset + i`` and advance the offset by the element
+count rounded up to 4. So the numbers differ from CPU's for the same seed (as CUDA's do), and
+DTensor's offset-based RNG tracker and ``torch.utils.checkpoint`` work as on CUDA.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def __getattr__(name: str) -> Any:
 
 
 def get_rng_state(device: Any = "neuron") -> torch.Tensor:
-    """The RNG state of ``device`` as a CPU ByteTensor."""
+    """The RNG state of ``device`` as a 16-byte CPU ByteTensor: uint64 seed, int64 offset."""
     return _generator(device).get_state()
 
 
