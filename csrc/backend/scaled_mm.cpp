@@ -21,6 +21,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
@@ -425,15 +426,45 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
 }
 
 // ---- _int_mm: CPU's kernel (oneDNN s8s8s32, integer VNNI: exact in int32) with its result
-// from the device pool; through the boxed fallback it paid a host allocation per call.
+// from the device pool on AVX-512 hosts; through the boxed fallback it paid a host allocation
+// per call.
+// Without AVX-512 (no VNNI either) CPU's kernel is oneDNN's reference loop: 1024^3 takes 5 s,
+// 71x a bf16 matmul. There an exact fp32 route: int8 products are integers of magnitude <=
+// 2^14, so over a K-chunk of 1024 every partial sum is an integer <= 2^24, exact in fp32 in
+// any summation order; chunks are summed in int32 (wrapping like CPU's int32 accumulator).
+constexpr int64_t kExactChunk = 1024;
+
+void int_mm_via_fp32(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  at::Tensor af = gemm::scratch(zc, a.sizes(), at::kFloat), bf = gemm::scratch(zc, b.sizes(), at::kFloat);
+  af.copy_(a);
+  bf.copy_(b);
+  at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
+  at::Tensor out = o;
+  if (K == 0) {
+    out.zero_();
+    return;
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {
+    const int64_t k1 = std::min(K, k0 + kExactChunk);
+    gemm::matmul_f32(af.slice(1, k0, k1), bf.slice(0, k0, k1), acc, 0.0f, 1.0f);
+    if (k0 == 0) out.copy_(acc);  // integers: the conversion is exact
+    else out.add_(acc.to(at::kInt));
+  }
+}
+
 at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
   zc.launch("aten::_int_mm");
-  if (a.dim() != 2 || b.dim() != 2) return zc.out(at::cpu::_int_mm(a, b));
+  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != at::kChar || b.scalar_type() != at::kChar ||
+      a.size(1) != b.size(0)) {
+    return zc.out(at::cpu::_int_mm(a, b));  // CPU's checks and messages
+  }
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, at::kInt);
   at::Tensor o = zc.in_output(out);
-  at::cpu::_int_mm_out(o, a, b);
+  if (gemm::onednn_matmul_usable()) at::cpu::_int_mm_out(o, a, b);
+  else int_mm_via_fp32(zc, o, a, b);
   zc.sync_inputs();
   return out;
 }
