@@ -1,9 +1,8 @@
 // fp8 conversions at memory speed, bit-identical to CPU's (c10's scalar conversions).
 //
 // CPU's copy_ converts float8_e4m3fn / float8_e5m2 element by element through c10's branchy
-// scalar functions (~6 ns an element from fp8, ~1 ns to fp8 on the AVX2 host), which
-// dominated torchao's float8 training step (its casts and the fp8 -> bf16 widening of every
-// operand). Here: fp8 -> fp32/bf16 through 256-entry tables built from c10's own conversions
+// scalar functions (~6 ns an element from fp8, ~1 ns to fp8 on the AVX2 host), a cost torchao's
+// float8 training pays on every cast of every linear. Here: fp8 -> fp32/bf16 through 256-entry tables built from c10's own conversions
 // (exact by construction, NaN bit patterns included), fp32/bf16 -> fp8 with c10's integer
 // algorithm on 8 lanes at a time (AVX2), c10's scalar function for tails and other CPUs.
 #pragma once
