@@ -6,6 +6,9 @@ bf16 matmul of the same shape; the fp16-AMP (GradScaler) training step of the de
 1.2x its bf16-autocast step. The CPU column is the same op and dtype on native CPU (fewer
 rounds; the pre-routing neuron figures were CPU's, since neuron ran CPU's kernels).
 
+The fp8 cast round trip has no target (its ratio is to a bf16 copy); it shows the cast cost
+that bounds torchao's float8 training.
+
 Usage: python bench/precision.py [--quick] [--no-cpu] [--threads N] [--only SUBSTRING]
 """
 
@@ -175,6 +178,31 @@ def scaled_mm_case(n, rowwise=False, out_dtype=torch.bfloat16):
     return make
 
 
+def scaled_grouped_mm_case(dev, dt):
+    """fp8 _scaled_grouped_mm (row-wise scales, MoE layout 2d x 3d) vs the bf16 _grouped_mm."""
+    offs = torch.tensor([256, 512, 768, 1024], device=dev, dtype=torch.int32)
+    a = torch.randn(1024, 512, device=dev)
+    b = torch.randn(4, 512, 512, device=dev)
+    if dt == torch.bfloat16:
+        a16, b16 = a.bfloat16(), b.bfloat16().transpose(-2, -1).contiguous().transpose(-2, -1)
+        return lambda: torch._grouped_mm(a16, b16, offs)
+    if dt != FP8 or dev == "cpu":
+        return None  # CPU has no _scaled_grouped_mm kernel
+    a8, b8 = a.to(FP8), b.transpose(-2, -1).contiguous().to(FP8).transpose(-2, -1)
+    sa, sb = torch.rand(1024, device=dev) + 0.5, torch.rand(4, 512, device=dev) + 0.5
+    return lambda: torch._scaled_grouped_mm(a8, b8, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+
+
+def fp8_cast_case(dev, dt):
+    """bf16 -> e4m3 -> bf16 round trip of 1024x1024 (torchao's casts) vs a bf16 -> bf16 copy."""
+    x = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+    if dt == torch.bfloat16:
+        return lambda: x.clone()
+    if dt != FP8:
+        return None
+    return lambda: x.to(FP8).to(torch.bfloat16)
+
+
 def int_mm_case(n):
     def make(dev, dt):
         if dt == torch.bfloat16:
@@ -278,6 +306,8 @@ CASES = [
     ("_scaled_mm 1024 rowwise->bf16", scaled_mm_case(1024, rowwise=True), ("bf16", "fp8"), ("fp8", 1.0)),
     ("_scaled_mm 1024 tensorwise->fp32", scaled_mm_case(1024, out_dtype=torch.float32), ("bf16", "fp8"),
      ("fp8", 1.0)),
+    ("_scaled_grouped_mm 1024x512, 4x512x512", scaled_grouped_mm_case, ("bf16", "fp8"), ("fp8", 1.0)),
+    ("fp8 cast round trip 1024x1024", fp8_cast_case, ("bf16", "fp8"), None),
     ("_int_mm 1024", int_mm_case(1024), ("bf16", "int8"), ("int8", 1.0)),
     ("GPT train step (AMP)", gpt_case, ("fp32", "bf16", "fp16"), ("fp16", 1.2)),
     ("torchao float8 MLP train", float8_train_case, ("bf16", "fp8"), ("fp8", 1.0)),
@@ -300,11 +330,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = 3 if args.quick else 7
+    import torchneuron._C as _C
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} interleaved rounds; "
           "median per call [min-max over rounds]; ratio = median / bf16 median on neuron")
+    print(f"host: CPU capability {torch.backends.cpu.get_cpu_capability()}, load average "
+          f"{os.getloadavg()[0]:.1f}; routes {_C._precision_routes()}")
     print(f"{'case':<36}{'dtype':>6}{'neuron':>12}{'range':>22}{'/bf16':>8}{'cpu':>12}  target")
     misses = []
-    for name, make, dtypes, (tdt, tmax) in CASES:
+    for name, make, dtypes, target in CASES:
+        tdt, tmax = target or (None, None)
         if args.only and args.only not in name:
             continue
         if name.startswith("torchao") and not _torchao():

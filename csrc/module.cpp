@@ -5,6 +5,8 @@
 #include <torch/extension.h>
 
 #include "backend/allocator.h"
+#include "backend/fp8.h"
+#include "backend/gemm.h"
 #include "backend/generator.h"
 #include "backend/ipc.h"
 #include "backend/sparse.h"
@@ -59,6 +61,15 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_configure", &configure, py::arg("capacities"), py::arg("error") = "",
         "Set the visible devices' HBM capacities (bytes); a non-empty error is raised on use.");
+  m.def("_precision_routes", []() {
+    // How this host runs the GEMM family per dtype (docs/architecture.md, Precision).
+    py::dict d;
+    d["bf16_cpu_kernels"] = torchneuron::gemm::cpu_fast_bf16();
+    d["lowp_gemm"] = std::string(torchneuron::gemm::lowp_route());
+    d["fp8_cast_vectorized"] = torchneuron::fp8::vectorized();
+    return d;
+  }, "Host paths of the precision routing: whether bf16 runs CPU's kernels, the fp16/bf16 "
+     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized.");
   m.def("_lazy_init", &lazy_init);
   m.def("_is_initialized", &neuron::rt::is_initialized);
   m.def("_in_bad_fork", &neuron::rt::in_bad_fork);

@@ -4,14 +4,17 @@
 // TensorE's numerics.
 //
 // TensorE multiplies exactly and accumulates in fp32 (PSUM); the result is rounded once to
-// the output dtype. For fp32 and bf16 CPU's kernels already do that fast (MKL sgemm, oneDNN
-// bf16 with fp32 accumulation), so those dtypes run CPU's kernels bit for bit. For fp16 this
-// CPU (no AVX512-FP16, no AMX) has only slow kernels (a 1024^2 mm: 2 s against 5 ms in
-// bf16), so fp16 operands are widened to fp32 (exact: an fp16 product has 22 significant
-// bits), multiplied in fp32 and rounded once. Measured alternatives (docs/benchmarks.md):
-// a bf16 split needs 3-4 bf16 GEMMs for the same exactness, slower than one fp32 GEMM at half
-// bf16's rate; oneDNN fp16 kernels need AVX512-FP16. fp32 goes through oneDNN rather than
-// MKL above a size threshold: MKL's sgemm on this AMD CPU is 2-5x slower than oneDNN's.
+// the output dtype. For fp32 CPU's kernels already do that fast, so fp32 runs CPU's kernels
+// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts). fp16 (and
+// bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
+// path: products exact (a 16-bit float product has at most 22 significant bits), fp32
+// accumulation, one rounding. Which path depends on the host (docs/benchmarks.md):
+//   - AVX-512 hosts (oneDNN usable): operands widened to fp32, oneDNN's fp32 GEMM (MKL's
+//     sgemm on the AMD Zen 5 host is 2-5x slower). A bf16 split exact to fp32 accumulation
+//     needs 3-4 bf16 GEMMs, slower than one fp32 GEMM at half bf16's rate; oneDNN's fp16
+//     kernels need AVX512-FP16 or AMX, which these hosts lack.
+//   - AVX2 hosts: MKL's mixed-precision GEMMs (cblas_gemm_f16f16f32, cblas_gemm_bf16bf16f32)
+//     read the 16-bit operands directly at fp32 GEMM speed and return the fp32 accumulator.
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/cpu/Utils.h>
@@ -27,6 +30,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <limits>
+
 #include "allocator.h"
 #include "gemm.h"
 
@@ -37,7 +43,21 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
                              const at::Tensor& result, float beta, float alpha);
 }
 
+// MKL's mixed-precision GEMMs, exported by libtorch_cpu (torch links MKL in; no MKL header is
+// installed). LP64 interface (32-bit ints); MKL_BF16 and MKL_F16 are 16-bit bit patterns.
+// Declared weak: a torch built without MKL leaves them null and the fp32 route is taken.
+extern "C" {
+void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                            const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
+                            float* c, int ldc) __attribute__((weak));
+void cblas_gemm_f16f16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                          const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
+                          float* c, int ldc) __attribute__((weak));
+}
+
 namespace torchneuron::gemm {
+
+bool cpu_fast_bf16() { return onednn_matmul_usable(); }
 
 bool onednn_matmul_usable() {
   // ATen's mkldnn_matmul raises unless the CPU has these (mkldnn_bf16_device_check).
@@ -97,12 +117,86 @@ void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
   at::native::mkldnn_matmul(a, b, out, beta, alpha);
 }
 
+namespace {
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS_LAYOUT, CBLAS_TRANSPOSE
+
+using MixedGemm = void (*)(int, int, int, int, int, int, float, const uint16_t*, int,
+                           const uint16_t*, int, float, float*, int);
+
+MixedGemm mixed_gemm(c10::ScalarType dt) {
+  if (dt == at::kHalf) return cblas_gemm_f16f16f32;
+  if (dt == at::kBFloat16) return cblas_gemm_bf16bf16f32;
+  return nullptr;
+}
+
+bool fits_int(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+// How MKL reads a (rows x cols) operand (the last two dims of t): row-major with leading
+// dimension ld, or transposed (column-major). Anything else is copied to a dense scratch.
+struct Operand {
+  at::Tensor t;
+  int trans = kNoTrans;
+  int64_t ld = 0;
+};
+
+Operand operand(ZeroCopy& zc, const at::Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1), s0 = t.stride(-2), s1 = t.stride(-1);
+  if (s1 == 1 && s0 >= std::max<int64_t>(1, cols)) return {t, kNoTrans, s0};
+  if (s0 == 1 && s1 >= std::max<int64_t>(1, rows)) return {t, kTrans, s1};
+  at::Tensor c = scratch(zc, t.sizes(), t.scalar_type());
+  c.copy_(t);
+  return {c, kNoTrans, std::max<int64_t>(1, cols)};
+}
+}  // namespace
+
+const char* lowp_route() {
+  if (onednn_matmul_usable() || cblas_gemm_f16f16f32 == nullptr || cblas_gemm_bf16bf16f32 == nullptr) {
+    return "onednn-fp32";
+  }
+  return "mkl-mixed";
+}
+
+void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
+                     float beta, float alpha) {
+  const bool batched = a.dim() == 3;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1), batch = batched ? a.size(0) : 1;
+  MixedGemm gemm = mixed_gemm(a.scalar_type());
+  // MKL's mixed GEMMs convert internally and pay for it on small products: below 2^25
+  // multiply-adds exact fp32 copies and sgemm are faster (64x512x512: 0.7 vs 1.0 ms; 1024^3:
+  // 47-58 ms either way, mixed ahead at 512^3 and above; 1 thread, AVX2 host).
+  const bool large = batch * m * n * k >= (int64_t{1} << 25);
+  const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
+                   a.scalar_type() == b.scalar_type() && acc.scalar_type() == at::kFloat &&
+                   acc.is_contiguous() && fits_int(m) && fits_int(n) && fits_int(k);
+  if (!mkl) {
+    matmul_f32(upcast(zc, a), upcast(zc, b), acc, beta, alpha);
+    return;
+  }
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) {  // an empty sum: alpha * 0 + beta * acc
+    if (beta == 0.0f) at::Tensor(acc).zero_();
+    else at::Tensor(acc).mul_(beta);
+    return;
+  }
+  const Operand A = operand(zc, a), B = operand(zc, b);
+  TORCH_CHECK(fits_int(A.ld) && fits_int(B.ld), "matmul: operand strides too large for MKL's GEMM");
+  const auto* pa = static_cast<const uint16_t*>(A.t.const_data_ptr());
+  const auto* pb = static_cast<const uint16_t*>(B.t.const_data_ptr());
+  auto* pc = static_cast<float*>(acc.data_ptr());
+  const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+         alpha, pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta,
+         pc + i * m * n, static_cast<int>(n));
+  }
+}
+
 }  // namespace torchneuron::gemm
 
 namespace torchneuron {
 namespace {
 
-using gemm::via_fp32;
+using gemm::routed;
 
 at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
   c10::OptionalDeviceGuard guard;
@@ -114,20 +208,20 @@ at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dt
                                    std::nullopt);
 }
 
-// fp16 operands of one product, well-formed (anything else takes CPU's kernel, which also
-// raises CPU's error messages).
+// Routed operands (fp16; bf16 on hosts without fast bf16 kernels) of one product, of one
+// dtype and well-formed (anything else takes CPU's kernel, which also raises CPU's errors).
 bool half_pair(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
-  return via_fp32(a) && via_fp32(b) && a.dim() == dim && b.dim() == dim &&
+  return routed(a) && a.scalar_type() == b.scalar_type() && a.dim() == dim && b.dim() == dim &&
          a.size(-1) == b.size(-2) && (dim == 2 || a.size(0) == b.size(0));
 }
 
-// o (fp16, CPU alias) = round(alpha * a @ b + beta * self) with fp32 products and sums.
+// o (CPU alias, a's dtype) = round(alpha * a @ b + beta * self): exact products, fp32 sums.
 void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
                   const at::Tensor* self, float beta, float alpha) {
   at::Tensor acc = gemm::scratch(zc, o.sizes(), at::kFloat);
   if (self != nullptr && beta != 0.0f) acc.copy_(self->expand(o.sizes()));
   else beta = 0.0f;
-  gemm::matmul_f32(gemm::upcast(zc, a), gemm::upcast(zc, b), acc, beta, alpha);
+  gemm::matmul_lowp_f32(zc, a, b, acc, beta, alpha);
   at::Tensor(o).copy_(acc);  // the one rounding
 }
 
@@ -157,7 +251,7 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
   }
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
   at::Tensor o = zc.in_output(out);
-  if (half_pair(a, b, 2) && via_fp32(s) && at::is_expandable_to(s.sizes(), o.sizes())) {
+  if (half_pair(a, b, 2) && s.scalar_type() == a.scalar_type() && at::is_expandable_to(s.sizes(), o.sizes())) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else {
     at::cpu::addmm_out(o, s, a, b, beta, alpha);
@@ -189,7 +283,7 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
   }
   at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
   at::Tensor o = zc.in_output(out);
-  if (half_pair(a, b, 3) && via_fp32(s) && at::is_expandable_to(s.sizes(), o.sizes())) {
+  if (half_pair(a, b, 3) && s.scalar_type() == a.scalar_type() && at::is_expandable_to(s.sizes(), o.sizes())) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else {
     at::cpu::baddbmm_out(o, s, a, b, beta, alpha);
@@ -200,7 +294,7 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
 
 // out= forms (Inductor's extern kernels call these): fp16 computes the functional result and
 // copies it into `out`; other dtypes run CPU's out= kernel on aliases, as the fallback would.
-bool half_out(const at::Tensor& out) { return out.scalar_type() == at::kHalf; }
+bool half_out(const at::Tensor& out) { return routed(out); }
 
 at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
   at::native::resize_output(out, r.sizes());
@@ -209,7 +303,7 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
 }
 
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
-  if (half_out(out) && half_pair(self, mat2, 2)) return copy_into(out, mm_hot(self, mat2));
+  if (half_out(out) && half_pair(self, mat2, 2) && out.scalar_type() == self.scalar_type()) return copy_into(out, mm_hot(self, mat2));
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::mm.out");
@@ -220,7 +314,8 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
 
 at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                       const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
-  if (half_out(out) && half_pair(mat1, mat2, 2) && via_fp32(self)) {
+  if (half_out(out) && half_pair(mat1, mat2, 2) && self.scalar_type() == mat1.scalar_type() &&
+      out.scalar_type() == mat1.scalar_type()) {
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }
   ZeroCopy zc;
@@ -232,7 +327,7 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
 }
 
 at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
-  if (half_out(out) && half_pair(self, mat2, 3)) return copy_into(out, bmm_hot(self, mat2));
+  if (half_out(out) && half_pair(self, mat2, 3) && out.scalar_type() == self.scalar_type()) return copy_into(out, bmm_hot(self, mat2));
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::bmm.out");
@@ -243,7 +338,8 @@ at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& 
 
 at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
                         const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
-  if (half_out(out) && half_pair(batch1, batch2, 3) && via_fp32(self)) {
+  if (half_out(out) && half_pair(batch1, batch2, 3) && self.scalar_type() == batch1.scalar_type() &&
+      out.scalar_type() == batch1.scalar_type()) {
     return copy_into(out, baddbmm_hot(self, batch1, batch2, beta, alpha));
   }
   ZeroCopy zc;
@@ -261,7 +357,8 @@ at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::T
   ZeroCopy zc;
   at::Tensor s = zc.in(self), m = zc.in(mat), v = zc.in(vec), o = zc.in_output(out);
   zc.launch("aten::addmv.out");
-  const bool half = via_fp32(m) && via_fp32(v) && via_fp32(s) && half_out(o) && m.dim() == 2 &&
+  const auto dt = m.scalar_type();
+  const bool half = routed(m) && v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
                     v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
   if (!half) {
     at::cpu::addmv_out(o, s, m, v, beta, alpha);
@@ -289,8 +386,8 @@ at::Tensor dot_hot(const at::Tensor& self, const at::Tensor& other) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch("aten::dot");
-  if (via_fp32(a) && via_fp32(b) && a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel()) {
-    return zc.out(at::cpu::dot(gemm::upcast(zc, a), gemm::upcast(zc, b)).to(at::kHalf));
+  if (routed(a) && b.scalar_type() == a.scalar_type() && a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel()) {
+    return zc.out(at::cpu::dot(gemm::upcast(zc, a), gemm::upcast(zc, b)).to(a.scalar_type()));
   }
   return zc.out(at::cpu::dot(a, b));
 }
@@ -298,7 +395,8 @@ at::Tensor dot_hot(const at::Tensor& self, const at::Tensor& other) {
 // ---- convolution ----------------------------------------------------------------------
 // at::_convolution sends devices it does not know to the "overrideable" entry points; run the
 // CPU convolution (which picks mkldnn/slow paths itself) over aliases of the device memory.
-// fp16 (CPU: 135x bf16's time) runs oneDNN's fp32 convolution on exact fp32 copies.
+// Routed dtypes (fp16: CPU 135x bf16's time; bf16 without AVX-512: 19x fp32's) run CPU's fp32
+// convolution (oneDNN) on exact fp32 copies and round once.
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                                     c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
@@ -311,7 +409,8 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   zc.launch("aten::convolution_overrideable");
   zc.trace_meta("transposed", transposed ? "true" : "false");
   zc.trace_meta("groups", std::to_string(groups.expect_int()));
-  const bool half = via_fp32(in) && via_fp32(w) && (!b || via_fp32(*b));
+  const auto dt = in.scalar_type();
+  const bool half = routed(in) && w.scalar_type() == dt && (!b || b->scalar_type() == dt);
   if (half) {
     in = gemm::upcast(zc, in);
     w = gemm::upcast(zc, w);
@@ -321,7 +420,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                           output_padding, std::move(groups));
   // The meta function (what torch.compile plans with) predicts a contiguous result for this
   // backend; CPU's mkldnn path returns channels_last for channels_last inputs.
-  if (half) return zc.out(out.to(at::kHalf, /*non_blocking=*/false, /*copy=*/false,
+  if (half) return zc.out(out.to(dt, /*non_blocking=*/false, /*copy=*/false,
                                   at::MemoryFormat::Contiguous));
   return zc.out(out.is_contiguous() ? out : out.contiguous());
 }
@@ -337,7 +436,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   zc.launch("aten::convolution_backward_overrideable");
   zc.trace_meta("transposed", transposed ? "true" : "false");
   zc.trace_meta("groups", std::to_string(groups.expect_int()));
-  const bool half = via_fp32(go) && via_fp32(in) && via_fp32(w);
+  const auto dt = in.scalar_type();
+  const bool half = routed(in) && go.scalar_type() == dt && w.scalar_type() == dt;
   if (half) {
     go = gemm::upcast(zc, go);
     in = gemm::upcast(zc, in);
@@ -349,7 +449,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
       stride, padding, dilation, transposed, output_padding, std::move(groups), output_mask);
   auto back = [&](const at::Tensor& g) {
     if (!g.defined()) return g;
-    return zc.out(half ? g.to(at::kHalf) : g);
+    return zc.out(half ? g.to(dt) : g);
   };
   return std::make_tuple(back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)));
 }

@@ -11,7 +11,20 @@ namespace torchneuron::gemm {
 // fp16 runs as TensorE runs it: exact products, fp32 accumulation, one rounding to fp16.
 // CPU's own fp16 kernels are exact-product/fp32-accumulate too on some paths, but 10-400x
 // slower than bf16 on a CPU without AVX512-FP16/AMX; fp32 is the fastest exact host path.
+// (SDPA uses this predicate: CPU's bf16 flash attention is fast on every host.)
 inline bool via_fp32(const at::Tensor& t) { return t.scalar_type() == at::kHalf; }
+
+// Whether CPU's own bf16 GEMM and convolution kernels are fast on this host: oneDNN's bf16
+// kernels, which ATen uses only with AVX-512 (mkldnn_bf16_device_check). Without it (e.g.
+// AVX2-only AMD Zen 3) CPU's bf16 mm is a scalar loop: 1024^2 takes 9 s against 0.07 s in fp32.
+bool cpu_fast_bf16();
+
+// The GEMM family and convolution in `t`'s dtype leave CPU's kernel for an exact host path
+// (products exact, fp32 accumulation, one rounding): fp16 always; bf16 where CPU's bf16
+// kernels are slow (!cpu_fast_bf16()).
+inline bool routed(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
+}
 
 // A CPU tensor over a fresh buffer from the device's caching allocator (no page faults for
 // large temporaries, unlike host allocations). `zc` keeps the buffer alive for the op.
@@ -38,5 +51,17 @@ bool prefer_onednn(int64_t m, int64_t n, int64_t k, int64_t batch = 1);
 // accumulation, alpha/beta applied in fp32, one rounding. Requires onednn_matmul_usable().
 void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, float beta,
                  float alpha);
+
+// acc = alpha * (a @ b) + beta * acc with a, b fp16 or bf16 (one dtype; 2-d or 3-d, any
+// strides) and acc a contiguous fp32 CPU tensor: exact products, fp32 accumulation, no
+// rounding to a/b's dtype (TensorE's PSUM). With oneDNN usable (AVX-512): exact fp32 copies
+// and matmul_f32; otherwise MKL's mixed-precision GEMMs (cblas_gemm_bf16bf16f32 /
+// cblas_gemm_f16f16f32, fp32 accumulation and result) read the 16-bit operands directly.
+// beta == 0 ignores acc's contents.
+void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
+                     float beta, float alpha);
+
+// Which host path matmul_lowp_f32 takes: "onednn-fp32" or "mkl-mixed".
+const char* lowp_route();
 
 }  // namespace torchneuron::gemm

@@ -36,6 +36,7 @@
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "fp8.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -179,7 +180,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                         : !dst.is_privateuseone() ? CopyKind::DtoH : CopyKind::DtoD;
   // A device-to-host copy the caller waits for synchronizes the stream (like cudaMemcpy).
   zc.launch_copy(kind, copy_bytes(dst), kind == CopyKind::DtoH && !non_blocking);
-  d.copy_(src, non_blocking);
+  // fp8 <-> fp32/bf16 in one dense layout: CPU converts element by element through c10's
+  // scalar functions; fp8::try_copy gives the same bits at memory speed (fp8.h).
+  if (!fp8::try_copy(d, src)) d.copy_(src, non_blocking);
   return dst;
 }
 

@@ -21,8 +21,11 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -158,6 +161,28 @@ at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dt
                                    std::nullopt);
 }
 
+// acc (fp32, contiguous) = alpha * a @ b over exactly widened fp8 operands (2-d or 3-d), the
+// fp32 accumulator itself: MKL's bf16 x bf16 -> fp32 GEMM on hosts without oneDNN (AVX2:
+// same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.
+bool mixed_route() { return std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
+
+// An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
+at::Tensor widen_for_gemm(ZeroCopy& zc, const at::Tensor& t) {
+  return widen_fp8(zc, t, mixed_route() ? at::kBFloat16 : at::kFloat);
+}
+
+// acc = alpha * a @ b for operands from widen_for_gemm (or slices of them).
+void accumulate_widened(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
+                        float alpha) {
+  if (a.scalar_type() == at::kBFloat16) gemm::matmul_lowp_f32(zc, a, b, acc, 0.0f, alpha);
+  else gemm::matmul_f32(a, b, acc, 0.0f, alpha);
+}
+
+void fp32_accumulate(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
+                     float alpha) {
+  accumulate_widened(zc, widen_for_gemm(zc, a), widen_for_gemm(zc, b), acc, alpha);
+}
+
 // ---- _scaled_mm ----------------------------------------------------------------------------
 void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
                      const at::Tensor& sb, const std::optional<at::Tensor>& bias,
@@ -202,7 +227,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
     return;
   }
   at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
-  gemm::matmul_f32(widen_fp8(zc, a, at::kFloat), widen_fp8(zc, b, at::kFloat), acc, 0.0f, alpha);
+  fp32_accumulate(zc, a, b, acc, alpha);
   if (!tensorwise) {
     acc.mul_(sa);
     acc.mul_(sb);
@@ -243,16 +268,203 @@ at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const 
   return out;
 }
 
+// ---- _scaled_grouped_mm -------------------------------------------------------------------
+// torch 2.13's documented semantics (CUDA's kernel and its meta function; CPU has no kernel):
+// e4m3fn operands, mat_a row-major, mat_b column-major, float32 row-wise scales, bf16 output,
+// no bias or scale_result. Four layouts, groups cut by `offs` (cumulative int32 ends):
+//   2d x 3d: a (M, K), b (G, K, N), offs over M;  scale_a (M,),   scale_b (G, N) -> (M, N)
+//   3d x 3d: a (G, M, K), b (G, K, N), no offs;   scale_a (G, M), scale_b (G, N) -> (G, M, N)
+//   3d x 2d: a (G, M, K), b (K, N), offs over N;  scale_a (G, M), scale_b (N,)   -> (M, N)
+//   2d x 2d: a (M, K), b (K, N), offs over K;     scale_a (G*M,), scale_b (G*N,) -> (G, M, N)
+// Each group: exact fp8 products, fp32 accumulation, scale_a[row] * scale_b[col] applied to
+// the accumulator, one rounding to bf16. Rows/columns no group covers are zero (CUDA leaves
+// them unwritten); an empty K range gives zeros.
+void check_grouped(bool ok, const std::string& msg) { TORCH_CHECK_VALUE(ok, "_scaled_grouped_mm: ", msg); }
+
+std::vector<int64_t> group_ends(const std::optional<at::Tensor>& offs, int64_t groups_expected,
+                                int64_t extent, const char* what) {
+  const at::Tensor o = offs->to(at::kLong).contiguous();  // a CPU alias: no device sync needed
+  std::vector<int64_t> ends(o.const_data_ptr<int64_t>(), o.const_data_ptr<int64_t>() + o.numel());
+  if (groups_expected >= 0) {
+    check_grouped(static_cast<int64_t>(ends.size()) == groups_expected,
+                  "offs must have one entry per group (" + std::to_string(groups_expected) + "), got " +
+                      std::to_string(ends.size()));
+  }
+  int64_t prev = 0;
+  for (int64_t e : ends) {
+    check_grouped(e >= prev && e <= extent,
+                  std::string("offs must be non-decreasing group ends within the ") + what + " (" +
+                      std::to_string(extent) + "), got " + c10::str(o));
+    prev = e;
+  }
+  return ends;
+}
+
+at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                             const at::Tensor& scale_b, const std::optional<at::Tensor>& offs,
+                             const std::optional<at::Tensor>& bias,
+                             const std::optional<at::Tensor>& scale_result,
+                             std::optional<c10::ScalarType> out_dtype, bool use_fast_accum) {
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2), sa = zc.in(scale_a), sb = zc.in(scale_b);
+  std::optional<at::Tensor> of;
+  if (offs.has_value() && offs->defined()) of = zc.in(*offs);
+  zc.launch("aten::_scaled_grouped_mm");
+  check_grouped(a.scalar_type() == at::kFloat8_e4m3fn && b.scalar_type() == at::kFloat8_e4m3fn,
+                std::string("expected float8_e4m3fn inputs, got ") + c10::toString(a.scalar_type()) + " and " +
+                    c10::toString(b.scalar_type()));
+  check_grouped((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3),
+                "mat_a and mat_b must be 2-d or 3-d, got " + std::to_string(a.dim()) + "-d and " +
+                    std::to_string(b.dim()) + "-d");
+  if (sa.scalar_type() == at::kFloat8_e8m0fnu || sb.scalar_type() == at::kFloat8_e8m0fnu) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "_scaled_grouped_mm: MXFP8 (float8_e8m0fnu block scales) is not "
+                                       "implemented on neuron; use float32 row-wise scales");
+  }
+  check_grouped(sa.scalar_type() == at::kFloat && sb.scalar_type() == at::kFloat,
+                "scale_a and scale_b must be float32 (row-wise scales)");
+  check_grouped(!(bias.has_value() && bias->defined()), "bias is not supported (as on CUDA)");
+  check_grouped(!(scale_result.has_value() && scale_result->defined()), "scale_result is not supported (as on CUDA)");
+  check_grouped(!out_dtype || *out_dtype == at::kBFloat16, "out_dtype must be torch.bfloat16");
+  check_grouped(a.stride(-1) == 1 && a.stride(-2) > 1,
+                "mat_a must be row-major in its last two dimensions (got strides " + c10::str(a.strides()) + ")");
+  check_grouped(b.stride(-2) == 1 && b.stride(-1) > 1,
+                "mat_b must be column-major in its last two dimensions, e.g. weight.transpose(-2, -1) (got strides " +
+                    c10::str(b.strides()) + ")");
+  check_grouped(a.size(-1) == b.size(-2) || (a.dim() == 2 && b.dim() == 2),
+                "contraction dimension of mat_a and mat_b must match (" + c10::str(a.sizes()) + " and " +
+                    c10::str(b.sizes()) + ")");
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  check_grouped((a2 || b2) == of.has_value(),
+                of ? "offs must be None for 3-d x 3-d inputs" : "offs is required when an input is 2-d");
+  if (of) {
+    check_grouped(of->dim() == 1 && of->scalar_type() == at::kInt, "offs must be a 1-d int32 tensor");
+  }
+  auto check_scale = [&](const at::Tensor& s, const char* name, const at::Tensor& mat, int64_t expect_dim,
+                         std::vector<int64_t> expect_shape) {
+    check_grouped(s.dim() == expect_dim && s.sizes().vec() == expect_shape,
+                  std::string(name) + " must have shape " + c10::str(c10::IntArrayRef(expect_shape)) +
+                      " for " + std::to_string(mat.dim()) + "-d operands, got " + c10::str(s.sizes()));
+  };
+  at::Tensor out, o;
+  const at::Tensor aw = widen_for_gemm(zc, a), bw = widen_for_gemm(zc, b);  // once, then sliced
+  if (a2 && !b2) {  // 2d x 3d
+    const int64_t M = a.size(0), G = b.size(0), N = b.size(2);
+    check_scale(sa, "scale_a", a, 1, {M});
+    check_scale(sb, "scale_b", b, 2, {G, N});
+    const auto ends = group_ends(of, G, M, "rows of mat_a");
+    out = pooled(zc, {M, N}, at::kBFloat16);
+    o = zc.in_output(out);
+    o.zero_();
+    int64_t start = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t end = ends[g];
+      if (end > start) {
+        at::Tensor acc = gemm::scratch(zc, {end - start, N}, at::kFloat);
+        accumulate_widened(zc, aw.slice(0, start, end), bw[g], acc, 1.0f);
+        acc.mul_(sa.slice(0, start, end).unsqueeze(1)).mul_(sb[g].unsqueeze(0));
+        o.slice(0, start, end).copy_(acc);
+      }
+      start = end;
+    }
+  } else if (!a2 && !b2) {  // 3d x 3d
+    const int64_t G = a.size(0), M = a.size(1), N = b.size(2);
+    check_grouped(b.size(0) == G, "mat_a and mat_b must have the same number of groups");
+    check_scale(sa, "scale_a", a, 2, {G, M});
+    check_scale(sb, "scale_b", b, 2, {G, N});
+    out = pooled(zc, {G, M, N}, at::kBFloat16);
+    o = zc.in_output(out);
+    at::Tensor acc = gemm::scratch(zc, {G, M, N}, at::kFloat);
+    accumulate_widened(zc, aw, bw, acc, 1.0f);
+    acc.mul_(sa.unsqueeze(2)).mul_(sb.unsqueeze(1));
+    o.copy_(acc);
+  } else if (!a2 && b2) {  // 3d x 2d
+    const int64_t G = a.size(0), M = a.size(1), N = b.size(1);
+    check_scale(sa, "scale_a", a, 2, {G, M});
+    check_scale(sb, "scale_b", b, 1, {N});
+    const auto ends = group_ends(of, G, N, "columns of mat_b");
+    out = pooled(zc, {M, N}, at::kBFloat16);
+    o = zc.in_output(out);
+    o.zero_();
+    int64_t start = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t end = ends[g];
+      if (end > start) {
+        at::Tensor acc = gemm::scratch(zc, {M, end - start}, at::kFloat);
+        accumulate_widened(zc, aw[g], bw.slice(1, start, end), acc, 1.0f);
+        acc.mul_(sa[g].unsqueeze(1)).mul_(sb.slice(0, start, end).unsqueeze(0));
+        o.slice(1, start, end).copy_(acc);
+      }
+      start = end;
+    }
+  } else {  // 2d x 2d
+    const int64_t M = a.size(0), N = b.size(1);
+    check_grouped(a.size(1) == b.size(0), "contraction dimension of mat_a and mat_b must match (" +
+                                              c10::str(a.sizes()) + " and " + c10::str(b.sizes()) + ")");
+    const int64_t G = of->numel();
+    check_scale(sa, "scale_a", a, 1, {G * M});
+    check_scale(sb, "scale_b", b, 1, {G * N});
+    const auto ends = group_ends(of, -1, a.size(1), "contraction dimension");
+    out = pooled(zc, {G, M, N}, at::kBFloat16);
+    o = zc.in_output(out);
+    int64_t start = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t end = ends[g];
+      if (end > start) {
+        at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
+        accumulate_widened(zc, aw.slice(1, start, end), bw.slice(0, start, end), acc, 1.0f);
+        acc.mul_(sa.slice(0, g * M, (g + 1) * M).unsqueeze(1)).mul_(sb.slice(0, g * N, (g + 1) * N).unsqueeze(0));
+        o[g].copy_(acc);
+      } else {
+        o[g].zero_();
+      }
+      start = end;
+    }
+  }
+  (void)use_fast_accum;  // PSUM accumulates in fp32 either way
+  zc.sync_inputs();
+  return out;
+}
+
 // ---- _int_mm: CPU's kernel (oneDNN s8s8s32, integer VNNI: exact in int32) with its result
-// from the device pool; through the boxed fallback it paid a host allocation per call.
+// from the device pool on AVX-512 hosts; through the boxed fallback it paid a host allocation
+// per call.
+// Without AVX-512 (no VNNI either) CPU's kernel is oneDNN's reference loop: 1024^3 takes 5 s,
+// 71x a bf16 matmul. There an exact fp32 route: int8 products are integers of magnitude <=
+// 2^14, so over a K-chunk of 1024 every partial sum is an integer <= 2^24, exact in fp32 in
+// any summation order; chunks are summed in int32 (wrapping like CPU's int32 accumulator).
+constexpr int64_t kExactChunk = 1024;
+
+void int_mm_via_fp32(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  at::Tensor af = gemm::scratch(zc, a.sizes(), at::kFloat), bf = gemm::scratch(zc, b.sizes(), at::kFloat);
+  af.copy_(a);
+  bf.copy_(b);
+  at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
+  at::Tensor out = o;
+  if (K == 0) {
+    out.zero_();
+    return;
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {
+    const int64_t k1 = std::min(K, k0 + kExactChunk);
+    gemm::matmul_f32(af.slice(1, k0, k1), bf.slice(0, k0, k1), acc, 0.0f, 1.0f);
+    if (k0 == 0) out.copy_(acc);  // integers: the conversion is exact
+    else out.add_(acc.to(at::kInt));
+  }
+}
+
 at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
   zc.launch("aten::_int_mm");
-  if (a.dim() != 2 || b.dim() != 2) return zc.out(at::cpu::_int_mm(a, b));
+  if (a.dim() != 2 || b.dim() != 2 || a.scalar_type() != at::kChar || b.scalar_type() != at::kChar ||
+      a.size(1) != b.size(0)) {
+    return zc.out(at::cpu::_int_mm(a, b));  // CPU's checks and messages
+  }
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, at::kInt);
   at::Tensor o = zc.in_output(out);
-  at::cpu::_int_mm_out(o, a, b);
+  if (gemm::onednn_matmul_usable()) at::cpu::_int_mm_out(o, a, b);
+  else int_mm_via_fp32(zc, o, a, b);
   zc.sync_inputs();
   return out;
 }
@@ -263,6 +475,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_scaled_mm", TORCH_FN(scaled_mm));
   m.impl("_scaled_mm.out", TORCH_FN(scaled_mm_out));
   m.impl("_int_mm", TORCH_FN(int_mm));
+  m.impl("_scaled_grouped_mm", TORCH_FN(scaled_grouped_mm));
 }
 
 }  // namespace torchneuron

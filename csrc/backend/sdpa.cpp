@@ -6,9 +6,10 @@
 // "efficient attention" backend and implements that op with CPU's flash kernels: the numbers
 // are CPU's, and the op is one DTensor knows how to shard (context parallelism).
 //
-// fp16 runs CPU's fp32 flash kernel on exact fp32 copies and rounds the outputs once: TensorE
-// accumulates in fp32 and this CPU has no fast fp16 kernels (CPU's fp16 flash attention
-// forward+backward took 4x its bf16 time). The compiled path's
+// fp16 (and bf16 on hosts without AVX-512) runs CPU's fp32 flash kernel on exact fp32 copies
+// and rounds the outputs once: TensorE accumulates in fp32 and such CPUs have no fast kernels
+// for those dtypes (CPU's fp16 flash attention forward+backward took 4x its bf16 time; bf16 on
+// an AVX2 host 4.5x fp32's). The compiled path's
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
@@ -31,18 +32,22 @@ std::optional<at::Tensor> alias_opt(ZeroCopy& zc, const std::optional<at::Tensor
 
 // CPU's flash kernels on aliases; fp16 through exact fp32 copies, each output rounded once to
 // fp16 in the layout CPU's fp16 kernel returns (the logsumexp is fp32 either way).
+// Routed: fp16 everywhere; bf16 too on hosts without AVX-512, where CPU's bf16 flash
+// backward is a scalar-GEMM path (4x8x256x64 causal fwd+bwd: 335 ms against 75 ms in fp32).
+bool attention_routed(const at::Tensor& t) { return gemm::routed(t); }
+
 bool half_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return gemm::via_fp32(q) && gemm::via_fp32(k) && gemm::via_fp32(v);
+  return attention_routed(q) && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type();
 }
 
-at::Tensor round_half(const at::Tensor& t) {
-  at::Tensor r = at::empty_like(t, t.options().dtype(at::kHalf));
+at::Tensor round_to(const at::Tensor& t, c10::ScalarType dt) {
+  at::Tensor r = at::empty_like(t, t.options().dtype(dt));
   r.copy_(t);
   return r;
 }
 
 std::optional<at::Tensor> upcast_opt(ZeroCopy& zc, const std::optional<at::Tensor>& t) {
-  if (t.has_value() && t->defined() && gemm::via_fp32(*t)) return gemm::upcast(zc, *t);
+  if (t.has_value() && t->defined() && attention_routed(*t)) return gemm::upcast(zc, *t);
   return t;
 }
 
@@ -56,21 +61,22 @@ std::tuple<at::Tensor, at::Tensor> flash_forward(ZeroCopy& zc, const at::Tensor&
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
       gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v), dropout_p, is_causal,
       upcast_opt(zc, mask), scale);
-  return {round_half(out), lse};
+  return {round_to(out, q.scalar_type()), lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
     ZeroCopy& zc, const at::Tensor& go, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& o, const at::Tensor& lse, double dropout_p, bool is_causal,
     const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  if (!(half_attention(q, k, v) && gemm::via_fp32(go) && gemm::via_fp32(o))) {
+  if (!(half_attention(q, k, v) && go.scalar_type() == q.scalar_type() && o.scalar_type() == q.scalar_type())) {
     return at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, o, lse, dropout_p,
                                                                     is_causal, mask, scale);
   }
   auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       gemm::upcast(zc, go), gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v),
       gemm::upcast(zc, o), lse, dropout_p, is_causal, upcast_opt(zc, mask), scale);
-  return {round_half(gq), round_half(gk), round_half(gv)};
+  const auto dt = q.scalar_type();
+  return {round_to(gq, dt), round_to(gk, dt), round_to(gv, dt)};
 }
 
 // FakeTensors (tracing) and symbolic shapes have no bytes to alias.

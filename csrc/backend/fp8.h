@@ -1,0 +1,31 @@
+// fp8 conversions at memory speed, bit-identical to CPU's (c10's scalar conversions).
+//
+// CPU's copy_ converts float8_e4m3fn / float8_e5m2 element by element through c10's branchy
+// scalar functions (~6 ns an element from fp8, ~1 ns to fp8 on the AVX2 host), a cost torchao's
+// float8 training pays on every cast of every linear. Here: fp8 -> fp32/bf16 through 256-entry tables built from c10's own conversions
+// (exact by construction, NaN bit patterns included), fp32/bf16 -> fp8 with c10's integer
+// algorithm on 8 lanes at a time (AVX2), c10's scalar function for tails and other CPUs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace torchneuron::fp8 {
+
+inline bool is_fp8(c10::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
+}
+
+// dst[i] = convert(src[i]) for i < n between an fp8 format and fp32 or bf16, either way.
+// Returns false (doing nothing) for any other pair of dtypes.
+bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType to, int64_t n);
+
+// dst.copy_(src) for CPU tensors of the same sizes and the same dense layout whose dtypes
+// `convert` handles (parallel over the elements). Returns false, doing nothing, otherwise.
+bool try_copy(const at::Tensor& dst, const at::Tensor& src);
+
+// Whether the vectorized (AVX2) path of the fp32/bf16 -> fp8 conversion is in use.
+bool vectorized();
+
+}  // namespace torchneuron::fp8
