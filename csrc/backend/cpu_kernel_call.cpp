@@ -8,7 +8,11 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <mutex>
+#include <set>
+
 #include "fallback.h"
+#include "zero_copy.h"
 
 namespace torchneuron {
 namespace {
@@ -25,12 +29,63 @@ py::object cpu_kernel(const std::string& name, const std::string& overload, py::
   return torch::jit::createPyObjectForStack(std::move(stack));
 }
 
+// Python kernels (torchneuron/kernels) compute CUDA-only ops with CPU torch ops. Run on the
+// neuron tensors themselves, every one of those ops would go through the boxed fallback; run on
+// zero-copy CPU aliases (one ZeroCopy for the whole kernel) they are plain CPU calls, and the
+// kernel's results map back as the fallback's do (inputs stay themselves, views stay views,
+// fresh results are adopted without a copy).
+py::object alias_args(ZeroCopy& zc, const py::handle& obj) {
+  if (THPVariable_Check(obj.ptr())) {
+    return py::cast(zc.in(THPVariable_Unpack(obj.ptr()), /*allow_cpu=*/false));
+  }
+  if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) {
+    py::list out;
+    for (const auto& e : obj) out.append(alias_args(zc, e));
+    if (py::isinstance<py::tuple>(obj)) return py::tuple(out);
+    return std::move(out);
+  }
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
+py::object map_results(ZeroCopy& zc, const py::handle& obj) {
+  if (THPVariable_Check(obj.ptr())) return py::cast(zc.out(THPVariable_Unpack(obj.ptr())));
+  if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) {
+    py::list out;
+    for (const auto& e : obj) out.append(map_results(zc, e));
+    if (py::isinstance<py::tuple>(obj)) return py::tuple(out);
+    return std::move(out);
+  }
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
+// Op counting keys on stable name addresses (zero_copy.h): intern each kernel name once.
+const char* interned(const std::string& name) {
+  static std::mutex mu;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  return names.insert(name).first->c_str();
+}
+
+py::object on_cpu(const std::string& name, const py::function& fn, const py::args& args) {
+  ZeroCopy zc;
+  py::tuple aliased = alias_args(zc, args);
+  zc.launch(interned(name));
+  py::object result = fn(*aliased);
+  zc.sync_inputs();
+  return map_results(zc, result);
+}
+
 }  // namespace
 
 void bind_cpu_kernel_call(py::module& m) {
   m.def("_cpu_kernel", &cpu_kernel, py::arg("name"), py::arg("overload"),
         "Run the CPU kernel of ATen overload name.overload zero-copy on neuron tensors (the boxed "
         "fallback), bypassing any Python kernel registered for the neuron key.");
+  m.def("_on_cpu", &on_cpu, py::arg("name"), py::arg("fn"),
+        "_on_cpu(name, fn, *args): call fn with every neuron tensor in args (also inside lists and "
+        "tuples) replaced by a zero-copy CPU alias, then map fn's CPU results back to neuron "
+        "tensors without copies. Devices are checked as for any op; name is the kernel's name "
+        "in get_executed_ops and the profiler.");
 }
 
 }  // namespace torchneuron

@@ -2,8 +2,13 @@
 // device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
 // makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing
 // for speed.
+#include <ATen/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "../runtime/runtime.h"
 #include "fallback.h"
@@ -24,6 +29,118 @@ bool is_optional_tensor_list(const c10::Argument& arg) {
   const auto& t = arg.real_type();
   if (t->kind() != c10::TypeKind::ListType) return false;
   return t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType;
+}
+
+// ---- CUDA dtype parity: widen what the CPU kernel lacks ------------------------------------
+// CUDA kernels compute fp16/bf16 (and complex32) in fp32 (opmath) and round once; many CPU
+// kernels have no fp16/bf16/complex32 instantiation at all ("... not implemented for 'Half'").
+// When a CPU kernel refuses a narrow dtype, the fallback runs it again on widened copies
+// (Half/BFloat16 -> Float, ComplexHalf -> ComplexFloat) and rounds the results once to the
+// narrow dtype: CUDA's numerics for elementwise ops and reductions, where CPU had none.
+bool is_narrow(c10::ScalarType t) {
+  return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16 || t == c10::ScalarType::ComplexHalf;
+}
+
+c10::ScalarType widened(c10::ScalarType t) {
+  return t == c10::ScalarType::ComplexHalf ? c10::ScalarType::ComplexFloat
+         : is_narrow(t)                    ? c10::ScalarType::Float
+                                           : t;
+}
+
+bool has_narrow_tensor(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && is_narrow(v.toTensor().scalar_type());
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (t.defined() && is_narrow(t.scalar_type())) return true;
+    }
+  }
+  return false;
+}
+
+bool is_scalar_type_arg(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  if (t->kind() == c10::TypeKind::ScalarTypeType) return true;
+  return t->kind() == c10::TypeKind::OptionalType &&
+         t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::ScalarTypeType;
+}
+
+bool refuses_narrow(const char* what) {
+  const std::string msg(what);
+  return msg.find("not implemented for 'Half'") != std::string::npos ||
+         msg.find("not implemented for 'BFloat16'") != std::string::npos ||
+         msg.find("not implemented for 'ComplexHalf'") != std::string::npos;
+}
+
+// Run `op` on widened copies of the (CPU alias) arguments in `args`; outputs written in place
+// are copied back (rounded) into the original aliases; fresh results are rounded to the narrow
+// dtype they were widened from. Leaves the results on `stack`.
+void run_widened(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, torch::jit::Stack* stack,
+                 c10::DispatchKey cpu_key) {
+  const auto& schema = op.schema();
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (original alias, widened copy)
+  c10::ScalarType narrow_real = c10::ScalarType::Undefined, narrow_complex = c10::ScalarType::Undefined;
+  auto widen = [&](const at::Tensor& t, bool write) {
+    if (!t.defined() || !is_narrow(t.scalar_type())) return t;
+    if (t.scalar_type() == c10::ScalarType::ComplexHalf) {
+      narrow_complex = c10::ScalarType::ComplexHalf;
+      if (narrow_real == c10::ScalarType::Undefined) narrow_real = c10::ScalarType::Half;
+    } else {
+      narrow_real = t.scalar_type();
+    }
+    at::Tensor w = t.to(widened(t.scalar_type()));
+    if (write) written.emplace_back(t, w);
+    return w;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& arg = schema.arguments()[i];
+    const bool write = arg.alias_info() && arg.alias_info()->isWrite();
+    c10::IValue v = args[i];
+    if (v.isTensor()) {
+      v = widen(v.toTensor(), write);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(widen(t, write));
+      v = c10::IValue(std::move(list));
+    } else if (v.isInt() && is_scalar_type_arg(arg)) {
+      const auto t = static_cast<c10::ScalarType>(v.toInt());
+      if (is_narrow(t)) {
+        if (t == c10::ScalarType::ComplexHalf) narrow_complex = t;
+        else narrow_real = t;
+        v = c10::IValue(static_cast<int64_t>(widened(t)));
+      }
+    }
+    stack->push_back(std::move(v));
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
+  for (auto& [orig, w] : written) {
+    if (orig.sizes() != w.sizes()) orig.resize_(w.sizes());
+    orig.copy_(w);
+  }
+  const size_t num_rets = schema.returns().size();
+  const size_t rbegin = stack->size() - num_rets;
+  auto narrow_back = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined()) return r;
+    for (auto& [orig, w] : written) {
+      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) return orig;
+    }
+    if (r.scalar_type() == c10::ScalarType::Float && narrow_real != c10::ScalarType::Undefined) {
+      return r.to(narrow_real);
+    }
+    if (r.scalar_type() == c10::ScalarType::ComplexFloat && narrow_complex != c10::ScalarType::Undefined) {
+      return r.to(narrow_complex);
+    }
+    return r;
+  };
+  for (size_t i = 0; i < num_rets; ++i) {
+    c10::IValue& v = (*stack)[rbegin + i];
+    if (v.isTensor()) {
+      v = narrow_back(v.toTensor());
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(narrow_back(t));
+      v = c10::IValue(std::move(list));
+    }
+  }
 }
 
 }  // namespace
@@ -80,8 +197,26 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
                                 "registers every random op with a CPU kernel); run it on the CPU.");
   }
 
+  // Dense ops with a narrow floating argument keep their arguments for the widening retry.
+  bool narrow = false;
+  if (cpu_key == c10::DispatchKey::CPU) {
+    for (size_t i = 0; i < num_args && !narrow; ++i) narrow = has_narrow_tensor((*stack)[begin + i]);
+  }
+  std::vector<c10::IValue> saved;
+  if (narrow) saved.assign(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+
   zc.launch(schema.operator_name());
-  op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
+  if (!narrow) {
+    op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
+  } else {
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
+    } catch (const c10::NotImplementedError& e) {
+      if (!refuses_narrow(e.what())) throw;
+      stack->resize(begin);
+      run_widened(op, saved, stack, cpu_key);
+    }
+  }
   zc.sync_inputs();
   sp.sync();
 
@@ -132,6 +267,12 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"native_layer_norm", "native_group_norm", "addr", "addr.out", "_stack",
                            "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
+  // CompositeExplicitAutograd kernels that are device-specific inside: mode_out refuses devices
+  // other than CPU/CUDA/XPU, conj_physical_ calls a DispatchStub (no neuron entry). Run on the
+  // CPU aliases, where they take their CPU branch (tests/device/test_device_checks.py).
+  for (const char* name : {"mode.values", "conj_physical_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
 }

@@ -143,8 +143,24 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void recordDataPtrOnStream(const c10::DataPtr& ptr, const Stream& s) const override {
     device_allocator()->recordStream(ptr, s);
   }
+  // torch.accelerator.get_device_capability(): the dtypes neuron tensors can be allocated in and
+  // converted between (the contract torch documents). Not listed: quantized dtypes (quantized
+  // neuron tensors are not implemented), the bit containers bits1x8..bits16, the sub-byte shells
+  // int1..int7 / uint1..uint7 and float4_e2m1fn_x2, which no copy kernel converts (on CPU
+  // either). tests/device/test_accelerator.py checks the list both ways.
   c10::DeviceCapability getDeviceCapability(Device) const override {
-    c10::DeviceCapability cap;  // default: every dtype supported (CPU kernels run them)
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    auto& t = cap.capability_data.supported_scalar_types;
+#define TORCHNEURON_SUPPORTS(name) t.has_##name = 1;
+    TORCHNEURON_SUPPORTS(Byte) TORCHNEURON_SUPPORTS(Char) TORCHNEURON_SUPPORTS(Short) TORCHNEURON_SUPPORTS(Int)
+    TORCHNEURON_SUPPORTS(Long) TORCHNEURON_SUPPORTS(Half) TORCHNEURON_SUPPORTS(Float) TORCHNEURON_SUPPORTS(Double)
+    TORCHNEURON_SUPPORTS(ComplexHalf) TORCHNEURON_SUPPORTS(ComplexFloat) TORCHNEURON_SUPPORTS(ComplexDouble)
+    TORCHNEURON_SUPPORTS(Bool) TORCHNEURON_SUPPORTS(BFloat16) TORCHNEURON_SUPPORTS(Float8_e5m2)
+    TORCHNEURON_SUPPORTS(Float8_e4m3fn) TORCHNEURON_SUPPORTS(Float8_e5m2fnuz) TORCHNEURON_SUPPORTS(Float8_e4m3fnuz)
+    TORCHNEURON_SUPPORTS(UInt16) TORCHNEURON_SUPPORTS(UInt32) TORCHNEURON_SUPPORTS(UInt64)
+    TORCHNEURON_SUPPORTS(Float8_e8m0fnu)
+#undef TORCHNEURON_SUPPORTS
     return cap;
   }
 };

@@ -218,6 +218,10 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 // Tensor.record_stream: tell the caching allocator the block is used on another stream.
 void record_stream(at::Tensor& self, c10::Stream stream) {
+  // CUDA unpacks the stream as a CUDAStream, which refuses other device types.
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream: expected a neuron stream for a tensor on ", self.device(), ", but got a stream on ",
+              stream.device());
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 

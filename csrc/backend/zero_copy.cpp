@@ -24,6 +24,7 @@ void check_device_index(int index) {
 }
 
 void ZeroCopy::set_device(int d) {
+  if (cpu_output_ != nullptr) output_mismatch(d);
   if (cpu_seen_) {
     mismatch(at::Device(at::kCPU), at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(d)));
   }
@@ -39,6 +40,15 @@ void ZeroCopy::set_device(int d) {
 void ZeroCopy::mismatch(const at::Device& a, const at::Device& b) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
               "devices, ", a, " and ", b, "! Move them with .to(device) first.");
+}
+
+// An output on the CPU (out=, or a self mutated in place) for an op on a neuron device. CUDA
+// accepts CPU tensors only as 0-dim *inputs*: its structured kernels check out= devices in
+// resize_output, TensorIterator refuses a CPU output next to device inputs.
+void ZeroCopy::output_mismatch(int d) {
+  const at::Device dev(at::kPrivateUse1, static_cast<c10::DeviceIndex>(d));
+  TORCH_CHECK(!cpu_output_is_out_, "Expected out tensor to have device ", dev, ", but got cpu instead");
+  mismatch(dev, at::Device(at::kCPU));
 }
 
 c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s) {
@@ -61,6 +71,12 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   const auto dev = t.device();
   if (dev.type() != c10::DeviceType::PrivateUse1) {
     if (dev.type() == c10::DeviceType::CPU && (allow_cpu || t.dim() == 0)) {
+      if (!allow_cpu && (trace_flags & prof::kOutput)) {
+        // A 0-dim CPU tensor the op would write: an error once the op is on a neuron device.
+        cpu_output_ = t.unsafeGetTensorImpl();
+        cpu_output_is_out_ = !(trace_flags & prof::kRead);
+        if (device_ >= 0) output_mismatch(device_);
+      }
       if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
       return t;
     }
@@ -72,6 +88,15 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   }
   set_device(dev.index());
   c10::TensorImpl* src = t.unsafeGetTensorImpl();
+  // The same tensor passed twice (ldexp_ -> ldexp.out(self, other, out=self)) must stay one
+  // tensor for the kernel: TensorIterator recognises an output that is also an input by
+  // identity, and refuses to resize it ("doesn't match the broadcast shape").
+  for (auto& a : args_) {
+    if (a.device_tensor.unsafeGetTensorImpl() == src) {
+      if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
+      return a.alias;
+    }
+  }
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       alias_storage(src->storage().unsafeGetStorageImpl()), c10::DispatchKeySet(c10::DispatchKey::CPU),
       t.dtype());

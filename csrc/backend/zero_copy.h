@@ -46,7 +46,8 @@ class ZeroCopy {
 
   // ---- inputs ----
   // Note a tensor argument: checks devices (same neuron device; CPU only as 0-dim scalars
-  // unless allow_cpu) and returns the CPU alias for neuron tensors, the tensor itself otherwise.
+  // unless allow_cpu; never as outputs, trace_flags & kOutput, of an op on a neuron device) and
+  // returns the CPU alias for neuron tensors, the tensor itself otherwise.
   // trace_flags: how the profiler records the argument (prof::kOutput for out= buffers).
   at::Tensor in(const at::Tensor& t, bool allow_cpu = false, int64_t trace_flags = 0);
   // A device buffer the kernel writes (a preallocated output): aliased like in(), recorded as
@@ -84,9 +85,12 @@ class ZeroCopy {
   at::Tensor map_out(const at::Tensor& cpu);
   at::Tensor adopt(const at::Tensor& cpu);
   [[noreturn]] void mismatch(const at::Device& a, const at::Device& b);
+  [[noreturn]] void output_mismatch(int device);
 
   int device_ = -1;
   bool cpu_seen_ = false;  // a non-scalar CPU tensor among the arguments
+  const c10::TensorImpl* cpu_output_ = nullptr;  // a 0-dim CPU tensor the op writes
+  bool cpu_output_is_out_ = false;                // ... as out= (else mutated in place)
   c10::SmallVector<Entry, 4> storages_;
   c10::SmallVector<Arg, 6> args_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cpu_kernel", "register"]
+__all__ = ["cpu_kernel", "on_cpu", "register"]
 
 _LIB: torch.library.Library | None = None
 
@@ -31,13 +31,25 @@ def cpu_kernel(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return _C._cpu_kernel(schema.name, schema.overload_name, *args, **kwargs)
 
 
+def on_cpu(name: str, fn: Any, *args: Any) -> Any:
+    """Call ``fn(*args)`` with every neuron tensor in ``args`` (also inside lists and tuples)
+    replaced by a zero-copy CPU alias, and map its CPU results back to neuron tensors without
+    copies (``_C._on_cpu``). A kernel built from CPU torch ops then costs plain CPU calls instead
+    of one boxed fallback per op. ``name`` names the kernel in ``get_executed_ops`` and the
+    profiler. Devices are checked as for any op (one neuron device; CPU tensors only 0-dim)."""
+    from .. import _C
+
+    return _C._on_cpu(name, fn, *args)
+
+
 def register() -> None:
     """Register every kernel of this package for the neuron key (once per process)."""
     global _LIB
     if _LIB is not None:
         return
     lib = torch.library.Library("aten", "IMPL")
-    from . import histc
+    from . import dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm
 
-    histc.register(lib)
+    for module in (dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm):
+        module.register(lib)
     _LIB = lib
