@@ -142,10 +142,11 @@ def test_last_core_of_the_machine_is_visible_and_the_next_is_not():
         platform.read_topology({"NEURON_RT_VISIBLE_CORES": "4"})
 
 
-def test_negative_core_is_rejected():
-    # "-1" parses as a range with an empty low end
-    with pytest.raises(ValueError):
-        platform.read_topology({"NEURON_RT_VISIBLE_CORES": "-1"})
+@pytest.mark.parametrize("part", ["-1", "a", "1-", "1-2-3", "1.5"])
+def test_malformed_core_is_named_with_an_example(part):
+    with pytest.raises(ValueError, match=rf"bad core {part!r} in NEURON_RT_VISIBLE_CORES='0,{part}'; expected "
+                                         r"core numbers and ranges such as '1,3' or '0-3'"):
+        platform.parse_core_list(f"0,{part}")
 
 
 @pytest.mark.parametrize("value", ["", "  "])
@@ -153,6 +154,7 @@ def test_blank_variables_mean_their_defaults(value):
     topo = platform.read_topology({"TORCHNEURON_NUM_CHIPS": value, "NEURON_LOGICAL_NC_CONFIG": value,
                                    "NEURON_RT_VISIBLE_CORES": value, "TORCHNEURON_DEVICE_MEMORY": value})
     assert (topo.num_chips, topo.lnc, topo.device_count, topo.memory_per_device) == (1, 2, 4, 24 * GiB)
+    assert isinstance(topo.memory_per_device, int)  # bytes, handed to the runtime as a count
 
 
 def test_non_integer_variable_is_named():
