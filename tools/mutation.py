@@ -63,7 +63,8 @@ class Module:
 
     @property
     def dotted(self) -> str:
-        return self.path[:-3].replace("/", ".")
+        dotted = self.path[:-3].replace("/", ".")
+        return dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted
 
     def patterns(self) -> list[str]:
         if not self.functions:
@@ -83,7 +84,7 @@ MODULES: dict[str, Module] = {
     ),
     "memory": Module(
         "torchneuron/neuron/memory.py",
-        ("tests/device/test_memory.py", "tests/device/test_allocator_invariants.py"),
+        ("tests/device/test_memory_api.py", "tests/device/test_memory.py", "tests/profiler/test_memory_history.py"),
     ),
     "perf_model": Module(
         "torchneuron/nki/perf_model.py",
@@ -125,6 +126,8 @@ def _settings(mod: Module) -> dict:
     return {
         "source_paths": ["torchneuron"],
         "only_mutate": [mod.path],
+        # tests read these through the repository root (tools/perf_golden.py, docs tables)
+        "also_copy": ["tools", "docs"],
         "pytest_add_cli_args_test_selection": [t for t in mod.tests if (REPO / t).exists()],
         # -p no:cacheprovider: forked children must not race on .pytest_cache;
         # timeouts per test stay the suite's own (pytest-timeout from pyproject)
