@@ -218,3 +218,90 @@ def test_flight_recorder_lists_the_collectives_of_this_process(neuron_group):
     dist.all_reduce(t)
     records = [json.loads(line) for line in tnd.dump_flight_recorder().splitlines()]
     assert records and "allreduce" in records[-1]["op"].lower().replace("_", "")
+
+
+# --- monitored_barrier: the forwarding function and the patch of torch's, with recording fakes ---
+class _Backend:
+    def __init__(self):
+        self.calls = []
+
+    def monitored_barrier(self, timeout, wait_all_ranks):
+        self.calls.append((timeout, wait_all_ranks))
+
+
+class _Group:
+    def __init__(self, name, has_neuron=True):
+        self.name, self.has_neuron, self.backend, self.asked = name, has_neuron, _Backend(), []
+
+    def _get_backend(self, device):
+        self.asked.append(device)
+        if not self.has_neuron:
+            raise RuntimeError("no backend for device neuron")
+        return self.backend
+
+
+def test_monitored_barrier_forwards_timeout_and_wait_all_ranks_to_the_neuron_backend():
+    g = _Group("neuron")
+    tnd.monitored_barrier(g, timeout=timedelta(seconds=5), wait_all_ranks=True)
+    assert g.backend.calls == [(timedelta(seconds=5), True)]
+    assert g.asked == [torch.device("neuron")]
+
+
+def test_monitored_barrier_defaults_are_the_process_group_timeout_and_first_failure():
+    g = _Group("neuron")
+    tnd.monitored_barrier(g)
+    assert g.backend.calls == [(timedelta(seconds=dist.default_pg_timeout.total_seconds()), False)]
+
+
+@pytest.fixture
+def unpatched(monkeypatch):
+    """torch's monitored_barrier replaced by a recorder, as before register() patched it."""
+    import torch.distributed.distributed_c10d as c10d
+
+    calls = []
+
+    def original(group=None, timeout=None, wait_all_ranks=False):
+        """upstream docstring"""
+        calls.append((group, timeout, wait_all_ranks))
+
+    monkeypatch.setattr(c10d, "monitored_barrier", original)
+    monkeypatch.setattr(dist, "monitored_barrier", original)
+    monkeypatch.setattr(dist, "get_backend", lambda pg: pg.name)
+    routed = []
+    monkeypatch.setattr(tnd, "monitored_barrier", lambda pg, t, w: routed.append((pg, t, w)))
+    tnd._patch_monitored_barrier()
+    return SimpleNamespace(c10d=c10d, original=original, calls=calls, routed=routed)
+
+
+def test_patch_installs_one_marked_function_in_both_namespaces(unpatched):
+    patched = dist.monitored_barrier
+    assert patched is not unpatched.original and unpatched.c10d.monitored_barrier is patched
+    assert patched._torchneuron is True and patched.__doc__ == "upstream docstring"
+    tnd._patch_monitored_barrier()  # again: already patched, not wrapped twice
+    assert dist.monitored_barrier is patched
+
+
+def test_patched_barrier_routes_a_neuron_group_to_its_backend(unpatched):
+    g = _Group("neuron")
+    dist.monitored_barrier(g, timeout=timedelta(seconds=4), wait_all_ranks=True)
+    assert unpatched.routed == [(g, timedelta(seconds=4), True)] and unpatched.calls == []
+
+
+def test_patched_barrier_leaves_gloo_groups_to_torch(unpatched):
+    g = _Group("gloo")
+    dist.monitored_barrier(g, timeout=timedelta(seconds=4), wait_all_ranks=True)
+    assert unpatched.calls == [(g, timedelta(seconds=4), True)] and unpatched.routed == []
+    assert g.asked == []
+
+
+def test_patched_barrier_leaves_groups_without_a_neuron_backend_to_torch(unpatched):
+    g = _Group("nccl", has_neuron=False)
+    dist.monitored_barrier(g, timeout=timedelta(seconds=2))
+    assert unpatched.calls == [(g, timedelta(seconds=2), False)] and unpatched.routed == []
+
+
+def test_patched_barrier_without_a_group_uses_the_default_group(unpatched, monkeypatch):
+    g = _Group("neuron")
+    monkeypatch.setattr(unpatched.c10d, "_get_default_group", lambda: g)
+    dist.monitored_barrier()
+    assert unpatched.routed == [(g, None, False)]
