@@ -56,14 +56,25 @@ def test_binding_is_remembered_for_the_process(binding):
 def test_bind_with_no_visible_device_names_the_variables(binding):
     binding.setattr(torch.neuron, "device_count", lambda: 0)
     binding.setenv("LOCAL_RANK", "0")
-    with pytest.raises(RuntimeError, match="no neuron device is visible.*NEURON_RT_VISIBLE_CORES"):
+    with pytest.raises(RuntimeError, match=r"^neuron process group: no neuron device is visible \(check "
+                                           r"NEURON_RT_VISIBLE_CORES / NEURON_LOGICAL_NC_CONFIG\)$"):
         tnd.bind_local_device()
 
 
 def test_more_local_processes_than_cores_is_refused(binding):
     binding.setenv("LOCAL_RANK", "0")
     binding.setenv("LOCAL_WORLD_SIZE", "5")
-    with pytest.raises(RuntimeError, match="5 processes per node but only 4 .*--nproc-per-node 4"):
+    with pytest.raises(RuntimeError, match=r"5 processes per node but only 4 logical NeuronCore\(s\) are visible; one "
+                                           r"process drives one core \(use --nproc-per-node 4 or raise "
+                                           r"TORCHNEURON_NUM_CHIPS / change NEURON_LOGICAL_NC_CONFIG\)$"):
+        tnd.bind_local_device()
+
+
+def test_two_visible_cores_for_three_local_processes_is_refused(binding):
+    binding.setattr(torch.neuron, "device_count", lambda: 2)
+    binding.setenv("LOCAL_RANK", "0")
+    binding.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(RuntimeError, match="3 processes per node but only 2"):
         tnd.bind_local_device()
 
 
@@ -85,10 +96,13 @@ def test_one_visible_core_per_process_is_accepted_for_any_local_world(binding):
 
 def test_memory_held_on_another_core_is_named(binding):
     torch.neuron.init()
-    held = {3: 512}
+    held = {3: 1}  # one byte is enough
     binding.setattr(torch.neuron, "memory_allocated", lambda d=None: held.get(d, 0))
     binding.setenv("LOCAL_RANK", "0")
-    with pytest.raises(RuntimeError, match=r"already holds memory on neuron:3 but LOCAL_RANK=0 maps it to neuron:0"):
+    with pytest.raises(RuntimeError, match=r"already holds memory on neuron:3 but LOCAL_RANK=0 maps it to neuron:0 "
+                                           r"\(one process drives one NeuronCore\)\. Create no neuron tensors "
+                                           r"before init_process_group, or create them on neuron:0 "
+                                           r"\(torch\.neuron\.set_device\(0\)\)\.$"):
         tnd.bind_local_device()
     assert tnd._bound_device is None
 
@@ -167,6 +181,24 @@ def test_register_sets_the_flag_and_patches_monitored_barrier(monkeypatch):
     assert tnd.is_registered()
     assert getattr(dist.monitored_barrier, "_torchneuron", False)
     assert "neuron" in dist.Backend.backend_list
+
+
+def test_register_registers_the_creator_for_the_neuron_device(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tnd, "_registered", False)
+    monkeypatch.setattr(dist.Backend, "backend_list", [b for b in dist.Backend.backend_list if b != "neuron"])
+    monkeypatch.setattr(dist.Backend, "register_backend", lambda *a, **k: calls.append((a, k)))
+    tnd.register()
+    assert calls == [(("neuron", tnd._create_backend), {"extended_api": True, "devices": ["neuron"]})]
+
+
+def test_register_does_not_register_a_name_torch_already_knows(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tnd, "_registered", False)
+    assert "neuron" in dist.Backend.backend_list
+    monkeypatch.setattr(dist.Backend, "register_backend", lambda *a, **k: calls.append((a, k)))
+    tnd.register()
+    assert calls == [] and tnd.is_registered()
 
 
 def test_register_does_nothing_when_distributed_is_unavailable(monkeypatch):
@@ -285,6 +317,7 @@ def test_patched_barrier_routes_a_neuron_group_to_its_backend(unpatched):
     g = _Group("neuron")
     dist.monitored_barrier(g, timeout=timedelta(seconds=4), wait_all_ranks=True)
     assert unpatched.routed == [(g, timedelta(seconds=4), True)] and unpatched.calls == []
+    assert g.asked == [torch.device("neuron")]
 
 
 def test_patched_barrier_leaves_gloo_groups_to_torch(unpatched):
