@@ -212,13 +212,16 @@ def _report(name: str, mod: Module, elapsed: float) -> int:
     total = len(results)
     killed = counts.get("killed", 0)
     timeout = counts.get("timeout", 0)
-    score = 100.0 * (killed + timeout) / total if total else 0.0
-    survivors = sorted(k for k, s in results.items() if s not in ("killed", "timeout"))
+    # a mutant whose tests crashed the interpreter (mutmut: "segfault") was caught too
+    caught = ("killed", "timeout", "segfault")
+    score = 100.0 * sum(counts.get(c, 0) for c in caught) / total if total else 0.0
+    survivors = sorted(k for k, s in results.items() if s not in caught)
     summary = {
         "module": name, "path": mod.path, "date": time.strftime("%Y-%m-%d %H:%M"),
         "total": total, "killed": killed, "timeout": timeout,
+        "segfault": counts.get("segfault", 0),
         "survived": counts.get("survived", 0), "no_tests": counts.get("no tests", 0),
-        "other": {k: v for k, v in counts.items() if k not in ("killed", "timeout", "survived", "no tests")},
+        "other": {k: v for k, v in counts.items() if k not in caught + ("survived", "no tests")},
         "score_percent": round(score, 1), "seconds": round(elapsed), "tests": list(mod.tests),
         "survivors": {k: results[k] for k in survivors},
     }
@@ -230,7 +233,8 @@ def _report(name: str, mod: Module, elapsed: float) -> int:
                 f.write(get_diff_for_mutant(k, path=mod.path) + "\n\n")
             except Exception as e:  # noqa: BLE001  (a report must not lose the counts)
                 f.write(f"(no diff: {e})\n\n")
-    print(f"\n{name}: {total} mutants, {killed} killed, {timeout} timeout, {summary['survived']} survived, "
+    print(f"\n{name}: {total} mutants, {killed} killed, {timeout} timeout, {summary['segfault']} crashed, "
+          f"{summary['survived']} survived, "
           f"{summary['no_tests']} no tests -> {score:.1f}% killed in {elapsed:.0f} s "
           f"(survivors: {REPORT_DIR / (name + '.diff')})")
     return 0
