@@ -214,3 +214,46 @@ def test_dump_snapshot_pickles_the_snapshot(tmp_path):
     assert set(snap) >= {"segments", "device_traces"}
     assert any(b["address"] == x.data_ptr() for s in snap["segments"] for b in s["blocks"])
     del x
+
+
+def _cell(v: int, is_bytes: bool) -> str:
+    """A cell of CUDA's memory_summary, written out independently: bytes below 1 KiB as an
+    integer, else two decimals of the largest binary unit below the value."""
+    if not is_bytes:
+        return str(v)
+    if abs(v) < 1024:
+        return f"{v} B"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.2f} {unit}"
+
+
+ROWS = [("Allocated memory", "allocated_bytes", True), ("Active memory", "active_bytes", True),
+        ("Requested memory", "requested_bytes", True), ("Reserved memory", "reserved_bytes", True),
+        ("Allocations", "allocation", False), ("Active allocs", "active", False),
+        ("Segments", "segment", False)]
+
+
+def test_every_summary_cell_is_its_statistic():
+    x = torch.empty(3 * MiB + 5, dtype=torch.uint8, device="neuron:1")
+    y = torch.empty(1000, dtype=torch.uint8, device="neuron:1")
+    s = _stats(1)
+    lines = torch.neuron.memory_summary(1).splitlines()
+    assert lines[2] == "-" * 75
+    assert [c.strip() for c in lines[3].split("|")] == ["Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"]
+    body = [l for l in lines if "|" in l][1:]
+    expected = []
+    for title, key, is_bytes in ROWS:
+        for pool, label in (("all", title), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")):
+            cells = [_cell(s.get(f"{key}.{pool}.{m}", 0), is_bytes) for m in ("current", "peak", "allocated", "freed")]
+            expected.append([label] + cells)
+    got = [[l.split("|")[0][1:].rstrip()] + [c.strip() for c in l.split("|")[1:]] for l in body]
+    assert got == expected
+    del x, y
+
+
+def test_reset_max_memory_allocated_resets_the_device_it_names():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="neuron:1")
+    del x
+    torch.neuron.reset_max_memory_allocated(1)
+    assert torch.neuron.max_memory_allocated(1) == torch.neuron.memory_allocated(1)
