@@ -235,11 +235,21 @@ ROWS = [("Allocated memory", "allocated_bytes", True), ("Active memory", "active
 
 
 def test_every_summary_cell_is_its_statistic():
+    freed = [torch.empty(n, dtype=torch.uint8, device="neuron:1") for n in (2 * MiB, 500)]
+    del freed  # non-zero "freed" totals in both pools
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(64 << 30, dtype=torch.uint8, device="neuron:1")  # an OOM and its retry
     x = torch.empty(3 * MiB + 5, dtype=torch.uint8, device="neuron:1")
     y = torch.empty(1000, dtype=torch.uint8, device="neuron:1")
     s = _stats(1)
-    lines = torch.neuron.memory_summary(1).splitlines()
+    assert s["num_ooms"] >= 1 and s["num_alloc_retries"] >= 1
+    text = torch.neuron.memory_summary(1)
+    lines = text.splitlines()
     assert lines[2] == "-" * 75
+    # rules between the header and each metric's group of rows
+    assert [l for l in lines if "|" not in l and l.startswith("-")] == ["-" * 75] * (2 + len(ROWS))
+    assert (f" OOMs: {s['num_ooms']}   alloc retries: {s['num_alloc_retries']}   device allocs: "
+            f"{s['num_device_alloc']}   device frees: {s['num_device_free']}") in lines
     assert [c.strip() for c in lines[3].split("|")] == ["Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"]
     body = [l for l in lines if "|" in l][1:]
     expected = []
