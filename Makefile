@@ -10,7 +10,7 @@ VLLM   := $(VENV)/.vllm-stamp
 # triton for TorchTitan runs only (examples/torchtitan): kept off the venv's path (vLLM refuses it)
 TITAN_TRITON := $(VENV)/torchtitan-triton
 
-.PHONY: all build demo test bench clean vllm
+.PHONY: all build demo test bench clean vllm mutation
 
 all: build
 
@@ -63,5 +63,17 @@ bench: build $(VLLM)
 	@for b in bench/compile.py bench/precision.py bench/rng.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
+# Mutation testing (docs/testing.md): not part of `make test`. The `mutation` extra (mutmut) is
+# installed with the constraints, so pip cannot touch torch; checked after install.
+# `make mutation MODULES="platform memory"` runs some modules (list: tools/mutation.py --list).
+MUTMUT := $(VENV)/.mutmut-stamp
+$(MUTMUT): $(DEPS)
+	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[mutation]'
+	$(PY) -c "import importlib.metadata as m; v = m.version('torch'); assert v == '2.13.0+cpu', 'pip replaced torch: ' + v"
+	touch $@
+
+mutation: build $(MUTMUT)
+	nice -n 10 $(PY) tools/mutation.py $(MODULES)
+
 clean:
-	rm -rf build torchneuron/_C*.so *.egg-info
+	rm -rf build torchneuron/_C*.so *.egg-info mutants

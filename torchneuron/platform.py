@@ -234,14 +234,17 @@ def parse_core_list(text: str) -> list[int]:
         part = part.strip()
         if not part:
             continue
+        try:
+            lo_i, hi_i = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part),) * 2
+        except ValueError:
+            raise ValueError(f"bad core {part!r} in NEURON_RT_VISIBLE_CORES={text!r}; expected core "
+                             "numbers and ranges such as '1,3' or '0-3'") from None
         if "-" in part:
-            lo, hi = part.split("-", 1)
-            lo_i, hi_i = int(lo), int(hi)
             if hi_i < lo_i:
                 raise ValueError(f"bad core range {part!r} in NEURON_RT_VISIBLE_CORES={text!r}")
             cores.extend(range(lo_i, hi_i + 1))
         else:
-            cores.append(int(part))
+            cores.append(lo_i)
     if len(set(cores)) != len(cores):
         raise ValueError(f"NEURON_RT_VISIBLE_CORES={text!r} lists a core twice")
     return cores

@@ -1,0 +1,269 @@
+"""torch.neuron.memory's Python layer: each accessor reads the counter it names (current vs peak,
+allocated vs reserved) from the allocator's own statistics, on the device it is given; the
+summary's table is the same numbers, formatted; the controls reach the device they name."""
+
+import gc
+import pickle
+
+import pytest
+import torch
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    gc.collect()
+    torch.neuron.empty_cache()
+    yield
+    gc.collect()
+    torch.neuron.empty_cache()
+
+
+def _stats(device=0):
+    return torch.accelerator.memory_stats(device)
+
+
+def test_max_memory_reserved_is_the_peak_not_the_current_value():
+    torch.neuron.reset_peak_memory_stats()
+    x = torch.empty(24 * MiB, dtype=torch.uint8, device="neuron")
+    del x
+    torch.neuron.empty_cache()  # reserved falls back, its peak stays
+    s = _stats()
+    assert torch.neuron.max_memory_reserved() == s["reserved_bytes.all.peak"]
+    assert torch.neuron.memory_reserved() == s["reserved_bytes.all.current"]
+    assert torch.neuron.max_memory_reserved() >= torch.neuron.memory_reserved() + 24 * MiB
+
+
+def test_max_memory_allocated_is_the_peak_not_the_current_value():
+    torch.neuron.reset_peak_memory_stats()
+    before = torch.neuron.memory_allocated()
+    x = torch.empty(3 * MiB + 1, dtype=torch.uint8, device="neuron")
+    del x
+    assert torch.neuron.memory_allocated() == before
+    # 4 size classes per power of two: 3 MiB + 1 B -> 3.5 MiB
+    assert torch.neuron.max_memory_allocated() == before + 3 * MiB + MiB // 2
+    assert torch.neuron.max_memory_allocated() == _stats()["allocated_bytes.all.peak"]
+
+
+def test_accessors_read_the_device_they_are_given():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron:1")
+    s1 = _stats(1)
+    assert torch.neuron.memory_allocated(1) == s1["allocated_bytes.all.current"] >= 2 * MiB
+    assert torch.neuron.memory_allocated("neuron:1") == s1["allocated_bytes.all.current"]
+    assert torch.neuron.memory_reserved(torch.device("neuron", 1)) == s1["reserved_bytes.all.current"]
+    assert torch.neuron.max_memory_allocated(1) == s1["allocated_bytes.all.peak"]
+    assert torch.neuron.max_memory_reserved(1) == s1["reserved_bytes.all.peak"]
+    assert torch.neuron.memory_stats(1) == s1
+    del x
+
+
+def test_accessors_default_to_the_current_device():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron:2")
+    with torch.neuron.device(2):
+        assert torch.neuron.memory_allocated() == _stats(2)["allocated_bytes.all.current"] >= 2 * MiB
+    del x
+
+
+def test_unused_device_reads_zero():
+    assert torch.neuron.memory_allocated(3) == 0
+    assert torch.neuron.memory_reserved(3) == 0
+
+
+def test_bad_device_index_is_named():
+    with pytest.raises((RuntimeError, ValueError, AssertionError), match="7"):
+        torch.neuron.memory_allocated(7)
+
+
+def test_reset_peak_resets_the_device_it_names():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="neuron:1")
+    del x
+    peak0 = torch.neuron.max_memory_allocated(0)
+    torch.neuron.reset_peak_memory_stats(1)
+    assert torch.neuron.max_memory_allocated(1) == torch.neuron.memory_allocated(1)
+    assert torch.neuron.max_memory_allocated(0) == peak0
+
+
+def test_reset_max_memory_allocated_is_the_peak_reset():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="neuron")
+    del x
+    torch.neuron.reset_max_memory_allocated()
+    assert torch.neuron.max_memory_allocated() == torch.neuron.memory_allocated()
+
+
+def test_reset_accumulated_clears_allocation_and_free_totals():
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron:1")
+    del x
+    assert _stats(1)["allocation.all.allocated"] > 0
+    torch.neuron.reset_accumulated_memory_stats(1)
+    s = _stats(1)
+    assert s["allocation.all.allocated"] == 0 and s["allocation.all.freed"] == 0
+    assert s["allocated_bytes.all.allocated"] == 0 and s["num_alloc_retries"] == 0 and s["num_ooms"] == 0
+
+
+def test_empty_cache_returns_cached_segments_of_every_device():
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device="neuron:1")
+    del x
+    assert torch.neuron.memory_reserved(1) > 0
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved(1) == 0
+
+
+def test_mem_get_info_is_capacity_minus_used():
+    free0, total = torch.neuron.mem_get_info(1)
+    x = torch.empty(6 * MiB, dtype=torch.uint8, device="neuron:1")
+    free1, total1 = torch.neuron.mem_get_info(1)
+    assert total1 == total == torch.neuron.get_device_properties(1).total_memory
+    assert free0 - free1 == torch.neuron.memory_reserved(1) - 0 >= 6 * MiB
+    del x
+
+
+def test_host_memory_stats_count_pinned_allocations():
+    before = torch.neuron.host_memory_stats()
+    p = torch.empty(MiB, dtype=torch.uint8).pin_memory("neuron")
+    after = torch.neuron.host_memory_stats()
+    assert isinstance(after, dict)
+    assert after["allocations"] == before["allocations"] + 1
+    assert after["allocated_bytes"] == before["allocated_bytes"] + MiB
+    del p
+
+
+def test_list_gpu_processes_names_the_device():
+    assert torch.neuron.list_gpu_processes(1) == "neuron:1: emulated device, used only by this process"
+
+
+# --- the summary table -------------------------------------------------------------------------
+def _row(summary: str, label: str) -> list[str]:
+    line = next(l for l in summary.splitlines() if l.startswith(f" {label}"))
+    return [c.strip() for c in line.split("|")[1:]]
+
+
+def test_summary_rows_are_the_statistics_formatted():
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron:1")
+    s = _stats(1)
+    text = torch.neuron.memory_summary(1)
+    assert text.startswith("=" * 75 + "\n neuron:1 memory summary (capacity 24.00 GiB, platform trn2)\n")
+    cur = s["allocated_bytes.all.current"] / MiB
+    assert _row(text, "Allocated memory")[0] == f"{cur:.2f} MiB"
+    assert _row(text, "Allocations")[0] == str(s["allocation.all.current"])
+    assert _row(text, "Segments")[:2] == [str(s["segment.all.current"]), str(s["segment.all.peak"])]
+    assert _row(text, "  from large pool")  # full table: a row per pool
+    assert f"OOMs: {s['num_ooms']}   alloc retries: {s['num_alloc_retries']}" in text
+    assert f"device allocs: {s['num_device_alloc']}   device frees: {s['num_device_free']}" in text
+    assert text.endswith("=" * 75 + "\n")
+    del x
+
+
+def test_abbreviated_summary_has_no_pool_rows():
+    text = torch.neuron.memory_summary(abbreviated=True)
+    assert "from large pool" not in text and "from small pool" not in text
+    assert "Allocated memory" in text and "Reserved memory" in text
+
+
+@pytest.mark.parametrize("n,text", [(0, "      0 B  "), (1023, "   1023 B  "), (1024, "   1.00 KiB"),
+                                    (1536 * 1024, "   1.50 MiB"), (5 << 30, "   5.00 GiB"),
+                                    (3 << 40, "   3.00 TiB"), (1 << 50, "1024.00 TiB")])
+def test_byte_cells_use_binary_units(n, text):
+    assert torch.neuron.memory._fmt(n) == text
+
+
+# --- history and snapshots -------------------------------------------------------------------
+def test_record_history_true_and_false_mean_all_and_off():
+    mem = torch.neuron.memory
+    mem._record_memory_history(True, stacks="python")
+    try:
+        x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+        addr = x.data_ptr()
+        del x
+        actions = [e["action"] for e in mem._snapshot()["device_traces"][0] if e["addr"] == addr]
+        assert actions[-2:] == ["alloc", "free_requested"] or "alloc" in actions
+    finally:
+        mem._record_memory_history(False)
+    assert mem._snapshot()["device_traces"][0] == []
+
+
+def test_clear_history_forgets_earlier_actions():
+    mem = torch.neuron.memory
+    mem._record_memory_history(stacks="python")
+    try:
+        x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+        del x
+        mem._record_memory_history(stacks="python", clear_history=True)
+        assert mem._snapshot()["device_traces"][0] == []
+    finally:
+        mem._record_memory_history(None)
+
+
+def test_max_entries_keeps_the_most_recent_actions():
+    mem = torch.neuron.memory
+    mem._record_memory_history(stacks="python", max_entries=3)
+    try:
+        xs = [torch.empty(MiB, dtype=torch.uint8, device="neuron") for _ in range(4)]
+        del xs
+        assert len(mem._snapshot()["device_traces"][0]) == 3
+    finally:
+        mem._record_memory_history(None)
+
+
+def test_dump_snapshot_pickles_the_snapshot(tmp_path):
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    path = tmp_path / "snap.pickle"
+    torch.neuron.memory._dump_snapshot(str(path))
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert set(snap) >= {"segments", "device_traces"}
+    assert any(b["address"] == x.data_ptr() for s in snap["segments"] for b in s["blocks"])
+    del x
+
+
+def _cell(v: int, is_bytes: bool) -> str:
+    """A cell of CUDA's memory_summary, written out independently: bytes below 1 KiB as an
+    integer, else two decimals of the largest binary unit below the value."""
+    if not is_bytes:
+        return str(v)
+    if abs(v) < 1024:
+        return f"{v} B"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.2f} {unit}"
+
+
+ROWS = [("Allocated memory", "allocated_bytes", True), ("Active memory", "active_bytes", True),
+        ("Requested memory", "requested_bytes", True), ("Reserved memory", "reserved_bytes", True),
+        ("Allocations", "allocation", False), ("Active allocs", "active", False),
+        ("Segments", "segment", False)]
+
+
+def test_every_summary_cell_is_its_statistic():
+    freed = [torch.empty(n, dtype=torch.uint8, device="neuron:1") for n in (2 * MiB, 500)]
+    del freed  # non-zero "freed" totals in both pools
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(64 << 30, dtype=torch.uint8, device="neuron:1")  # an OOM and its retry
+    x = torch.empty(3 * MiB + 5, dtype=torch.uint8, device="neuron:1")
+    y = torch.empty(1000, dtype=torch.uint8, device="neuron:1")
+    s = _stats(1)
+    assert s["num_ooms"] >= 1 and s["num_alloc_retries"] >= 1
+    text = torch.neuron.memory_summary(1)
+    lines = text.splitlines()
+    assert lines[2] == "-" * 75
+    # rules between the header and each metric's group of rows
+    assert [l for l in lines if "|" not in l and l.startswith("-")] == ["-" * 75] * (2 + len(ROWS))
+    assert (f" OOMs: {s['num_ooms']}   alloc retries: {s['num_alloc_retries']}   device allocs: "
+            f"{s['num_device_alloc']}   device frees: {s['num_device_free']}") in lines
+    assert [c.strip() for c in lines[3].split("|")] == ["Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"]
+    body = [l for l in lines if "|" in l][1:]
+    expected = []
+    for title, key, is_bytes in ROWS:
+        for pool, label in (("all", title), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")):
+            cells = [_cell(s.get(f"{key}.{pool}.{m}", 0), is_bytes) for m in ("current", "peak", "allocated", "freed")]
+            expected.append([label] + cells)
+    got = [[l.split("|")[0][1:].rstrip()] + [c.strip() for c in l.split("|")[1:]] for l in body]
+    assert got == expected
+    del x, y
+
+
+def test_reset_max_memory_allocated_resets_the_device_it_names():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="neuron:1")
+    del x
+    torch.neuron.reset_max_memory_allocated(1)
+    assert torch.neuron.max_memory_allocated(1) == torch.neuron.memory_allocated(1)
