@@ -16,6 +16,7 @@ import torch
 from .. import _C
 from .. import platform as _platform
 from . import amp, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
 from .ipc import ipc_collect
@@ -205,6 +206,10 @@ _INDUCTOR_CODEGENS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen",
 
 
 def __getattr__(name: str) -> Any:
+    if name == "_sanitizer":  # torch.neuron._sanitizer, imported on first use (as torch.cuda's)
+        from . import _sanitizer
+
+        return _sanitizer
     if name in _INDUCTOR_CODEGENS:
         from ..compile import inductor
 
