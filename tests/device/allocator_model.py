@@ -115,6 +115,7 @@ class DeviceModel:
         self.segments: list[Segment] = []
         self.stats = {(s, p): Stat() for s in STATS for p in POOLS}
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.pending_order: list[Block] = []
 
     # -- stats ---------------------------------------------------------------------------
     def _add(self, stat: str, large: bool, delta: int) -> None:
@@ -144,7 +145,9 @@ class DeviceModel:
             self.counters["num_device_free"] += 1
 
     def pending_blocks(self) -> list[Block]:
-        return [b for s in self.segments for b in s.blocks if b.pending is not None]
+        """Blocks waiting for other streams, in the order they were freed: completions (and so
+        merges and the fragmentation counters) happen in that order, as CUDA's event queue."""
+        return list(self.pending_order)
 
     def observe(self, stream: int) -> None:
         """The host saw ``stream`` reach the present: frees before now no longer wait for it."""
@@ -202,6 +205,7 @@ class DeviceModel:
         uses = set(stream_uses) - {block.seg.stream}
         if uses:
             block.pending = uses
+            self.pending_order.append(block)
         else:
             self._complete_free(block)
 
@@ -210,6 +214,8 @@ class DeviceModel:
         self._add("active", large, -1)
         self._add("active_bytes", large, -block.size)
         self._add("requested_bytes", large, -block.requested)
+        if block.pending is not None:
+            self.pending_order.remove(block)
         block.requested, block.pending = 0, None
         i = seg.blocks.index(block)
         for j in (i + 1, i - 1):  # merge with free neighbours
@@ -292,6 +298,7 @@ def replay(seed: int, steps: int) -> None:
                               f"{sorted(set(real.items()) - set(want.items()))[:4]}, model "
                               f"{sorted(set(want.items()) - set(real.items()))[:4]}")
 
+    pending_frees = 0
     for step in range(steps):
         d = rng.randrange(ndev)
         op = rng.choices(["alloc", "free", "empty_cache", "reset_peak", "reset_acc",
@@ -319,6 +326,7 @@ def replay(seed: int, steps: int) -> None:
             d, t, block, uses = live.pop(rng.randrange(len(live)))
             del t
             models[d].free(block, uses)
+            pending_frees += block.pending is not None
         elif op == "record_stream" and live:
             d, t, block, uses = live[rng.randrange(len(live))]
             s = streams[d][rng.randrange(2)]  # its own stream sometimes: ignored
@@ -344,6 +352,7 @@ def replay(seed: int, steps: int) -> None:
                     continue
                 with torch.neuron.stream(s):
                     mine[0][0].item()
+                del mine  # holds the tensors: a later free must free them
             for ss in (streams[d] if how == "device" else [s]):
                 models[d].observe(ss.stream_id)
         elif op == "wait_stream":  # orders streams on the device; the host observes nothing
@@ -373,7 +382,8 @@ def replay(seed: int, steps: int) -> None:
                 assert getattr(torch.neuron, fn)(dd) == want[key], (seed, step, fn)
                 assert getattr(torch.accelerator, fn)(dd) == want[key], (seed, step, fn)
     print(f"seed {seed}: {steps} steps, {sum(m.counters['num_ooms'] for m in models)} OOMs, "
-          f"{sum(len(m.segments) for m in models)} segments at the end")
+          f"{sum(len(m.segments) for m in models)} segments at the end, {pending_frees} frees "
+          "waited for other streams")
 
 
 if __name__ == "__main__":

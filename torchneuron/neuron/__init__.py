@@ -207,9 +207,9 @@ _INDUCTOR_CODEGENS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen",
 
 def __getattr__(name: str) -> Any:
     if name == "_sanitizer":  # torch.neuron._sanitizer, imported on first use (as torch.cuda's)
-        from . import _sanitizer
+        import importlib
 
-        return _sanitizer
+        return importlib.import_module(f"{__name__}._sanitizer")
     if name in _INDUCTOR_CODEGENS:
         from ..compile import inductor
 
