@@ -8,6 +8,7 @@
 #include "backend/fp8.h"
 #include "backend/gemm.h"
 #include "backend/generator.h"
+#include "backend/gpu_trace.h"
 #include "backend/ipc.h"
 #include "backend/sparse.h"
 #include "backend/zero_copy.h"
@@ -91,6 +92,13 @@ PYBIND11_MODULE(_C, m) {
     return neuron::rt::used(d);
   });
   m.def("_stream_priority", &neuron::rt::stream_priority);
+  // GPU trace hooks for the stream sanitizer (csrc/backend/gpu_trace.h).
+  m.def("_gpu_trace_set_enabled", &torchneuron::gpu_trace::set_enabled);
+  m.def("_gpu_trace_details", []() {
+    auto d = torchneuron::gpu_trace::details();
+    return py::make_tuple(d.device, d.nbytes);
+  }, "(device, bytes) of the trace hook running on this thread: its device synchronization, "
+     "allocation or deallocation.");
   m.def("_get_default_generator", &default_generator);
   m.def("_host_stats", []() {
     auto s = torchneuron::host_allocator()->get_stats();

@@ -175,6 +175,10 @@ if __import__("os").environ.get("TORCHNEURON_NKI_GROUPED_MM") == "1":
     from .nkilib import gmm_routing as _nki_gmm  # routes torch._grouped_mm on neuron to NKI
 
     _nki_gmm.enable()
+if __import__("os").environ.get("TORCHNEURON_STREAM_SANITIZER", "0") != "0":
+    from .neuron import _sanitizer as _stream_sanitizer  # as TORCH_CUDA_SANITIZER in torch
+
+    _stream_sanitizer._enable_from_env()
 import atexit as _atexit  # noqa: E402
 
 _atexit.register(_let_autograd_threads_finish)

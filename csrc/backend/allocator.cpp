@@ -4,7 +4,11 @@
 //     larger ones to 512 B;
 //   * freed blocks are cached, split and coalesced inside their segment, and only returned
 //     to the runtime by empty_cache() or when an allocation would otherwise fail;
-//   * exceeding the device's capacity frees the cache, retries, then raises OutOfMemoryError.
+//   * exceeding the device's capacity frees the cache, retries, then raises OutOfMemoryError;
+//   * stream-ordered reuse: a block used on other streams (record_stream) is, when freed,
+//     "pending": it leaves the allocated counters at once but stays active and out of the
+//     pool until the host has observed each of those streams past the free (runtime.h,
+//     host-observed progress), checked like CUDA's process_events at the next allocation.
 // Stats follow c10::CachingDeviceAllocator::DeviceStats so torch.accelerator.* and
 // torch.neuron.memory_* report them.
 #include "allocator.h"
@@ -16,6 +20,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,6 +29,7 @@
 #include <unordered_set>
 
 #include "../runtime/runtime.h"
+#include "gpu_trace.h"
 #include "ipc.h"
 
 namespace torchneuron {
@@ -66,9 +72,12 @@ struct Block {
   char* ptr;
   bool is_large;
   bool allocated = false;
+  // Freed while other streams used it: out of the pool until event_count marks are observed.
+  bool pending = false;
+  int event_count = 0;
   Block* prev = nullptr;  // neighbours inside the segment
   Block* next = nullptr;
-  std::vector<int64_t> stream_uses;  // record_stream
+  std::vector<std::pair<int, int64_t>> stream_uses;  // record_stream: (device, stream id)
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
@@ -88,10 +97,25 @@ struct Adopted {
   int device;
   size_t nbytes;
   std::shared_ptr<c10::GatheredContext> context;  // memory history
+  // record_stream, as for blocks: freed while used elsewhere, the memory is kept (pending)
+  // until the host observed those streams, instead of going back to the host allocator.
+  std::vector<std::pair<int, int64_t>> stream_uses = {};
+  int event_count = 0;
+  bool pending = false;
+};
+
+// A free-time mark on a stream that used a pending block (CUDA's outstanding event).
+struct Outstanding {
+  int device;
+  int64_t stream;
+  uint64_t mark;
+  Block* block;       // a caching-allocator block, or
+  Adopted* adopted;   // adopted memory
 };
 
 struct DeviceCache {
   std::mutex mu;
+  std::deque<Outstanding> outstanding;  // in free order
   std::set<Block*, BlockLess> small_free, large_free;
   std::map<uintptr_t, Block*> segments;  // first block of each segment by base address
   std::unordered_set<Adopted*> adopted;
@@ -165,14 +189,16 @@ std::string format_size(size_t bytes) {
   return buf;
 }
 
-void free_block_locked(DeviceCache& c, Block* b,
-                       const std::shared_ptr<c10::GatheredContext>& ctx);
+// Adopted memory whose free completed under the lock, deleted after it is released (its
+// host deleter runs code that is not ours). Declare one before the lock guard.
+using Graveyard = std::vector<std::unique_ptr<Adopted>>;
+void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead);
 
 // Return every fully free segment to the runtime. Caller holds c.mu.
 void release_cached_locked(DeviceCache& c, int device) {
   for (auto it = c.segments.begin(); it != c.segments.end();) {
     Block* head = it->second;
-    if (!head->allocated && head->next == nullptr) {
+    if (!head->allocated && !head->pending && head->next == nullptr) {
       auto& pool = head->is_large ? c.large_free : c.small_free;
       pool.erase(head);
       stat_add(c.stats.reserved_bytes, head->is_large, -static_cast<int64_t>(head->size));
@@ -225,7 +251,9 @@ Block* malloc_block(int device, size_t nbytes) {
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
   auto ctx = history_context();
+  Graveyard dead;
   std::unique_lock<std::mutex> lock(c.mu);
+  if (!c.outstanding.empty()) process_events_locked(c, /*sync=*/false, dead);
   auto& pool = large ? c.large_free : c.small_free;
 
   Block key(device, stream, size, nullptr, large);
@@ -246,6 +274,7 @@ Block* malloc_block(int device, size_t nbytes) {
       lock.unlock();
       ipc_collect();
       lock.lock();
+      process_events_locked(c, /*sync=*/true, dead);
       release_cached_locked(c, device);
       ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
       if (ptr == nullptr) raise_oom(c, device, nbytes);
@@ -285,7 +314,7 @@ Block* malloc_block(int device, size_t nbytes) {
 
 // Merge `b` with free neighbour `n` (n is b->prev or b->next). Caller holds the lock.
 void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
-  if (!n || n->allocated) return;
+  if (!n || n->allocated || n->pending) return;
   pool.erase(n);
   count_free_split(c, n, -1);
   if (n == b->prev) {
@@ -300,24 +329,18 @@ void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Bloc
   delete n;
 }
 
+// The second half of a free (CUDA's free_block): the block stops being active and returns to
+// its pool, merged with free neighbours. Caller holds c.mu.
 void free_block_locked(DeviceCache& c, Block* b,
-                       const std::shared_ptr<c10::GatheredContext>& ctx = nullptr) {
+                       const std::shared_ptr<c10::GatheredContext>& ctx) {
   const bool large = b->is_large;
-  // Synchronous device: a free is complete as soon as it is requested.
-  history(AllocAction::FreeRequested, b->device, b->ptr, b->size, b->stream, ctx);
   history(AllocAction::FreeCompleted, b->device, b->ptr, b->size, b->stream, ctx);
   b->context.reset();
-  stat_add(c.stats.allocation, large, -1);
   stat_add(c.stats.active, large, -1);
-  stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
   stat_add(c.stats.active_bytes, large, -static_cast<int64_t>(b->size));
   stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(b->requested));
-  report_usage(c, b->device, b->ptr, -static_cast<int64_t>(b->size));
-  b->allocated = false;
+  b->pending = false;
   b->requested = 0;
-  // Execution is synchronous, so work recorded on other streams has already completed and
-  // the block can be reused at once; the recorded uses are dropped here.
-  b->stream_uses.clear();
   auto& pool = large ? c.large_free : c.small_free;
   const bool was_head = b->prev == nullptr;
   uintptr_t old_head_key = 0;
@@ -333,29 +356,102 @@ void free_block_locked(DeviceCache& c, Block* b,
   count_free_split(c, b, +1);
 }
 
+// A free requested by the block's owner (CUDA's free): it stops being allocated at once; it
+// returns to the pool now unless other streams used it, then once the host has observed
+// them past this point (process_events).
+void release_block_locked(DeviceCache& c, Block* b,
+                          const std::shared_ptr<c10::GatheredContext>& ctx) {
+  const bool large = b->is_large;
+  history(AllocAction::FreeRequested, b->device, b->ptr, b->size, b->stream, ctx);
+  stat_add(c.stats.allocation, large, -1);
+  stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
+  report_usage(c, b->device, b->ptr, -static_cast<int64_t>(b->size));
+  b->allocated = false;
+  if (b->stream_uses.empty()) {
+    free_block_locked(c, b, ctx);
+    return;
+  }
+  b->pending = true;
+  for (const auto& [device, stream] : b->stream_uses) {
+    const uint64_t mark = neuron::rt::mark_stream(device, stream);
+    c.outstanding.push_back({device, stream, mark, b, nullptr});
+    b->event_count++;
+  }
+  b->stream_uses.clear();
+}
+
+// Adopted memory is its own segment: its free completes by freeing the segment, returning
+// the bytes to the host allocator. Caller holds c.mu; the caller deletes `a` after unlocking.
+void free_adopted_locked(DeviceCache& c, Adopted* a,
+                         const std::shared_ptr<c10::GatheredContext>& ctx) {
+  const bool large = a->nbytes > kSmallSize;
+  const auto bytes = static_cast<int64_t>(a->nbytes);
+  history(AllocAction::FreeCompleted, a->device, a->cpu.get(), a->nbytes, 0, ctx);
+  history(AllocAction::SegmentFree, a->device, a->cpu.get(), a->nbytes, 0, ctx);
+  stat_add(c.stats.active, large, -1);
+  stat_add(c.stats.segment, large, -1);
+  stat_add(c.stats.active_bytes, large, -bytes);
+  stat_add(c.stats.requested_bytes, large, -bytes);
+  stat_add(c.stats.reserved_bytes, large, -bytes);
+  c.adopted.erase(a);
+  neuron::rt::release(a->device, a->nbytes);
+}
+
+// Return pending blocks whose marks the host has observed (CUDA's process_events, which
+// queries each outstanding event). With sync, wait for them all instead (CUDA's
+// synchronize_and_free_events, before memory is released to the device). Caller holds c.mu.
+void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead) {
+  for (auto it = c.outstanding.begin(); it != c.outstanding.end();) {
+    if (sync) {
+      neuron::rt::observe(it->device, it->stream, it->mark);
+    } else if (!neuron::rt::observed(it->device, it->stream, it->mark)) {
+      ++it;
+      continue;
+    }
+    Block* b = it->block;
+    Adopted* a = it->adopted;
+    it = c.outstanding.erase(it);
+    if (b != nullptr && --b->event_count == 0) free_block_locked(c, b, nullptr);
+    if (a != nullptr && --a->event_count == 0) {
+      free_adopted_locked(c, a, nullptr);
+      dead.emplace_back(a);
+    }
+  }
+}
+
 void delete_block(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
   auto& c = g_cache[b->device];
+  gpu_trace::memory_deallocation(b->ptr, b->device, b->size);
   auto context = history_context(/*for_free=*/true);
   std::lock_guard<std::mutex> lock(c.mu);
-  free_block_locked(c, b, context);
+  release_block_locked(c, b, context);
 }
 
 void delete_adopted(void* ctx) {
   auto* a = static_cast<Adopted*>(ctx);
   auto& c = g_cache[a->device];
+  gpu_trace::memory_deallocation(a->cpu.get(), a->device, a->nbytes);
   auto context = history_context(/*for_free=*/true);
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    // Adopted memory is its own segment: freeing it frees the segment too.
     history(AllocAction::FreeRequested, a->device, a->cpu.get(), a->nbytes, 0, context);
-    history(AllocAction::FreeCompleted, a->device, a->cpu.get(), a->nbytes, 0, context);
-    history(AllocAction::SegmentFree, a->device, a->cpu.get(), a->nbytes, 0, context);
-    count_adopted(c, a->nbytes, -1);
-    c.adopted.erase(a);
+    const bool large = a->nbytes > kSmallSize;
+    stat_add(c.stats.allocation, large, -1);
+    stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(a->nbytes));
     report_usage(c, a->device, a->cpu.get(), -static_cast<int64_t>(a->nbytes));
+    if (!a->stream_uses.empty()) {  // pending: completed by process_events_locked
+      a->pending = true;
+      for (const auto& [device, stream] : a->stream_uses) {
+        c.outstanding.push_back({device, stream, neuron::rt::mark_stream(device, stream),
+                                 nullptr, a});
+        a->event_count++;
+      }
+      a->stream_uses.clear();
+      return;
+    }
+    free_adopted_locked(c, a, context);
   }
-  neuron::rt::release(a->device, a->nbytes);
   delete a;  // frees the CPU memory through its own deleter
 }
 
@@ -369,6 +465,7 @@ c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
     return c10::DataPtr(nullptr, nullptr, nullptr, dev);
   }
   Block* b = malloc_block(device, nbytes);
+  gpu_trace::memory_allocation(b->ptr, device, b->size);
   return c10::DataPtr(b->ptr, b, &delete_block, dev);
 }
 
@@ -382,8 +479,10 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
   void* ptr = cpu_data.get();
   if (!neuron::rt::reserve(device, nbytes)) {
     ipc_collect();  // as in malloc_block
+    Graveyard dead;
     std::lock_guard<std::mutex> lock(c.mu);
     c.stats.num_alloc_retries++;
+    process_events_locked(c, /*sync=*/true, dead);
     release_cached_locked(c, device);
     if (!neuron::rt::reserve(device, nbytes)) raise_oom(c, device, nbytes);
   }
@@ -397,6 +496,7 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
     c.adopted.insert(a);
     report_usage(c, device, ptr, static_cast<int64_t>(nbytes));
   }
+  gpu_trace::memory_allocation(ptr, device, nbytes);
   return c10::DataPtr(ptr, a, &delete_adopted, dev);
 }
 
@@ -407,16 +507,35 @@ void NeuronAllocator::copy_data(void* dest, const void* src, std::size_t count) 
 void NeuronAllocator::emptyCache(c10::MempoolId_t) {
   for (int d = 0; d < neuron::rt::device_count(); ++d) {
     auto& c = g_cache[d];
+    Graveyard dead;
     std::lock_guard<std::mutex> lock(c.mu);
+    process_events_locked(c, /*sync=*/true, dead);  // as CUDA's release_cached_blocks
     release_cached_locked(c, d);
   }
 }
 
 void NeuronAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
-  if (ptr.get_deleter() != &delete_block) return;  // adopted memory or empty tensors
+  const std::pair<int, int64_t> use{stream.device_index(), stream.id()};
+  auto add = [&use](std::vector<std::pair<int, int64_t>>& uses) {
+    for (const auto& u : uses) {
+      if (u == use) return;
+    }
+    uses.push_back(use);
+  };
+  if (ptr.get_deleter() == &delete_adopted) {
+    // Adopted memory belongs to no stream (a CPU kernel allocated it on the host): every
+    // recorded stream counts, as a block's foreign streams do.
+    auto* a = static_cast<Adopted*>(ptr.get_context());
+    std::lock_guard<std::mutex> lock(g_cache[a->device].mu);
+    add(a->stream_uses);
+    return;
+  }
+  if (ptr.get_deleter() != &delete_block) return;  // empty tensors, memory of other processes
   Block* b = static_cast<Block*>(ptr.get_context());
   std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
-  if (stream.id() != b->stream) b->stream_uses.push_back(stream.id());
+  // Uses on the block's own stream are ordered with its reuse already (as in CUDA).
+  if (stream.device_index() == b->device && stream.id() == b->stream) return;
+  add(b->stream_uses);
 }
 
 DeviceStats NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -479,20 +598,21 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
       SegmentRecord s{d, base, 0, 0, 0, 0, head->stream, head->is_large, {}};
       for (Block* b = head; b; b = b->next) {
         s.total_size += b->size;
-        if (b->allocated) {
-          s.allocated_size += b->size;
+        if (b->allocated) s.allocated_size += b->size;
+        if (b->allocated || b->pending) {
           s.active_size += b->size;
           s.requested_size += b->requested;
         }
         s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated,
-                            b->allocated ? b->context : nullptr});
+                            b->pending, b->allocated || b->pending ? b->context : nullptr});
       }
       out.push_back(std::move(s));
     }
     for (Adopted* a : c.adopted) {
       auto addr = reinterpret_cast<size_t>(a->cpu.get());
-      out.push_back({d, addr, a->nbytes, a->nbytes, a->nbytes, a->nbytes, 0, a->nbytes > kSmallSize,
-                     {{addr, a->nbytes, a->nbytes, true, a->context}}});
+      const size_t allocated = a->pending ? 0 : a->nbytes;
+      out.push_back({d, addr, a->nbytes, allocated, a->nbytes, a->nbytes, 0, a->nbytes > kSmallSize,
+                     {{addr, a->nbytes, a->nbytes, !a->pending, a->pending, a->context}}});
     }
   }
   return out;

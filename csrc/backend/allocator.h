@@ -14,6 +14,7 @@ namespace torchneuron {
 struct BlockRecord {
   size_t address, size, requested_size;
   bool allocated;
+  bool pending;  // freed, waiting for other streams (record_stream): "active_pending_free"
   std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (memory history)
 };
 struct SegmentRecord {

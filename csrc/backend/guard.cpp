@@ -5,6 +5,7 @@
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "gpu_trace.h"
 
 namespace torchneuron {
 namespace {
@@ -68,12 +69,16 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   Stream getStreamFromGlobalPool(Device d, bool isHighPriority) const override {
     DeviceIndex index = normalize(d.index());
     check(index);
-    return make_stream(index, neuron::rt::pool_stream_id(index, isHighPriority ? -1 : 0));
+    int64_t id = neuron::rt::pool_stream_id(index, isHighPriority ? -1 : 0);
+    gpu_trace::stream_creation(index, id);
+    return make_stream(index, id);
   }
   Stream getNewStream(Device d, int priority) const override {
     DeviceIndex index = normalize(d.index());
     check(index);
-    return make_stream(index, neuron::rt::pool_stream_id(index, priority));
+    int64_t id = neuron::rt::pool_stream_id(index, priority);
+    gpu_trace::stream_creation(index, id);
+    return make_stream(index, id);
   }
   Stream exchangeStream(Stream s) const override {
     DeviceIndex index = normalize(s.device_index());
@@ -97,26 +102,38 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       e = new neuron::rt::Event();
       e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
       *event = e;
+      gpu_trace::event_creation(e);  // created lazily at the first record, as CUDA's
     }
-    neuron::rt::record_event(e, normalize(stream.device_index()), stream.id());
+    const DeviceIndex index = normalize(stream.device_index());
+    neuron::rt::record_event(e, index, stream.id());
+    gpu_trace::event_record(e, index, stream.id());
   }
   void block(void* event, const Stream& stream) const override {
     // Work recorded before the event has completed (synchronous execution): the stream
     // need not wait. Still validate the pairing like a real device would.
     auto* e = static_cast<neuron::rt::Event*>(event);
     if (e == nullptr || !e->recorded) return;
-    neuron::rt::wait_event(e, normalize(stream.device_index()), stream.id());
+    const DeviceIndex index = normalize(stream.device_index());
+    neuron::rt::wait_event(e, index, stream.id());
+    gpu_trace::event_wait(e, index, stream.id());
   }
   bool queryEvent(void* event) const override {
-    auto* e = static_cast<neuron::rt::Event*>(event);
-    (void)e;  // recorded or never recorded: both report completion
-    return true;
+    // Recorded or never recorded: both report completion (a true query lets the allocator
+    // reuse memory freed across streams before the record, runtime.h).
+    return neuron::rt::query_event(static_cast<neuron::rt::Event*>(event));
   }
   void destroyEvent(void* event, const DeviceIndex) const noexcept override {
+    if (event == nullptr) return;
+    try {
+      gpu_trace::event_deletion(event);
+    } catch (...) {  // the hook logs its own errors; nothing may escape a noexcept destructor
+    }
     delete static_cast<neuron::rt::Event*>(event);
   }
   void synchronizeEvent(void* event) const override {
-    neuron::rt::synchronize_event(static_cast<neuron::rt::Event*>(event));
+    auto* e = static_cast<neuron::rt::Event*>(event);
+    neuron::rt::synchronize_event(e);
+    if (e != nullptr && e->recorded) gpu_trace::event_synchronization(e);
   }
   double elapsedTime(void* start, void* end, const DeviceIndex) const override {
     TORCH_CHECK(start && end,
@@ -133,12 +150,15 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return neuron::rt::query_stream(normalize(s.device_index()), s.id());
   }
   void synchronizeStream(const Stream& s) const override {
-    neuron::rt::synchronize_stream(normalize(s.device_index()), s.id());
+    const DeviceIndex index = normalize(s.device_index());
+    neuron::rt::synchronize_stream(index, s.id());
+    gpu_trace::stream_synchronization(index, s.id());
   }
   void synchronizeDevice(const DeviceIndex index) const override {
     DeviceIndex i = normalize(index);
     check(i);
     neuron::rt::synchronize_device(i);
+    gpu_trace::device_synchronization(i);
   }
   void recordDataPtrOnStream(const c10::DataPtr& ptr, const Stream& s) const override {
     device_allocator()->recordStream(ptr, s);

@@ -163,7 +163,7 @@ py::dict memory_snapshot_full() {
       blk["address"] = b.address;
       blk["size"] = b.size;
       blk["requested_size"] = b.requested_size;
-      blk["state"] = b.allocated ? "active_allocated" : "inactive";
+      blk["state"] = b.allocated ? "active_allocated" : b.pending ? "active_pending_free" : "inactive";
       blk["frames"] = frames_of(block_idx[i][j]);
       blocks.append(blk);
     }

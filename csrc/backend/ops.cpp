@@ -37,6 +37,7 @@
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "fp8.h"
+#include "gpu_trace.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -156,6 +157,15 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 // ---- copies ------------------------------------------------------------------------------
+// The host waited for a copy on the current stream of `device`: every earlier piece of work on
+// that stream is observed complete, as CUDA's memcpy_and_sync (which reports a stream
+// synchronization to the GPU trace, so the stream sanitizer orders the host after it).
+void host_waited_for_stream(c10::DeviceIndex device) {
+  const int64_t stream = neuron::rt::current_stream(device);
+  neuron::rt::observe_stream(device, stream);
+  gpu_trace::stream_synchronization(device, stream);
+}
+
 // Cross-device copies land here (copy_ sends any copy involving PrivateUse1 to _copy_from).
 // Both sides become CPU tensors over the same bytes and the CPU copy kernel does the rest:
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
@@ -183,6 +193,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // fp8 <-> fp32/bf16 in one dense layout: CPU converts element by element through c10's
   // scalar functions; fp8::try_copy gives the same bits at memory speed (fp8.h).
   if (!fp8::try_copy(d, src)) d.copy_(src, non_blocking);
+  const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
+  zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
+  d.copy_(src, non_blocking);
+  if (blocking_dtoh) host_waited_for_stream(self.device().index());
   return dst;
 }
 
@@ -197,7 +211,10 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   ZeroCopy zc;
   at::Tensor s = zc.in(self);
   zc.launch_copy(neuron::rt::trace::CopyKind::DtoH, self.element_size(), /*blocking=*/true);
-  return at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), s);
+  at::Scalar value =
+      at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), s);
+  host_waited_for_stream(self.device().index());
+  return value;
 }
 
 // `module.to("neuron")` moves parameters with `param.data = moved` only when ATen calls the

@@ -22,10 +22,15 @@
 namespace neuron::rt {
 namespace {
 
+constexpr int kStreamIds = 1 + kNumPriorities * kStreamsPerPool;  // default + pools
+
 struct DeviceState {
   size_t capacity = 0;
   std::atomic<size_t> used{0};
   std::atomic<uint32_t> next_pool_stream[kNumPriorities] = {};
+  // Host-observed progress per stream id (runtime.h): marks handed out, and the watermark.
+  std::atomic<uint64_t> marks[kStreamIds] = {};
+  std::atomic<uint64_t> observed[kStreamIds] = {};
 };
 
 std::array<DeviceState, kMaxDevices> g_devices;
@@ -304,17 +309,51 @@ void set_current_stream(int device, int64_t stream_id) noexcept {
   t_current_stream[device] = stream_id;
 }
 
-bool query_stream(int, int64_t) noexcept { return true; }
+namespace {
+bool known_stream(int device, int64_t stream_id) noexcept {
+  return device >= 0 && device < kMaxDevices && stream_id >= 0 && stream_id < kStreamIds;
+}
+}  // namespace
+
+uint64_t mark_stream(int device, int64_t stream_id) noexcept {
+  if (!known_stream(device, stream_id)) return 0;
+  return g_devices[device].marks[stream_id].fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+bool observed(int device, int64_t stream_id, uint64_t mark) noexcept {
+  if (!known_stream(device, stream_id)) return true;
+  return g_devices[device].observed[stream_id].load(std::memory_order_acquire) >= mark;
+}
+
+void observe(int device, int64_t stream_id, uint64_t mark) noexcept {
+  if (!known_stream(device, stream_id)) return;
+  auto& w = g_devices[device].observed[stream_id];
+  uint64_t cur = w.load(std::memory_order_relaxed);
+  while (cur < mark && !w.compare_exchange_weak(cur, mark, std::memory_order_acq_rel)) {
+  }
+}
+
+void observe_stream(int device, int64_t stream_id) noexcept {
+  if (!known_stream(device, stream_id)) return;
+  observe(device, stream_id, g_devices[device].marks[stream_id].load(std::memory_order_acquire));
+}
+
+bool query_stream(int device, int64_t stream_id) noexcept {
+  observe_stream(device, stream_id);  // idle: the host now knows every mark has passed
+  return true;
+}
 
 // Synchronous execution: nothing to wait for. The profiler still sees the synchronization
 // points (their blocked time is measured; the estimated timeline replays them as stalls).
 void synchronize_stream(int device, int64_t stream_id) noexcept {
+  observe_stream(device, stream_id);
   if (!trace::active()) return;
   const int64_t t = trace::now_ns();
   trace::record_sync("neuronStreamSynchronize", device, stream_id, t, trace::now_ns());
 }
 
 void synchronize_device(int device) noexcept {
+  for (int64_t id = 0; id < kStreamIds; ++id) observe_stream(device, id);
   if (!trace::active()) return;
   const int64_t t = trace::now_ns();
   trace::record_sync("neuronDeviceSynchronize", device, -1, t, trace::now_ns());
@@ -351,13 +390,21 @@ void record_event(Event* event, int device, int64_t stream_id) noexcept {
   event->stream_id = stream_id;
   event->recorded = true;
   event->time_ns = now_ns();
+  event->mark = mark_stream(device, stream_id);
   if (trace::active()) trace_event(trace::Kind::EventRecord, "neuronEventRecord", event, device, stream_id);
 }
 
 void synchronize_event(const Event* event) noexcept {
-  if (!trace::active() || event == nullptr || !event->recorded) return;
+  if (event == nullptr || !event->recorded) return;
+  observe(event->device, event->stream_id, event->mark);
+  if (!trace::active()) return;
   const int64_t t = trace::now_ns();
   trace::record_sync("neuronEventSynchronize", event->device, event->stream_id, t, trace::now_ns());
+}
+
+bool query_event(const Event* event) noexcept {
+  if (event != nullptr && event->recorded) observe(event->device, event->stream_id, event->mark);
+  return true;  // recorded or never recorded: both report completion, as CUDA's do
 }
 
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept {
@@ -373,6 +420,11 @@ double elapsed_ms(const Event& start, const Event& end) {
   if (!start.recorded || !end.recorded) {
     throw std::invalid_argument(
         "Both events must be recorded before calculating elapsed time.");
+  }
+  if (start.device != end.device) {
+    throw std::invalid_argument("Both events must be recorded on the same device (got neuron:" +
+                                std::to_string(start.device) + " and neuron:" +
+                                std::to_string(end.device) + ") to measure elapsed time.");
   }
   return static_cast<double>(end.time_ns - start.time_ns) / 1e6;
 }

@@ -75,9 +75,24 @@ int stream_priority(int64_t stream_id) noexcept;
 int64_t current_stream(int device) noexcept;
 void set_current_stream(int device, int64_t stream_id) noexcept;
 // Synchronous execution: a stream is always idle once control returns to the caller.
+// query and synchronize also let the host *observe* that (see below).
 bool query_stream(int device, int64_t stream_id) noexcept;
 void synchronize_stream(int device, int64_t stream_id) noexcept;
 void synchronize_device(int device) noexcept;
+
+// --- host-observed progress ------------------------------------------------------------
+// Work is complete when submitted, but memory reuse across streams must follow the rules of
+// an asynchronous device, or code that is only correct here would corrupt data on Trainium:
+// a block the caching allocator freed while another stream still used it (record_stream) is
+// reused only once the host has *observed* that stream past the free. Each stream numbers
+// its marks (event records, the allocator's free-time marks); the host's watermark per
+// stream advances when it synchronizes the stream, the device, or an event, queries a stream
+// or event (true: complete), or waits for a device-to-host copy on the stream.
+// Streams outside the known id range (0 .. 2 * kStreamsPerPool) count as always observed.
+uint64_t mark_stream(int device, int64_t stream_id) noexcept;  // a new mark; its number
+bool observed(int device, int64_t stream_id, uint64_t mark) noexcept;
+void observe(int device, int64_t stream_id, uint64_t mark) noexcept;  // watermark >= mark
+void observe_stream(int device, int64_t stream_id) noexcept;  // every mark so far
 
 // --- events ----------------------------------------------------------------------------
 struct Event {
@@ -86,13 +101,17 @@ struct Event {
   bool recorded = false;
   bool timing = false;
   int64_t time_ns = 0;  // steady-clock time at which all prior work on the stream completed
+  uint64_t mark = 0;    // the stream's mark at the record (host-observed progress)
 };
 void record_event(Event* event, int device, int64_t stream_id) noexcept;
 // Host waits for the event (complete already: execution is synchronous; traced as a sync).
 void synchronize_event(const Event* event) noexcept;
+// Whether the event has completed (always: execution is synchronous); the host observes it.
+bool query_event(const Event* event) noexcept;
 // Future work on (device, stream_id) waits for the event (traced for the profiler's timeline).
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept;
-// Milliseconds from start to end; throws std::invalid_argument if either is unusable.
+// Milliseconds from start to end; throws std::invalid_argument if either is unusable
+// (not timing, not recorded, or recorded on different devices).
 double elapsed_ms(const Event& start, const Event& end);
 int64_t now_ns() noexcept;
 

@@ -4,9 +4,13 @@ random sequence of operations on the real allocator and on the model, comparing 
 
 The model is written from the allocator's documented rules (docs/architecture.md, "Memory"),
 not from its code: size classes, small/large pools and their segment sizes, best-fit reuse per
-stream, splitting, coalescing, ``empty_cache``, retry-then-OOM at the device capacity, and the
+stream, splitting, coalescing, ``empty_cache``, retry-then-OOM at the device capacity, the
 ``c10::CachingDeviceAllocator::DeviceStats`` counter semantics (current / peak / allocated /
-freed). Only the segment base addresses come from the real allocator (through
+freed), and stream-ordered reuse: a block freed after ``record_stream`` on other streams stops
+being *allocated* at once but stays *active* and unusable until the host has observed each of
+those streams past the free (a stream / device / event synchronize, a true ``query``, a
+blocking copy to the host); pending blocks are returned at the next allocation on their device,
+and synchronized and returned before ``empty_cache`` or the OOM retry releases memory. Only the segment base addresses come from the real allocator (through
 ``memory_snapshot``), because the best-fit tie-break between equal blocks is by address.
 
 Run as a script (``python allocator_model.py SEED STEPS``) in a process whose devices are small
@@ -78,6 +82,12 @@ class Block:
         self.seg, self.offset, self.size = seg, offset, size
         self.allocated = False
         self.requested = 0
+        self.pending: set[int] | None = None  # streams still to be observed after the free
+
+    @property
+    def busy(self) -> bool:
+        """Allocated, or freed but waiting for other streams: neither reusable nor mergeable."""
+        return self.allocated or self.pending is not None
 
     @property
     def address(self) -> int:
@@ -105,6 +115,7 @@ class DeviceModel:
         self.segments: list[Segment] = []
         self.stats = {(s, p): Stat() for s in STATS for p in POOLS}
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.pending_order: list[Block] = []
 
     # -- stats ---------------------------------------------------------------------------
     def _add(self, stat: str, large: bool, delta: int) -> None:
@@ -123,17 +134,33 @@ class DeviceModel:
     # -- operations ----------------------------------------------------------------------
     def _best_fit(self, size: int, large: bool, stream: int) -> Block | None:
         cands = [b for s in self.segments if s.large == large and s.stream == stream
-                 for b in s.blocks if not b.allocated and b.size >= size]
+                 for b in s.blocks if not b.busy and b.size >= size]
         return min(cands, key=lambda b: (b.size, b.address), default=None)
 
     def release_cached(self) -> None:
-        for s in [s for s in self.segments if not s.split() and not s.blocks[0].allocated]:
+        for s in [s for s in self.segments if not s.split() and not s.blocks[0].busy]:
             self.segments.remove(s)
             self._add("reserved_bytes", s.large, -s.size)
             self._add("segment", s.large, -1)
             self.counters["num_device_free"] += 1
 
+    def pending_blocks(self) -> list[Block]:
+        """Blocks waiting for other streams, in the order they were freed: completions (and so
+        merges and the fragmentation counters) happen in that order, as CUDA's event queue."""
+        return list(self.pending_order)
+
+    def observe(self, stream: int) -> None:
+        """The host saw ``stream`` reach the present: frees before now no longer wait for it."""
+        for b in self.pending_blocks():
+            b.pending.discard(stream)
+
+    def process_events(self, sync: bool = False) -> None:
+        for b in self.pending_blocks():
+            if sync or not b.pending:
+                self._complete_free(b)
+
     def malloc(self, nbytes: int, stream: int, new_segment_address) -> Block:
+        self.process_events()
         size = round_size(nbytes)
         large = size > SMALL_SIZE
         block = self._best_fit(size, large, stream)
@@ -143,6 +170,7 @@ class DeviceModel:
             seg_bytes = segment_size(size)
             if self.used() + seg_bytes > self.capacity:
                 self.counters["num_alloc_retries"] += 1
+                self.process_events(sync=True)
                 self.release_cached()
                 if self.used() + seg_bytes > self.capacity:
                     self.counters["num_ooms"] += 1
@@ -168,17 +196,30 @@ class DeviceModel:
         self._add("requested_bytes", large, nbytes)
         return block
 
-    def free(self, block: Block) -> None:
-        seg, large = block.seg, block.seg.large
+    def free(self, block: Block, stream_uses: set[int] = frozenset()) -> None:
+        """Free requested; completes now unless other streams used the block."""
+        large = block.seg.large
         self._add("allocation", large, -1)
-        self._add("active", large, -1)
         self._add("allocated_bytes", large, -block.size)
+        block.allocated = False
+        uses = set(stream_uses) - {block.seg.stream}
+        if uses:
+            block.pending = uses
+            self.pending_order.append(block)
+        else:
+            self._complete_free(block)
+
+    def _complete_free(self, block: Block) -> None:
+        seg, large = block.seg, block.seg.large
+        self._add("active", large, -1)
         self._add("active_bytes", large, -block.size)
         self._add("requested_bytes", large, -block.requested)
-        block.allocated, block.requested = False, 0
+        if block.pending is not None:
+            self.pending_order.remove(block)
+        block.requested, block.pending = 0, None
         i = seg.blocks.index(block)
         for j in (i + 1, i - 1):  # merge with free neighbours
-            if 0 <= j < len(seg.blocks) and not seg.blocks[j].allocated:
+            if 0 <= j < len(seg.blocks) and not seg.blocks[j].busy:
                 n = seg.blocks[j]
                 self._free_block_counts(n, -1)
                 seg.blocks.remove(n)
@@ -207,8 +248,9 @@ def compare(real: dict, model: dict) -> list[str]:
 
 
 def replay(seed: int, steps: int) -> None:
-    """Random alloc / free / empty_cache / OOM / reset sequence on every device and two streams
-    per device, checked against the model after every step."""
+    """Random alloc / free / record_stream / synchronization / empty_cache / OOM / reset
+    sequence on every device and two streams per device, checked against the model after every
+    step (also the blocks' addresses and their snapshot states)."""
     import torch
 
     rng = random.Random(seed)
@@ -222,7 +264,8 @@ def replay(seed: int, steps: int) -> None:
         assert torch.neuron.memory_reserved(d) == 0, "a fresh process holds no device memory"
     models = [DeviceModel(capacity) for _ in range(ndev)]
     streams = [[torch.neuron.default_stream(d), torch.neuron.Stream(device=d)] for d in range(ndev)]
-    live: list[tuple[int, "torch.Tensor", Block]] = []
+    # (device, tensor, model block, streams it was recorded on)
+    live: list[tuple[int, "torch.Tensor", Block, set[int]]] = []
 
     def known_segments(d: int) -> set[int]:
         return {s.address for s in models[d].segments}
@@ -238,10 +281,29 @@ def replay(seed: int, steps: int) -> None:
 
     sizes = [1, 200, 256, 1000, 4 * KiB + 1, 100 * KiB, 700 * KiB, SMALL_SIZE, SMALL_SIZE + 1,
              3 * MiB, 9 * MiB + 7, 10 * MiB, 12 * MiB + 3, 17 * MiB, capacity // 3, capacity]
+    def check_blocks(step: int) -> None:
+        """Every segment's blocks (addresses, sizes, states) equal the model's."""
+        real = {}
+        for s in torch.neuron.memory_snapshot():
+            real.update({(s["device"], b["address"]): (b["size"], b["state"])
+                         for b in s["blocks"]})
+        want = {}
+        for dd, m in enumerate(models):
+            for seg in m.segments:
+                for b in seg.blocks:
+                    state = ("active_allocated" if b.allocated else
+                             "active_pending_free" if b.pending is not None else "inactive")
+                    want[(dd, b.address)] = (b.size, state)
+        assert real == want, (f"seed {seed} step {step}: blocks differ: allocator has "
+                              f"{sorted(set(real.items()) - set(want.items()))[:4]}, model "
+                              f"{sorted(set(want.items()) - set(real.items()))[:4]}")
+
+    pending_frees = 0
     for step in range(steps):
         d = rng.randrange(ndev)
-        op = rng.choices(["alloc", "free", "empty_cache", "reset_peak", "reset_acc"],
-                         weights=[50, 40, 4, 3, 3])[0]
+        op = rng.choices(["alloc", "free", "empty_cache", "reset_peak", "reset_acc",
+                          "record_stream", "sync", "wait_stream"],
+                         weights=[50, 40, 4, 3, 3, 15, 10, 3])[0]
         if op == "alloc":
             nbytes = rng.choice(sizes) + rng.choice([0, 0, 0, rng.randrange(1, 4096)])
             sidx = rng.randrange(2)
@@ -257,16 +319,48 @@ def replay(seed: int, steps: int) -> None:
                 assert t.data_ptr() == block.address, (
                     f"step {step}: {nbytes} B placed at {t.data_ptr():#x}, model says "
                     f"{block.address:#x}")
-                live.append((d, t, block))
+                live.append((d, t, block, set()))
             except OutOfMemory:
                 assert oom, f"step {step}: model expected OOM for {nbytes} B"
         elif op == "free" and live:
-            d, t, block = live.pop(rng.randrange(len(live)))
+            d, t, block, uses = live.pop(rng.randrange(len(live)))
             del t
-            models[d].free(block)
+            models[d].free(block, uses)
+            pending_frees += block.pending is not None
+        elif op == "record_stream" and live:
+            d, t, block, uses = live[rng.randrange(len(live))]
+            s = streams[d][rng.randrange(2)]  # its own stream sometimes: ignored
+            t.record_stream(s)
+            uses.add(s.stream_id)
+        elif op == "sync":
+            s = streams[d][rng.randrange(2)]
+            how = rng.choice(["stream", "device", "event_sync", "event_query", "stream_query",
+                              "item"])
+            if how == "stream":
+                s.synchronize()
+            elif how == "device":
+                torch.neuron.synchronize(d)
+            elif how == "event_sync":
+                s.record_event().synchronize()
+            elif how == "event_query":
+                assert s.record_event().query()
+            elif how == "stream_query":
+                assert s.query()
+            else:  # a blocking copy to the host waits for the current stream
+                mine = [t for dd, t, _, _ in live if dd == d and t.numel()]
+                if not mine:
+                    continue
+                with torch.neuron.stream(s):
+                    mine[0][0].item()
+                del mine  # holds the tensors: a later free must free them
+            for ss in (streams[d] if how == "device" else [s]):
+                models[d].observe(ss.stream_id)
+        elif op == "wait_stream":  # orders streams on the device; the host observes nothing
+            streams[d][0].wait_stream(streams[d][1])
         elif op == "empty_cache":
             torch.neuron.empty_cache()
             for m in models:
+                m.process_events(sync=True)
                 m.release_cached()
         elif op == "reset_peak":
             torch.neuron.reset_peak_memory_stats(d)
@@ -274,6 +368,7 @@ def replay(seed: int, steps: int) -> None:
         elif op == "reset_acc":
             torch.neuron.reset_accumulated_memory_stats(d)
             models[d].reset_accumulated()
+        check_blocks(step)
         for dd in range(ndev):
             want = models[dd].flat()
             diff = compare(torch.neuron.memory_stats(dd), want)
@@ -287,7 +382,8 @@ def replay(seed: int, steps: int) -> None:
                 assert getattr(torch.neuron, fn)(dd) == want[key], (seed, step, fn)
                 assert getattr(torch.accelerator, fn)(dd) == want[key], (seed, step, fn)
     print(f"seed {seed}: {steps} steps, {sum(m.counters['num_ooms'] for m in models)} OOMs, "
-          f"{sum(len(m.segments) for m in models)} segments at the end")
+          f"{sum(len(m.segments) for m in models)} segments at the end, {pending_frees} frees "
+          "waited for other streams")
 
 
 if __name__ == "__main__":

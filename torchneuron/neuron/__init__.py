@@ -16,6 +16,7 @@ import torch
 from .. import _C
 from .. import platform as _platform
 from . import amp, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
 from .ipc import ipc_collect
@@ -209,6 +210,10 @@ def __getattr__(name: str) -> Any:
         # torch.cuda's module flag, read by torch.utils.checkpoint: without it checkpointing
         # neither saves nor restores the device RNG state (preserve_rng_state has no effect).
         return _C._is_initialized()
+    if name == "_sanitizer":  # torch.neuron._sanitizer, imported on first use (as torch.cuda's)
+        import importlib
+
+        return importlib.import_module(f"{__name__}._sanitizer")
     if name in _INDUCTOR_CODEGENS:
         from ..compile import inductor
 

@@ -2,7 +2,14 @@
 
 Built on ``torch.Stream`` and ``torch.Event``, which the C++ device guard implements. The
 emulated device executes synchronously, so work is complete when it is submitted; ordering
-primitives therefore hold trivially and timing is real host time.
+primitives therefore hold trivially, ``query`` is always true and timing is real host time.
+
+What stays observable is what the *host* knows: memory freed by the caching allocator while
+another stream used it (``Tensor.record_stream``) is reused only after the host has observed
+that stream past the free — ``Stream.synchronize``, ``Event.synchronize``, a ``query`` (true),
+``torch.neuron.synchronize``, or a blocking copy to the host on it — as on an asynchronous
+device. The stream sanitizer (``torch.neuron._sanitizer``, ``TORCHNEURON_STREAM_SANITIZER=1``)
+reports cross-stream tensor use that nothing orders.
 """
 
 from __future__ import annotations
@@ -36,8 +43,18 @@ class Stream(torch.Stream):
 
     @property
     def priority(self) -> int:
-        """0 for normal streams, -1 for high-priority ones."""
+        """0 for normal streams, -1 for high-priority ones (any negative request gives -1)."""
         return _C._stream_priority(self.stream_id)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """``(least, greatest)`` priority, as ``torch.cuda.Stream.priority_range``: (0, -1)."""
+        return (0, -1)
+
+    def query(self) -> bool:
+        """Whether all work submitted so far has completed (always: execution is synchronous).
+        The host thereby observes the stream idle (memory freed across streams may be reused)."""
+        return super().query()
 
     def wait_stream(self, stream: torch.Stream) -> None:
         """Make future work on this stream wait for all work queued on ``stream`` so far."""
