@@ -109,9 +109,8 @@ EXCLUDED: dict[str, str] = {
     "_philox_key_fold_in": "torch.func._random (CUDA Philox keys): the device RNG work (branch rng)",
     "_philox_normal_": "torch.func._random (CUDA Philox keys): the device RNG work (branch rng)",
     "_philox_uniform_": "torch.func._random (CUDA Philox keys): the device RNG work (branch rng)",
-    "_scaled_grouped_mm": ("no CPU kernel in torch 2.13; MoE code calls it for fp8 on CUDA only; "
-                           "precision work (docs/architecture.md, Precision)"),
-    "_scaled_grouped_mm_v2": "as _scaled_grouped_mm",
+    "_scaled_grouped_mm_v2": ("MXFP8/NVFP4 grouped GEMM (swizzled block scales); neuron runs "
+                              "_scaled_grouped_mm (docs/architecture.md, Precision)"),
     "_scaled_dot_product_flash_attention": _SDPA,
     "_scaled_dot_product_flash_attention.quantized": _SDPA,
     "_scaled_dot_product_flash_attention_backward": _SDPA,

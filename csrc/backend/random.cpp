@@ -11,6 +11,7 @@
 // Checks and the shape/dtype logic come from ATen's own templates (DistributionTemplates.h), as
 // CPU and CUDA use them; only the kernels (the bit source and its transformation) are ours.
 #include <ATen/Dispatch.h>
+#include <ATen/Dispatch_v2.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -229,7 +230,13 @@ struct Output {
   }
 };
 
-c10::DeviceIndex index_of(const at::TensorBase& t) { return t.device().index(); }
+// The op's device. A neuron generator also routes ops on CPU tensors here (generators carry a
+// dispatch key): refuse them with CUDA's message rather than fill CPU memory from our stream.
+c10::DeviceIndex index_of(const at::TensorBase& t) {
+  TORCH_CHECK(t.is_privateuseone(), "Expected a '", c10::DeviceTypeName(t.device().type(), true),
+              "' device type for generator but found 'neuron'");
+  return t.device().index();
+}
 
 // Runs body(i0, n, words) for the elements of `self` with an offset range reserved on gen.
 template <int J, class Body>
@@ -476,7 +483,8 @@ template <typename RNG>
 struct RandomFromToKernel {
   void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, std::optional<at::Generator> gen) {
     const at::TensorBase& self = iter.tensor_base(0);
-    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_from_to", [&] {
+    // CPU's dtypes, unsigned ones included (randint(..., dtype=torch.uint64)).
+    AT_DISPATCH_V2(self.scalar_type(), "random_from_to", AT_WRAP([&] {
       if (range >= (uint64_t{1} << 32)) {
         int_fill<scalar_t, true>(self, gen, [=](uint64_t v) {
           return at::transformation::uniform_int_from_to<scalar_t>(v, range, base);
@@ -486,7 +494,7 @@ struct RandomFromToKernel {
           return at::transformation::uniform_int_from_to<scalar_t>(v, range, base);
         });
       }
-    });
+    }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
   }
   // from = int64 min, to = None: the full 64-bit range.
   void operator()(at::TensorIteratorBase& iter, std::optional<at::Generator> gen) {

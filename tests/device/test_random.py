@@ -254,8 +254,14 @@ def test_every_cpu_random_kernel_has_a_neuron_kernel():
 
 
 def test_the_fallback_refuses_random_ops_without_a_neuron_kernel():
+    # An op with a Generator argument and only a CPU kernel: run on neuron tensors by the boxed
+    # fallback, it would draw from the CPU generator, so the fallback must refuse it.
+    lib = torch.library.Library("tn_test_rng", "DEF")
+    lib.define("draw(Tensor x, Generator? generator=None) -> Tensor")
+    lib.impl("draw", lambda x, generator=None: torch.rand(x.shape, generator=generator), "CPU")
+    assert torch.ops.tn_test_rng.draw(torch.ones(4)).shape == (4,)  # CPU: fine
     with pytest.raises(NotImplementedError, match="draws random numbers and has no neuron kernel"):
-        torch.ops.aten._fused_dropout(torch.ones(4, device=DEV), 0.5)
+        torch.ops.tn_test_rng.draw(torch.ones(4, device=DEV))
 
 
 # ---- seeding -------------------------------------------------------------------------------
