@@ -8,9 +8,31 @@ then summarised the same way.
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
-__all__ = ["summary", "ratios", "fmt", "fmt_ratio"]
+__all__ = ["timed", "interleaved", "summary", "ratios", "fmt", "fmt_ratio"]
+
+
+def timed(fn: Callable[[], object], inner: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Mean time of one call of ``fn`` over ``inner`` calls, read on ``clock``."""
+    start = clock()
+    for _ in range(inner):
+        fn()
+    return (clock() - start) / inner
+
+
+def interleaved(fns: dict, inner: int, rounds: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Per-round samples of each candidate (after a warm-up), alternated round by round so that
+    drift and noise from other processes hit all alike."""
+    for fn in fns.values():
+        timed(fn, max(1, inner // 4), clock)
+    samples = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            samples[k].append(timed(fn, inner, clock))
+    return samples
 
 
 def summary(samples: Sequence[float]) -> tuple[float, float, float]:

@@ -18,26 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from gpt import GPT, CharDataset, GPTConfig  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _stats import fmt, fmt_ratio, ratios, summary  # noqa: E402
-
-
-def timed(fn, inner: int) -> float:
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner
-
-
-def interleaved(fns: dict, inner: int, rounds: int) -> dict:
-    """Per-round samples of each candidate, alternated round by round so that drift and noise
-    from other processes hit both alike."""
-    for fn in fns.values():  # warm up
-        timed(fn, max(1, inner // 4))
-    samples = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            samples[k].append(timed(fn, inner))
-    return samples
+from _stats import fmt, fmt_ratio, interleaved, ratios, summary  # noqa: E402
 
 
 def add_case(device):

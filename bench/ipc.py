@@ -22,6 +22,8 @@ import time
 import torch
 import torch.multiprocessing as mp
 
+from _stats import interleaved
+
 
 def _echo_first(conn) -> None:
     while True:
@@ -29,23 +31,6 @@ def _echo_first(conn) -> None:
         if t is None:
             return
         conn.send(float(t.view(-1)[0]))
-
-
-def _timed(fn, inner: int, clock) -> float:
-    start = clock()
-    for _ in range(inner):
-        fn()
-    return (clock() - start) / inner
-
-
-def interleaved(fns: dict, inner: int, rounds: int, clock=time.perf_counter) -> dict:
-    for fn in fns.values():  # warm up
-        _timed(fn, max(1, inner // 4), clock)
-    samples = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            samples[k].append(_timed(fn, inner, clock))
-    return samples
 
 
 def fresh_segment(device: str, nbytes: int):

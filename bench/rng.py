@@ -11,32 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _stats import fmt, fmt_ratio, ratios  # noqa: E402
+from _stats import fmt, fmt_ratio, interleaved, ratios  # noqa: E402
 
 ROUNDS = 15
-
-
-def timed(fn, inner: int) -> float:
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner
-
-
-def interleaved(fns: dict, inner: int, rounds: int = ROUNDS) -> dict:
-    for fn in fns.values():  # warm up
-        timed(fn, max(1, inner // 4))
-    samples = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            samples[k].append(timed(fn, inner))
-    return samples
 
 
 def cases(device: str, n: int) -> dict:
@@ -57,7 +39,7 @@ def main() -> None:
     for n, inner in ((1 << 20, 10), (1 << 14, 200)):
         cpu, dev = cases("cpu", n), cases("neuron", n)
         for name in cpu:
-            s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, inner)
+            s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, inner, ROUNDS)
             print(f"  {name:13s} n={n:>8d}: cpu {fmt(s['cpu'], 1e6, 'us', 1)}, "
                   f"neuron {fmt(s['neuron'], 1e6, 'us', 1)}, ratio {fmt_ratio(ratios(s['neuron'], s['cpu']))}")
 
