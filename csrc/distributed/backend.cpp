@@ -465,8 +465,39 @@ class NeuronWork : public Work {
 // deadlock: gloo posts sends/receives when they are issued and its transport progresses on its
 // own threads; wait() only observes completion. The thread owns its queue through a shared_ptr
 // and is detached at shutdown, since it may be blocked in a wait until gloo's timeout.
+// Retired: where background threads leave the Works they are done with. The last reference to
+// a Work can free tensors whose Python objects need the GIL, and a thread that takes the GIL
+// while the interpreter finalizes is ended by pthread_exit in the middle of that destructor
+// (std::terminate, seen at exit of scripts that never destroy their process group). So the
+// watchdog and the completer never drop a Work themselves: the thread that issues the next
+// collective, or the backend's destructor, releases them.
+class Retired {
+ public:
+  void put(intrusive_ptr<NeuronWork> w) {
+    std::lock_guard<std::mutex> g(mu_);
+    ws_.push_back(std::move(w));
+  }
+  void put_all(std::vector<intrusive_ptr<NeuronWork>>& ws) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& w : ws) ws_.push_back(std::move(w));
+    ws.clear();
+  }
+  void release() {
+    std::vector<intrusive_ptr<NeuronWork>> ws;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ws.swap(ws_);
+    }
+  }  // destroyed here, outside the lock (a destructor may take the GIL)
+
+ private:
+  std::mutex mu_;
+  std::vector<intrusive_ptr<NeuronWork>> ws_;
+};
+
 class Completer : public std::enable_shared_from_this<Completer> {
  public:
+  explicit Completer(std::shared_ptr<Retired> retired) : retired_(std::move(retired)) {}
   void push(const intrusive_ptr<NeuronWork>& w) {
     std::lock_guard<std::mutex> g(mu_);
     if (!started_) {
@@ -497,13 +528,14 @@ class Completer : public std::enable_shared_from_this<Completer> {
       auto age = Clock::now() - w->start();
       if (age < std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::milliseconds(1) - age);
       w->complete_blocking();
-      w.reset();
+      retired_->put(std::move(w));
       g.lock();
     }
   }
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<intrusive_ptr<NeuronWork>> q_;
+  std::shared_ptr<Retired> retired_;
   bool started_ = false, stop_ = false;
 };
 
@@ -893,6 +925,7 @@ class ProcessGroupNeuron : public c10d::Backend {
       std::lock_guard<std::mutex> g(wd_mu_);
       inflight_.push_back(w);
     }
+    retired_->release();
     // No notify: the watchdog polls every 100 ms; waking it per op costs a context switch.
     return w;
   }
@@ -912,12 +945,15 @@ class ProcessGroupNeuron : public c10d::Backend {
       wd_cv_.wait_for(g, std::chrono::milliseconds(100));
       if (stop_) break;
       auto now = Clock::now();
-      std::vector<intrusive_ptr<NeuronWork>> keep;
+      std::vector<intrusive_ptr<NeuronWork>> keep, gone;
       intrusive_ptr<NeuronWork> fault;
       std::string why;
       for (auto& w : inflight_) {
         if (w->done()) {
-          if (!w->error() || w->observed()) continue;  // success, or reported to a waiter
+          if (!w->error() || w->observed()) {  // success, or reported to a waiter
+            gone.push_back(w);
+            continue;
+          }
           if (w->failed_seen == Clock::time_point{}) w->failed_seen = now;
           // A failure past the timeout (gloo's own timeout) is acted on at once; an early one
           // gets a grace period so a blocking caller can reach wait() and take the error.
@@ -940,9 +976,12 @@ class ProcessGroupNeuron : public c10d::Backend {
       if (fault)  // reported once; the Work itself carries the error from here on
         keep.erase(std::remove(keep.begin(), keep.end(), fault), keep.end());
       inflight_.swap(keep);
+      keep.clear();  // the old list: every Work in it is now in inflight_, gone or fault
+      retired_->put_all(gone);
       if (fault) {
         g.unlock();
         on_fault(fault, why);
+        retired_->put(std::move(fault));
         g.lock();
       }
     }
@@ -1004,6 +1043,7 @@ class ProcessGroupNeuron : public c10d::Backend {
       }
       w->fail(why);
     }
+    retired_->put_all(ws);  // may run on the watchdog thread
   }
 
   void stop_watchdog() {
@@ -1016,7 +1056,8 @@ class ProcessGroupNeuron : public c10d::Backend {
   }
 
   intrusive_ptr<c10d::Backend> inner_;
-  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
+  std::shared_ptr<Retired> retired_ = std::make_shared<Retired>();
+  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>(retired_);
   std::array<std::atomic<bool>, 256> no_future_{};  // by OpType: inner Works lack a Future
   std::chrono::milliseconds timeout_;
   std::string group_name_;
