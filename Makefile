@@ -35,9 +35,11 @@ build: $(EXT)
 # Serving extra (docs/serving.md): the exact vLLM set of requirements/vllm.txt, installed with
 # --no-deps so pip resolves nothing (no CUDA torchvision/torchaudio/torchcodec, no triton) and,
 # with the constraints, can never replace torch. Checked after install.
-$(VLLM): $(EXT) requirements/vllm.txt requirements/constraints.txt
+# Needs only the dependencies, not the extension, so `make test` installs it while the C++ core
+# compiles (download vs CPU); the check imports torch with the backend autoload off for that.
+$(VLLM): $(DEPS) requirements/vllm.txt requirements/constraints.txt
 	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt -r requirements/vllm.txt
-	$(PY) -c "import importlib.util as u, torch, vllm; \
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 VLLM_PLUGINS= $(PY) -c "import importlib.util as u, torch, vllm; \
 	assert torch.__version__ == '2.13.0+cpu', 'pip replaced torch: ' + torch.__version__; \
 	bad = [m for m in ('torchvision', 'torchaudio', 'torchcodec', 'triton') if u.find_spec(m)]; \
 	assert not bad, f'remove {bad}: CUDA builds that break import vllm'; \
@@ -55,7 +57,10 @@ $(TITAN_TRITON)/.stamp: $(DEPS)
 demo: build
 	$(PY) examples/train_gpt.py
 
-test: build $(VLLM) $(TITAN_TRITON)/.stamp
+# The three setup steps run side by side: the C++ build is CPU-bound, the two installs mostly
+# download and unpack.
+test: $(DEPS)
+	$(MAKE) --no-print-directory -j3 build $(VLLM) $(TITAN_TRITON)/.stamp
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: build $(VLLM)
