@@ -61,7 +61,9 @@ demo: build
 # download and unpack.
 test: $(DEPS)
 	$(MAKE) --no-print-directory -j3 build $(VLLM) $(TITAN_TRITON)/.stamp
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	# Two xdist workers, one host thread each (two cores, no oversubscription); grouping in
+	# tests/conftest.py keeps each file on one worker and every multi-process test on one.
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
