@@ -28,14 +28,17 @@
 #include <ATen/ops/mse_loss_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "fallback.h"
 #include "fp8.h"
 #include "gpu_trace.h"
 #include "zero_copy.h"
@@ -189,13 +192,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const CopyKind kind = !self.is_privateuseone() ? CopyKind::HtoD
                         : !dst.is_privateuseone() ? CopyKind::DtoH : CopyKind::DtoD;
   // A device-to-host copy the caller waits for synchronizes the stream (like cudaMemcpy).
-  zc.launch_copy(kind, copy_bytes(dst), kind == CopyKind::DtoH && !non_blocking);
+  const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
+  zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
   // fp8 <-> fp32/bf16 in one dense layout: CPU converts element by element through c10's
   // scalar functions; fp8::try_copy gives the same bits at memory speed (fp8.h).
   if (!fp8::try_copy(d, src)) d.copy_(src, non_blocking);
-  const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
-  zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
-  d.copy_(src, non_blocking);
   if (blocking_dtoh) host_waited_for_stream(self.device().index());
   return dst;
 }
@@ -269,11 +270,43 @@ template <> struct Out<std::tuple<at::Tensor, at::Tensor, at::Tensor>> {
   }
 };
 
+// ---- complex32 on the hot paths ---------------------------------------------------------------
+// CPU has no complex32 kernel for most hot ops (sum, div, mean); CUDA computes them in complex64
+// and rounds once. The boxed fallback does exactly that (its widening retry, fallback.cpp), so a
+// hot op with a complex32 argument leaves the unboxed path for it. The test is one dtype compare
+// per tensor argument: fp32/fp16/bf16 calls stay on the unboxed path, with CPU's results.
+inline bool is_chalf(const at::Tensor& t) { return t.defined() && t.scalar_type() == c10::ScalarType::ComplexHalf; }
+inline bool is_chalf(const std::optional<c10::ScalarType>& t) { return t == c10::ScalarType::ComplexHalf; }
+template <class V> bool is_chalf(const V&) { return false; }
+template <class... A> bool any_chalf(const A&... args) { return (is_chalf(args) || ...); }
+
+// `Name` is "aten::op.overload" (or "aten::op"): the handle is looked up once per hot op.
+template <const char* Name> const c10::OperatorHandle& op_handle() {
+  static const c10::OperatorHandle op = [] {
+    const std::string full(Name);
+    const auto dot = full.find('.');
+    return dot == std::string::npos ? c10::Dispatcher::singleton().findSchemaOrThrow(full.c_str(), "")
+                                    : c10::Dispatcher::singleton().findSchemaOrThrow(
+                                          full.substr(0, dot).c_str(), full.substr(dot + 1).c_str());
+  }();
+  return op;
+}
+
+// Runs the op through the boxed fallback; returns the stack (the op's results).
+template <const char* Name, class... A> torch::jit::Stack via_fallback(const A&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(A));
+  torch::jit::push(stack, args...);
+  cpu_fallback(op_handle<Name>(), &stack, c10::DispatchKey::CPU);
+  return stack;
+}
+
 template <class Sig> struct Hot;
 template <class R, class... A> struct Hot<R(A...)> {
   // Functional ops: alias the inputs, run the CPU kernel, adopt the result.
   template <R (*F)(A...), const char* Name>
   static R call(A... args) {
+    if (C10_UNLIKELY(any_chalf(args...))) return via_fallback<Name>(args...).back().template to<R>();
     ZeroCopy zc;
     // Braced initialisation evaluates left to right, so device checks see arguments in order.
     std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
@@ -288,6 +321,10 @@ template <class R, class... A> struct Hot<R(A...)> {
 template <class... Rest> struct HotInplace {
   template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
+    if (C10_UNLIKELY(any_chalf(self, rest...))) {
+      via_fallback<Name>(self, rest...);  // writes self (rounded once from complex64)
+      return self;
+    }
     ZeroCopy zc;
     at::Tensor s = zc.in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
     std::tuple<at::Tensor&, typename Arg<Rest>::type...> cpu{s, map_in(zc, rest)...};
@@ -329,6 +366,7 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);
@@ -339,6 +377,7 @@ at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const a
 template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
+  if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);

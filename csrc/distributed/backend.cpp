@@ -179,6 +179,31 @@ at::Tensor host_alias(const at::Tensor& t, bool fp8_as_bytes) {
       at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
+// all_gather_into_tensor accepts what NCCL accepts: any contiguous output of the input's dtype
+// holding world_size times the input's elements ([world*n], [world, n], [1, world*n] for an input
+// of n elements; SyncBatchNorm gathers [2C+1] into [1, world*(2C+1)]). gloo, the transport, wants
+// the output to chunk along dim 0 into world_size pieces shaped like the input, so the host alias
+// of the output is handed over as [world * input.size(0), *input.sizes()[1:]] over the same bytes.
+at::Tensor gather_output_view(const at::Tensor& out_alias, const at::Tensor& out, const at::Tensor& in,
+                              int world) {
+  TORCH_CHECK_TYPE(out.scalar_type() == in.scalar_type(), "neuron process group: all_gather_into_tensor: the output "
+                   "tensor must have the same dtype as the input, got ", out.scalar_type(), " and ", in.scalar_type());
+  TORCH_CHECK_VALUE(out.numel() == in.numel() * world, "neuron process group: all_gather_into_tensor: the output "
+                    "must hold world_size times the input's elements (", world, " x ", in.numel(), " = ",
+                    in.numel() * world, "), got an output of shape ", out.sizes(), " (", out.numel(),
+                    " elements); allocate it as [world_size * n] or [world_size, n]");
+  TORCH_CHECK(out.is_contiguous() && in.is_contiguous(), "neuron process group: all_gather_into_tensor: input and "
+              "output must be contiguous (as on NCCL); call .contiguous() on them first");
+  // gloo chunks the output along dim 0: [world * in.size(0), in.size(1), ...] chunks into pieces of
+  // the input's shape (a 0-dim input travels as [1], gather_input_view).
+  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
+  if (shape.empty()) shape.push_back(1);
+  shape[0] *= world;
+  return out_alias.view(shape);
+}
+
+at::Tensor gather_input_view(const at::Tensor& in_alias) { return in_alias.dim() == 0 ? in_alias.view({1}) : in_alias; }
+
 std::vector<at::Tensor> host_alias(const std::vector<at::Tensor>& ts, bool bytes) {
   std::vector<at::Tensor> out;
   out.reserve(ts.size());
@@ -651,8 +676,8 @@ class ProcessGroupNeuron : public c10d::Backend {
   intrusive_ptr<Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                       const c10d::AllgatherOptions& opts) override {
     return run(OpType::_ALLGATHER_BASE, {out}, {in}, [&] {
-      auto ao = host_alias(out, true);
-      auto ai = host_alias(in, true);
+      auto ai = gather_input_view(host_alias(in, true));
+      auto ao = gather_output_view(host_alias(out, true), out, in, getSize());
       return inner_->_allgather_base(ao, ai, opts);
     });
   }
@@ -668,9 +693,15 @@ class ProcessGroupNeuron : public c10d::Backend {
   intrusive_ptr<Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
                                                       std::vector<at::Tensor>& ins,
                                                       const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK_VALUE(outs.size() == ins.size(), "neuron process group: allgather_into_tensor_coalesced: ",
+                      outs.size(), " outputs for ", ins.size(), " inputs");
     return run(OpType::ALLGATHER_COALESCED, outs, ins, [&] {
       auto ao = host_alias(outs, true);
       auto ai = host_alias(ins, true);
+      for (size_t i = 0; i < ao.size(); ++i) {
+        ao[i] = gather_output_view(ao[i], outs[i], ins[i], getSize());
+        ai[i] = gather_input_view(ai[i]);
+      }
       return inner_->allgather_into_tensor_coalesced(ao, ai, opts);
     });
   }

@@ -48,8 +48,8 @@ def register() -> None:
     if _LIB is not None:
         return
     lib = torch.library.Library("aten", "IMPL")
-    from . import dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm
+    from . import attention, dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm
 
-    for module in (dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm):
+    for module in (attention, dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm):
         module.register(lib)
     _LIB = lib

@@ -8,6 +8,14 @@ way:
 - FFTs of fp16 / complex32 (``_fft_r2c``, ``_fft_c2c``, ``_fft_c2r``; CPU's MKL/pocketfft path
   raises "Unsupported dtype Half"): computed in fp32 / complex64 and rounded once to the half
   types cuFFT returns;
+- the ``torch.fft`` entry points (``fft_rfft``, ``fft_irfft``, ... 18 of them) for fp16 inputs:
+  ATen's composites refuse Half for every device but CUDA/XPU/meta before any kernel runs
+  (``promote_type_fft``). Registered for neuron and its autograd key, they run the composite
+  itself: real fp16 inputs of the transforms that take complex input (``fft``, ``irfft``,
+  ``hfft``, ...) become complex32, as CUDA promotes them; the real-to-complex ones (``rfft``,
+  ``ihfft``, ...) run on the input widened to fp32 and round the result once to complex32. Other
+  dtypes run the composite unchanged. cuFFT's half-precision restriction (power-of-two signal
+  sizes) is checked with CUDA's message, so code that passes here passes on CUDA;
 - ``nansum`` of complex tensors (CPU: "nansum on CPU does not support complex inputs"; CUDA
   treats an element with a NaN real or imaginary part as zero), and so ``nanmean``, which is
   built on it.
@@ -15,15 +23,37 @@ way:
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import cpu_kernel, on_cpu
 from .out import resize_output
 
-__all__ = ["fft_r2c", "fft_c2c", "fft_c2r", "nansum"]
+__all__ = ["FFT_ENTRY_POINTS", "fft_r2c", "fft_c2c", "fft_c2r", "nansum"]
 
 _WIDE = {torch.float16: torch.float32, torch.complex32: torch.complex64}
 _NARROW_OF = {torch.float32: torch.float16, torch.complex64: torch.complex32}
+
+
+# Set (per thread) while a real-to-complex entry point runs an fp16 input widened to fp32: the
+# transforms below it then still apply cuFFT's half-precision size rule.
+_HALF_SCOPE = threading.local()
+
+
+def _signal_sizes(op_name: str, self: torch.Tensor, args: tuple) -> list[int]:
+    dim = args[0]
+    sizes = [self.shape[d] for d in dim]
+    if op_name == "_fft_c2r":  # the last transformed dim is the real output's length
+        sizes[-1] = args[2]
+    return sizes
+
+
+def _check_half_signal(sizes: list[int]) -> None:
+    # cuFFT computes half precision for power-of-two sizes only (CUDA's plan check and message).
+    if any(s & (s - 1) for s in sizes):
+        raise RuntimeError("cuFFT only supports dimensions whose sizes are powers of two when computing in half "
+                           f"precision, but got a signal size of{list(sizes)}")
 
 
 def _fft(op_name: str):
@@ -31,7 +61,10 @@ def _fft(op_name: str):
     out_op = getattr(torch.ops.aten, op_name).out
 
     def kernel(self, *args):
-        if self.dtype not in _WIDE:
+        half = self.dtype in _WIDE
+        if half or getattr(_HALF_SCOPE, "on", False):
+            _check_half_signal(_signal_sizes(op_name, self, args))
+        if not half:
             return cpu_kernel(functional, self, *args)
         result = cpu_kernel(functional, self.to(_WIDE[self.dtype]), *args)
         return result.to(_NARROW_OF[result.dtype])
@@ -53,6 +86,47 @@ def _fft(op_name: str):
 fft_r2c, fft_r2c_out = _fft("_fft_r2c")
 fft_c2c, fft_c2c_out = _fft("_fft_c2c")
 fft_c2r, fft_c2r_out = _fft("_fft_c2r")
+
+
+# torch.fft entry points: (name, takes a real input and returns complex).
+FFT_ENTRY_POINTS = tuple(
+    [(f"fft_{k}", False) for k in ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn",
+                                   "irfft", "irfft2", "irfftn", "hfft", "hfft2", "hfftn")]
+    + [(f"fft_{k}", True) for k in ("rfft", "rfft2", "rfftn", "ihfft", "ihfft2", "ihfftn")])
+
+
+def _fft_entry(name: str, real_to_complex: bool):
+    packet = getattr(torch.ops.aten, name)
+    functional, out_op = packet.default, packet.out
+
+    def run(op, self, *args, **kwargs):
+        if self.dtype != torch.float16:
+            return op.decompose(self, *args, **kwargs)
+        if not real_to_complex:  # CUDA promotes a real half input to complex32
+            return op.decompose(self.to(torch.complex32), *args, **kwargs)
+        _HALF_SCOPE.on = True
+        try:
+            return op.decompose(self.to(torch.float32), *args, **kwargs)
+        finally:
+            _HALF_SCOPE.on = False
+
+    def kernel(self, *args, **kwargs):
+        if self.dtype != torch.float16 or not real_to_complex:
+            return run(functional, self, *args, **kwargs)
+        return run(functional, self, *args, **kwargs).to(torch.complex32)
+
+    def kernel_out(self, *args, out, **kwargs):
+        if self.dtype != torch.float16:
+            return run(out_op, self, *args, out=out, **kwargs)
+        result = kernel(self, *args, **kwargs)
+        if out.dtype != result.dtype:
+            raise RuntimeError(f"Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead")
+        resize_output(out, result.shape, self.device)
+        return out.copy_(result)
+
+    kernel.__name__ = name
+    kernel.__doc__ = f"``aten::{name}`` accepting fp16 as on CUDA (the composite, past its device-type check)."
+    return kernel, kernel_out
 
 
 def _complex_nansum(x, dim, keepdim, dtype):
@@ -85,3 +159,11 @@ def register(lib: torch.library.Library) -> None:
                      ("_fft_c2c.out", fft_c2c_out), ("_fft_c2r", fft_c2r), ("_fft_c2r.out", fft_c2r_out),
                      ("nansum", nansum), ("nansum.out", nansum_out)):
         lib.impl(name, fn, "PrivateUse1")
+    # The composites are CompositeImplicitAutograd: a kernel for the backend key alone would leave
+    # the autograd key without one, so the same kernel (it runs the composite, whose ops record
+    # the graph) is registered for both.
+    for name, real_to_complex in FFT_ENTRY_POINTS:
+        fn, fn_out = _fft_entry(name, real_to_complex)
+        for key in ("PrivateUse1", "AutogradPrivateUse1"):
+            lib.impl(name, fn, key)
+            lib.impl(name + ".out", fn_out, key)

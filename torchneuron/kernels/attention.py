@@ -1,0 +1,180 @@
+"""SDPA's CUDA backend forward kernels, called directly: ``_flash_attention_forward`` and
+``_efficient_attention_forward`` (CUDA dtype parity: OpInfo lists them for CUDA only).
+
+Neuron's SDPA choice never picks them (``sdpa.cpp`` reports its own efficient-attention op), but
+code written for CUDA calls them by name. They take ``[batch, seq, heads, dim]`` inputs (not
+SDPA's ``[batch, heads, seq, dim]``) and return CUDA's tuples:
+
+- flash: ``(output, logsumexp [B, H, Sq] fp32, rng_state, unused, debug_attn_mask)``;
+  ``is_causal`` aligns the mask to the bottom-right corner (FlashAttention-2's rule when
+  ``Sq != Sk``); key/value may have fewer heads (grouped-query attention);
+- efficient: ``(output, logsumexp [B, H, ceil(Sq/32)*32] fp32 or [B, H, 0], philox_seed,
+  philox_offset, max_seqlen_q, max_seqlen_k)``; ``custom_mask_type`` 0 none, 1 causal from the
+  top-left, 2 causal from the bottom-right; an additive ``bias`` broadcast to ``[B, H, Sq, Sk]``.
+
+Arithmetic is fp32 (fp64 for fp64 inputs), rounded once to the input dtype, as the CUDA kernels
+accumulate. Rows with every key masked give zeros (logsumexp ``-inf``), as on CUDA. The efficient
+kernel takes variable-length batches (``cu_seqlens_q/k``: one packed sequence, each segment
+attending within itself). Dropout, the flash kernel's variable-length form (``cum_seq_*``),
+sliding windows, ALiBi and paged KV raise ``NotImplementedError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import on_cpu
+
+__all__ = ["flash_attention_forward", "efficient_attention_forward"]
+
+_LSE_ALIGN = 32  # the efficient kernel pads its logsumexp to a multiple of 32 queries
+
+
+def _refuse(op: str, **named) -> None:
+    for name, value in named.items():
+        if value is not None and value is not False and not (isinstance(value, float) and value == 0.0):
+            raise NotImplementedError(f"{op} on neuron: {name}={value!r} is not implemented (dense batches without "
+                                      "dropout only); call torch.nn.functional.scaled_dot_product_attention instead")
+
+
+def _attend(q, k, v, scale, bias, causal_offset):
+    """q [B, Sq, H, D], k/v [B, Sk, Hk, D]. causal_offset: None, or the diagonal offset of the
+    causal mask (0 top-left, Sk - Sq bottom-right). Returns (out [B, Sq, H, Dv] in q's dtype,
+    lse [B, H, Sq] fp32 or fp64)."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qt, kt, vt = (t.to(acc).transpose(1, 2) for t in (q, k, v))
+    heads, kv_heads = qt.shape[1], kt.shape[1]
+    if kv_heads != heads:
+        if heads % kv_heads:
+            raise RuntimeError(f"Number of heads in key/value ({kv_heads}) must divide the number of heads in "
+                               f"query ({heads})")
+        kt = kt.repeat_interleave(heads // kv_heads, dim=1)
+        vt = vt.repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale
+    if bias is not None:
+        scores = scores + bias.to(acc)
+    sq, sk = scores.shape[-2], scores.shape[-1]
+    if causal_offset is not None:
+        keep = torch.ones(sq, sk, dtype=torch.bool).tril(causal_offset)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    p = torch.exp(scores - lse.unsqueeze(-1))
+    p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=acc), p)
+    out = torch.matmul(p, vt).transpose(1, 2).to(q.dtype)
+    return out, lse.to(torch.float32 if acc == torch.float32 else acc)
+
+
+def _flash_cpu(q, k, v, is_causal, return_debug_mask, scale):
+    sq, sk = q.shape[1], k.shape[1]
+    out, lse = _attend(q, k, v, scale, None, (sk - sq) if is_causal else None)
+    rng_state = torch.zeros(2, dtype=torch.uint64)
+    unused = torch.empty((), dtype=torch.uint64)
+    debug = torch.empty(0, dtype=q.dtype)
+    if return_debug_mask:  # the attention probabilities, as FlashAttention's debug mask holds them
+        debug = torch.exp(_attend_scores(q, k, scale, (sk - sq) if is_causal else None) - lse.unsqueeze(-1)).to(q.dtype)
+    return out.contiguous(), lse.contiguous(), rng_state, unused, debug
+
+
+def _attend_scores(q, k, scale, causal_offset):
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qt, kt = q.to(acc).transpose(1, 2), k.to(acc).transpose(1, 2)
+    if kt.shape[1] != qt.shape[1]:
+        kt = kt.repeat_interleave(qt.shape[1] // kt.shape[1], dim=1)
+    s = torch.matmul(qt, kt.transpose(-2, -1)) * scale
+    if causal_offset is not None:
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(causal_offset)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                            return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                            seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
+    """``aten::_flash_attention_forward`` (CUDA's FlashAttention-2 entry point)."""
+    op = "_flash_attention_forward"
+    _refuse(op, cum_seq_q=cum_seq_q, cum_seq_k=cum_seq_k, dropout_p=float(dropout_p),
+            window_size_left=window_size_left, window_size_right=window_size_right, seqused_k=seqused_k,
+            alibi_slopes=alibi_slopes, block_table=block_table)
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise RuntimeError(f"{op}: expected 4-D [batch, seq, heads, dim] query/key/value")
+    sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    return on_cpu(op, _flash_cpu, query, key, value, bool(is_causal), bool(return_debug_mask), sc)
+
+
+def _efficient_dense(q, k, v, bias, mask_type, scale):
+    sq, sk = q.shape[1], k.shape[1]
+    offset = {0: None, 1: 0, 2: sk - sq}[mask_type]
+    if bias is not None:
+        bias = bias.expand(q.shape[0], q.shape[2], sq, sk)
+    return _attend(q, k, v, scale, bias, offset)
+
+
+def _efficient_cpu(q, k, v, bias, cu_q, cu_k, mask_type, compute_lse, scale, max_q, max_k):
+    h = q.shape[2]
+    if cu_q is None:
+        out, lse = _efficient_dense(q, k, v, bias, mask_type, scale)
+        lses = [lse]
+    else:
+        # Variable-length batch: one packed sequence ([1, total, H, D]); sequence i is the rows
+        # cu_q[i]:cu_q[i+1] of the queries and cu_k[i]:cu_k[i+1] of the keys, attending only within.
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        out = torch.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+        lses = []
+        for i in range(len(cq) - 1):
+            sl_q, sl_k = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+            o, lse = _efficient_dense(q[:, sl_q], k[:, sl_k], v[:, sl_k], None, mask_type, scale)
+            out[:, sl_q] = o
+            lses.append(lse)
+    if compute_lse:
+        padded = torch.full((len(lses) if cu_q is not None else q.shape[0], h, -(-max_q // _LSE_ALIGN) * _LSE_ALIGN),
+                            float("inf"), dtype=torch.float32)
+        if cu_q is None:
+            padded[:, :, :lses[0].shape[-1]] = lses[0]
+        else:
+            for i, lse in enumerate(lses):
+                padded[i, :, :lse.shape[-1]] = lse[0]
+    else:
+        padded = torch.empty((len(lses) if cu_q is not None else q.shape[0], h, 0), dtype=torch.float32)
+    seed, offset_t = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    return out.contiguous(), padded, seed, offset_t, max_q, max_k
+
+
+def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                dropout_p, custom_mask_type, compute_log_sumexp=False, *, scale=None, seqlen_k=None,
+                                window_size=None):
+    """``aten::_efficient_attention_forward`` (CUDA's memory-efficient attention entry point)."""
+    op = "_efficient_attention_forward"
+    _refuse(op, dropout_p=float(dropout_p), seqlen_k=seqlen_k, window_size=window_size)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must be given together")
+    if cu_seqlens_q is not None:
+        if query.shape[0] != 1 or bias is not None:
+            raise RuntimeError(f"{op}: a variable-length batch is one packed sequence (batch size 1) without bias")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must have the same length")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise RuntimeError(f"{op}: expected 4-D [batch, seq, heads, dim] query/key/value")
+    if key.shape[2] != query.shape[2]:
+        raise RuntimeError(f"{op}: query and key must have the same number of heads")
+    if custom_mask_type not in (0, 1, 2):
+        raise RuntimeError(f"{op}: custom_mask_type must be 0 (none), 1 (causal from top-left) or 2 (causal from "
+                           f"bottom-right), got {custom_mask_type}")
+    sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    if cu_seqlens_q is not None:
+        mq = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if max_seqlen_q is None else max_seqlen_q
+        mk = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max()) if max_seqlen_k is None else max_seqlen_k
+    else:
+        mq = max_seqlen_q if max_seqlen_q is not None else query.shape[1]
+        mk = max_seqlen_k if max_seqlen_k is not None else key.shape[1]
+    out, lse, seed, offset, _, _ = on_cpu(op, _efficient_cpu, query, key, value, bias, cu_seqlens_q, cu_seqlens_k,
+                                          int(custom_mask_type), bool(compute_log_sumexp), sc, mq, mk)
+    return out, lse, seed.cpu(), offset.cpu(), mq, mk
+
+
+def register(lib: torch.library.Library) -> None:
+    lib.impl("_flash_attention_forward", flash_attention_forward, "PrivateUse1")
+    lib.impl("_efficient_attention_forward", efficient_attention_forward, "PrivateUse1")
