@@ -51,10 +51,62 @@ const std::array<uint16_t, 256>& bf16_of(c10::ScalarType t) {
 }
 
 template <class T>
-void widen(const uint8_t* src, T* dst, int64_t n, const T* table) {
+void widen_table(const uint8_t* src, T* dst, int64_t n, const T* table) {
   // A table load per element: ~1 cycle each, no branches (CPU's path: ~6 ns an element).
   for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
 }
+
+#if defined(__x86_64__)
+// 8 codes (zero-extended in 32-bit lanes) -> their fp32 bit patterns by arithmetic: normal
+// numbers re-bias the exponent (a shift and an add), subnormals (m * 2^-9 / 2^-16) convert
+// exactly through cvtdq2ps and one exact multiply. NaN/Inf codes are not handled here: the
+// caller takes the table for any group of 8 that holds one (`special` mask).
+template <bool E4M3>
+__attribute__((target("avx2,fma"))) inline __m256i widen8(__m256i x, __m256i* special) {
+  const __m256i m = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+  constexpr int kShift = E4M3 ? 20 : 21;
+  constexpr int kBias = E4M3 ? 120 : 112;  // 127 - 7, 127 - 15
+  constexpr int kSubMax = E4M3 ? 8 : 4;    // codes below are subnormal (or zero)
+  constexpr float kSubScale = E4M3 ? 1.0f / 512 : 1.0f / 65536;
+  const __m256i nrm = _mm256_add_epi32(_mm256_slli_epi32(m, kShift), _mm256_set1_epi32(kBias << 23));
+  const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(kSubScale)));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(kSubMax), m);
+  *special = _mm256_cmpgt_epi32(m, _mm256_set1_epi32(E4M3 ? 0x7E : 0x7B));
+  return _mm256_or_si256(_mm256_blendv_epi8(nrm, sub, is_sub), sign);
+}
+
+template <bool E4M3, bool F32>
+__attribute__((target("avx2,fma"))) void widen_avx2(const uint8_t* src, void* dst, int64_t n,
+                                                     const uint32_t* f32_table, const uint16_t* bf16_table) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m256i s0, s1;
+    const __m256i r0 = widen8<E4M3>(_mm256_cvtepu8_epi32(bytes), &s0);
+    const __m256i r1 = widen8<E4M3>(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)), &s1);
+    if (!_mm256_testz_si256(_mm256_or_si256(s0, s1), _mm256_or_si256(s0, s1))) {
+      // A NaN or Inf among these 16: the table (c10's exact bits, NaN payloads included).
+      if constexpr (F32) widen_table(src + i, static_cast<uint32_t*>(dst) + i, 16, f32_table);
+      else widen_table(src + i, static_cast<uint16_t*>(dst) + i, 16, bf16_table);
+      continue;
+    }
+    if constexpr (F32) {
+      auto* d = static_cast<uint32_t*>(dst) + i;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), r0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 8), r1);
+    } else {
+      // Finite fp8 values are exact in bf16: the upper half of the fp32 pattern. packus per
+      // 128-bit half, then the permute restores element order.
+      const __m256i p = _mm256_packus_epi32(_mm256_srli_epi32(r0, 16), _mm256_srli_epi32(r1, 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + i),
+                          _mm256_permute4x64_epi64(p, 0xD8));
+    }
+  }
+  if constexpr (F32) widen_table(src + i, static_cast<uint32_t*>(dst) + i, n - i, f32_table);
+  else widen_table(src + i, static_cast<uint16_t*>(dst) + i, n - i, bf16_table);
+}
+#endif
 
 // ---- fp32 / bf16 -> fp8: c10's algorithm ------------------------------------------------------
 inline uint8_t narrow_scalar(float f, bool e4m3) {
@@ -166,8 +218,18 @@ bool vectorized() { return has_avx2(); }
 bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType to, int64_t n) {
   if (is_fp8(from) && wide(to)) {
     const auto* s = static_cast<const uint8_t*>(src);
-    if (to == at::kFloat) widen(s, static_cast<uint32_t*>(dst), n, f32_of(from).data());
-    else widen(s, static_cast<uint16_t*>(dst), n, bf16_of(from).data());
+    const uint32_t* t32 = f32_of(from).data();
+    const uint16_t* t16 = bf16_of(from).data();
+#if defined(__x86_64__)
+    if (has_avx2()) {
+      const bool e4m3 = from == at::kFloat8_e4m3fn, f32 = to == at::kFloat;
+      if (e4m3) f32 ? widen_avx2<true, true>(s, dst, n, t32, t16) : widen_avx2<true, false>(s, dst, n, t32, t16);
+      else f32 ? widen_avx2<false, true>(s, dst, n, t32, t16) : widen_avx2<false, false>(s, dst, n, t32, t16);
+      return true;
+    }
+#endif
+    if (to == at::kFloat) widen_table(s, static_cast<uint32_t*>(dst), n, t32);
+    else widen_table(s, static_cast<uint16_t*>(dst), n, t16);
     return true;
   }
   if (wide(from) && is_fp8(to)) {

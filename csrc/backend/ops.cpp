@@ -193,10 +193,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // fp8 <-> fp32/bf16 in one dense layout: CPU converts element by element through c10's
   // scalar functions; fp8::try_copy gives the same bits at memory speed (fp8.h).
   if (!fp8::try_copy(d, src)) d.copy_(src, non_blocking);
-  const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
-  zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
-  d.copy_(src, non_blocking);
-  if (blocking_dtoh) host_waited_for_stream(self.device().index());
+  if (kind == CopyKind::DtoH && !non_blocking) host_waited_for_stream(self.device().index());
   return dst;
 }
 
