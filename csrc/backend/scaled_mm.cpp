@@ -32,6 +32,7 @@
 #endif
 
 #include "allocator.h"
+#include "fp8.h"
 #include "gemm.h"
 
 namespace torchneuron {
@@ -141,6 +142,12 @@ at::Tensor widen_fp8(ZeroCopy& zc, const at::Tensor& t, c10::ScalarType to) {
       return;
     }
 #endif
+    // fp8.cpp's conversion (AVX2 bit arithmetic; c10's values, NaN payloads aside, which the
+    // GEMM does not keep either).
+    if (fp8::convert(in + begin, src.scalar_type(), static_cast<char*>(out) + begin * (f32 ? 4 : 2), to,
+                     end - begin)) {
+      return;
+    }
     if (f32) convert_scalar(in + begin, static_cast<uint32_t*>(out) + begin, end - begin, table);
     else convert_scalar(in + begin, static_cast<uint16_t*>(out) + begin, end - begin, table);
   });
@@ -182,6 +189,70 @@ void fp32_accumulate(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
                      float alpha) {
   accumulate_widened(zc, widen_for_gemm(zc, a), widen_for_gemm(zc, b), acc, alpha);
 }
+
+// o = round(acc * row_scale[i] * col_scale[j]) for acc (M x N, contiguous fp32) and o 2-d of
+// acc's sizes: per block of rows, the scales are applied in place while the block is in cache,
+// then CPU's vectorized copy rounds it once into o. The products are formed in the order the
+// unfused acc.mul_(rows).mul_(cols) used, so the bits are the same; either scale may be null.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void scale_rows_cols_avx2(float* acc, int64_t rows, int64_t N,
+                                                          const float* rs, const float* cs) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* a = acc + i * N;
+    const float r = rs ? rs[i] : 1.0f;
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t j = 0;
+    for (; j + 8 <= N; j += 8) {
+      __m256 v = _mm256_loadu_ps(a + j);
+      if (rs) v = _mm256_mul_ps(v, rv);
+      if (cs) v = _mm256_mul_ps(v, _mm256_loadu_ps(cs + j));
+      _mm256_storeu_ps(a + j, v);
+    }
+    for (; j < N; ++j) {
+      float v = a[j];
+      if (rs) v = v * r;
+      if (cs) v = v * cs[j];
+      a[j] = v;
+    }
+  }
+}
+#endif
+
+void scale_rows_cols(float* acc, int64_t rows, int64_t N, const float* rs, const float* cs) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    scale_rows_cols_avx2(acc, rows, N, rs, cs);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i) {
+    float* a = acc + i * N;
+    const float r = rs ? rs[i] : 1.0f;
+    if (cs && rs) {
+      for (int64_t j = 0; j < N; ++j) a[j] = (a[j] * r) * cs[j];
+    } else if (cs) {
+      for (int64_t j = 0; j < N; ++j) a[j] = a[j] * cs[j];
+    } else if (rs) {
+      for (int64_t j = 0; j < N; ++j) a[j] = a[j] * r;
+    }
+  }
+}
+
+void scaled_epilogue(const at::Tensor& acc, const float* rs, const float* cs, const at::Tensor& o) {
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_INTERNAL_ASSERT(acc.is_contiguous() && acc.scalar_type() == at::kFloat && o.dim() == 2);
+  float* p = acc.data_ptr<float>();
+  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, N));  // 256 KiB of acc
+  for (int64_t i0 = 0; i0 < M; i0 += block) {
+    const int64_t i1 = std::min(M, i0 + block);
+    scale_rows_cols(p + i0 * N, i1 - i0, N, rs ? rs + i0 : nullptr, cs);
+    at::Tensor(o).slice(0, i0, i1).copy_(acc.slice(0, i0, i1));
+  }
+}
+
+// Contiguous fp32 data of a scale vector (row-wise scales are tiny: a copy if needed).
+at::Tensor dense_scale(const at::Tensor& s) { return s.contiguous(); }
 
 // ---- _scaled_mm ----------------------------------------------------------------------------
 void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
@@ -228,6 +299,12 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   }
   at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
   fp32_accumulate(zc, a, b, acc, alpha);
+  const bool plain = !bias && !(scale_result && (dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2));
+  if (!tensorwise && plain) {  // row-wise scales and the rounding in one cache-blocked pass
+    const at::Tensor rs = dense_scale(sa), cs = dense_scale(sb);
+    scaled_epilogue(acc, rs.const_data_ptr<float>(), cs.const_data_ptr<float>(), o);
+    return;
+  }
   if (!tensorwise) {
     acc.mul_(sa);
     acc.mul_(sb);
@@ -352,6 +429,7 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     check_scale(sa, "scale_a", a, 1, {M});
     check_scale(sb, "scale_b", b, 2, {G, N});
     const auto ends = group_ends(of, G, M, "rows of mat_a");
+    const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
     out = pooled(zc, {M, N}, at::kBFloat16);
     o = zc.in_output(out);
     o.zero_();
@@ -361,8 +439,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
       if (end > start) {
         at::Tensor acc = gemm::scratch(zc, {end - start, N}, at::kFloat);
         accumulate_widened(zc, aw.slice(0, start, end), bw[g], acc, 1.0f);
-        acc.mul_(sa.slice(0, start, end).unsqueeze(1)).mul_(sb[g].unsqueeze(0));
-        o.slice(0, start, end).copy_(acc);
+        scaled_epilogue(acc, sad.const_data_ptr<float>() + start, sbd[g].const_data_ptr<float>(),
+                        o.slice(0, start, end));
       }
       start = end;
     }
@@ -375,13 +453,16 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     o = zc.in_output(out);
     at::Tensor acc = gemm::scratch(zc, {G, M, N}, at::kFloat);
     accumulate_widened(zc, aw, bw, acc, 1.0f);
-    acc.mul_(sa.unsqueeze(2)).mul_(sb.unsqueeze(1));
-    o.copy_(acc);
+    const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
+    for (int64_t g = 0; g < G; ++g) {
+      scaled_epilogue(acc[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
+    }
   } else if (!a2 && b2) {  // 3d x 2d
     const int64_t G = a.size(0), M = a.size(1), N = b.size(1);
     check_scale(sa, "scale_a", a, 2, {G, M});
     check_scale(sb, "scale_b", b, 1, {N});
     const auto ends = group_ends(of, G, N, "columns of mat_b");
+    const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
     out = pooled(zc, {M, N}, at::kBFloat16);
     o = zc.in_output(out);
     o.zero_();
@@ -391,8 +472,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
       if (end > start) {
         at::Tensor acc = gemm::scratch(zc, {M, end - start}, at::kFloat);
         accumulate_widened(zc, aw[g], bw.slice(1, start, end), acc, 1.0f);
-        acc.mul_(sa[g].unsqueeze(1)).mul_(sb.slice(0, start, end).unsqueeze(0));
-        o.slice(1, start, end).copy_(acc);
+        scaled_epilogue(acc, sad[g].const_data_ptr<float>(), sbd.const_data_ptr<float>() + start,
+                        o.slice(1, start, end));
       }
       start = end;
     }
@@ -404,6 +485,7 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     check_scale(sa, "scale_a", a, 1, {G * M});
     check_scale(sb, "scale_b", b, 1, {G * N});
     const auto ends = group_ends(of, -1, a.size(1), "contraction dimension");
+    const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
     out = pooled(zc, {G, M, N}, at::kBFloat16);
     o = zc.in_output(out);
     int64_t start = 0;
@@ -412,8 +494,7 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
       if (end > start) {
         at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
         accumulate_widened(zc, aw.slice(1, start, end), bw.slice(0, start, end), acc, 1.0f);
-        acc.mul_(sa.slice(0, g * M, (g + 1) * M).unsqueeze(1)).mul_(sb.slice(0, g * N, (g + 1) * N).unsqueeze(0));
-        o[g].copy_(acc);
+        scaled_epilogue(acc, sad.const_data_ptr<float>() + g * M, sbd.const_data_ptr<float>() + g * N, o[g]);
       } else {
         o[g].zero_();
       }

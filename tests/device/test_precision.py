@@ -633,3 +633,69 @@ def test_scaled_grouped_mm_rejects_bad_inputs_with_clear_errors():
     e8 = torch.ones(96, device=DEV).to(torch.float8_e8m0fnu)
     with pytest.raises(NotImplementedError, match="MXFP8"):
         call(a, b, e8, sb.to(torch.float8_e8m0fnu), offs=offs)
+
+
+# ---- fp8 fast paths: the same bits as the unfused / CPU computation --------------------------------
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("dst", [torch.float32, torch.bfloat16])
+def test_widening_random_fp8_codes_with_scattered_nan_and_inf_equals_cpu(fp8, dst):
+    # Random codes: most 16-element groups hold a NaN/Inf code (the table path), some none (the
+    # vectorized arithmetic path); 4099 elements leave a scalar tail.
+    g = torch.Generator().manual_seed(30)
+    codes = torch.randint(0, 256, (4099,), generator=g, dtype=torch.int16).to(torch.uint8)
+    finite = torch.randint(0, 0x7C, (4099,), generator=g, dtype=torch.int16).to(torch.uint8)
+    codes[:2048] = finite[:2048] | (codes[:2048] & 0x80)  # first half: no special codes
+    x = codes.view(fp8)
+    got = x.to(DEV).to(dst).cpu()
+    assert torch.equal(_bits(got), _bits(x.to(dst)))
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2, torch.uint8, torch.int8, torch.bool])
+@pytest.mark.parametrize("direction", ["to_row_major", "to_column_major"])
+def test_one_byte_transposed_copies_equal_cpu(dtype, direction):
+    # 200 x 131: neither side a multiple of the 32-element tile.
+    g = torch.Generator().manual_seed(31)
+    raw = torch.randint(0, 256, (200, 131), generator=g, dtype=torch.int16).to(torch.uint8)
+    x = raw.bool() if dtype == torch.bool else raw.view(dtype)
+    if direction == "to_row_major":  # torchao's fp8.t().contiguous()
+        src = x.t().contiguous().to(DEV).t()
+        got = src.contiguous()
+        assert got.is_contiguous()
+    else:  # fp8.t().contiguous().t(): a column-major copy of a row-major tensor
+        got = x.to(DEV).t().contiguous().t()
+        assert got.stride() == (1, 200)
+    assert torch.equal(_bits(got.cpu().contiguous()) if dtype != torch.bool else got.cpu(),
+                       _bits(x) if dtype != torch.bool else x)
+
+
+def test_rowwise_scaled_mm_equals_the_unfused_epilogue_bit_for_bit():
+    # The fused pass applies (acc * scale_a[i]) * scale_b[j] and rounds once, in row blocks of
+    # 256 KiB of accumulator: 2100 x 64 spans three blocks and a partial one.
+    torch.manual_seed(32)
+    a, b = _fp8_operands(2100, 96, 64, E4M3, E4M3)
+    sa, sb = torch.rand(2100, 1) + 0.5, torch.rand(1, 64) + 0.5
+    one = torch.tensor(1.0, device=DEV)
+    acc = torch._scaled_mm(_to_dev(a), _to_dev(b), one, one, out_dtype=torch.float32).cpu()
+    want = ((acc * sa) * sb).to(torch.bfloat16)
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.bfloat16).cpu()
+    assert torch.equal(_bits(got), _bits(want))
+
+
+def test_scaled_grouped_mm_equals_per_group_unfused_epilogue_bit_for_bit():
+    torch.manual_seed(33)
+    G, M, K, N = 3, 600, 64, 48
+    a = (torch.randn(M, K) * 4).to(E4M3)
+    b = (torch.randn(G, N, K) * 4).to(E4M3).transpose(-2, -1)
+    sa, sb = torch.rand(M) + 0.5, torch.rand(G, N) + 0.5
+    offs = torch.tensor([100, 100, 600], dtype=torch.int32)
+    got = torch._scaled_grouped_mm(a.to(DEV), b.transpose(-2, -1).contiguous().to(DEV).transpose(-2, -1),
+                                   sa.to(DEV), sb.to(DEV), offs=offs.to(DEV), out_dtype=torch.bfloat16).cpu()
+    one = torch.tensor(1.0, device=DEV)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > start:
+            acc = torch._scaled_mm(a[start:end].to(DEV), b[g].t().contiguous().to(DEV).t(), one, one,
+                                   out_dtype=torch.float32).cpu()
+            want = ((acc * sa[start:end, None]) * sb[g][None, :]).to(torch.bfloat16)
+            assert torch.equal(_bits(got[start:end]), _bits(want)), g
+        start = end
