@@ -118,8 +118,6 @@ EXCLUDED: dict[str, str] = {
     "_scaled_dot_product_cudnn_attention_backward": _SDPA,
     "_flash_attention_forward_no_dropout_inplace": _SDPA,
     "_flash_attention_forward.quantized": _SDPA,
-    "_flash_attention_backward": _SDPA,
-    "_efficient_attention_backward": _SDPA,
     "_cudnn_attention_forward": _SDPA,
     "_cudnn_attention_backward": _SDPA,
     "_triton_scaled_dot_attention": "Triton kernel, no caller in torch",

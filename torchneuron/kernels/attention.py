@@ -1,5 +1,7 @@
-"""SDPA's CUDA backend forward kernels, called directly: ``_flash_attention_forward`` and
-``_efficient_attention_forward`` (CUDA dtype parity: OpInfo lists them for CUDA only).
+"""SDPA's CUDA backend kernels, called directly: ``_flash_attention_forward`` and
+``_efficient_attention_forward`` (CUDA dtype parity: OpInfo lists them for CUDA only) and their
+backward ops ``_flash_attention_backward`` and ``_efficient_attention_backward`` (autograd
+through the forwards).
 
 Neuron's SDPA choice never picks them (``sdpa.cpp`` reports its own efficient-attention op), but
 code written for CUDA calls them by name. They take ``[batch, seq, heads, dim]`` inputs (not
@@ -13,7 +15,9 @@ SDPA's ``[batch, heads, seq, dim]``) and return CUDA's tuples:
   top-left, 2 causal from the bottom-right; an additive ``bias`` broadcast to ``[B, H, Sq, Sk]``.
 
 Arithmetic is fp32 (fp64 for fp64 inputs), rounded once to the input dtype, as the CUDA kernels
-accumulate. Rows with every key masked give zeros (logsumexp ``-inf``), as on CUDA. The efficient
+accumulate. The backward ops recompute the probabilities from the forward's ``logsumexp`` (as
+flash attention does, instead of saving them) and read the forward's rounded ``out`` for the
+``rowsum(dO * O)`` term, as CUDA's do. Rows with every key masked give zeros (logsumexp ``-inf``), as on CUDA. The efficient
 kernel takes variable-length batches (``cu_seqlens_q/k``: one packed sequence, each segment
 attending within itself). Dropout, the flash kernel's variable-length form (``cum_seq_*``),
 sliding windows, ALiBi and paged KV raise ``NotImplementedError`` naming the argument.
@@ -27,7 +31,8 @@ import torch
 
 from . import on_cpu
 
-__all__ = ["flash_attention_forward", "efficient_attention_forward"]
+__all__ = ["flash_attention_forward", "efficient_attention_forward", "flash_attention_backward",
+           "efficient_attention_backward"]
 
 _LSE_ALIGN = 32  # the efficient kernel pads its logsumexp to a multiple of 32 queries
 
@@ -39,11 +44,14 @@ def _refuse(op: str, **named) -> None:
                                       "dropout only); call torch.nn.functional.scaled_dot_product_attention instead")
 
 
-def _attend(q, k, v, scale, bias, causal_offset):
-    """q [B, Sq, H, D], k/v [B, Sk, Hk, D]. causal_offset: None, or the diagonal offset of the
-    causal mask (0 top-left, Sk - Sq bottom-right). Returns (out [B, Sq, H, Dv] in q's dtype,
-    lse [B, H, Sq] fp32 or fp64)."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+def _acc(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _heads(q, k, v):
+    """[B, S, H, D] inputs to [B, H, S, D] in the accumulation dtype, key/value heads repeated
+    to the query's (grouped-query attention)."""
+    acc = _acc(q.dtype)
     qt, kt, vt = (t.to(acc).transpose(1, 2) for t in (q, k, v))
     heads, kv_heads = qt.shape[1], kt.shape[1]
     if kv_heads != heads:
@@ -52,18 +60,67 @@ def _attend(q, k, v, scale, bias, causal_offset):
                                f"query ({heads})")
         kt = kt.repeat_interleave(heads // kv_heads, dim=1)
         vt = vt.repeat_interleave(heads // kv_heads, dim=1)
+    return qt, kt, vt
+
+
+def _scores(qt, kt, scale, bias, causal_offset):
     scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale
     if bias is not None:
-        scores = scores + bias.to(acc)
-    sq, sk = scores.shape[-2], scores.shape[-1]
+        scores = scores + bias.to(scores.dtype)
     if causal_offset is not None:
-        keep = torch.ones(sq, sk, dtype=torch.bool).tril(causal_offset)
+        keep = torch.ones(scores.shape[-2], scores.shape[-1], dtype=torch.bool).tril(causal_offset)
         scores = scores.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
+    return scores
+
+
+def _probs(scores, lse):
+    """softmax(scores) recomputed from the row logsumexp (what the forward returned, as flash
+    attention's backward does); rows with every key masked (lse -inf) give zeros."""
     p = torch.exp(scores - lse.unsqueeze(-1))
-    p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=acc), p)
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=scores.dtype), p)
+
+
+def _attend(q, k, v, scale, bias, causal_offset, keep=None, dropout_p=0.0):
+    """q [B, Sq, H, D], k/v [B, Sk, Hk, D]. causal_offset: None, or the diagonal offset of the
+    causal mask (0 top-left, Sk - Sq bottom-right). keep: the dropout mask [B, H, Sq, Sk] (kept
+    probabilities scaled by 1 / (1 - dropout_p)) or None. Returns (out [B, Sq, H, Dv] in q's
+    dtype, lse [B, H, Sq] fp32 or fp64)."""
+    qt, kt, vt = _heads(q, k, v)
+    scores = _scores(qt, kt, scale, bias, causal_offset)
+    lse = torch.logsumexp(scores, dim=-1)
+    p = _probs(scores, lse)
+    if keep is not None:
+        p = p * keep.to(p.dtype) / (1.0 - dropout_p)
     out = torch.matmul(p, vt).transpose(1, 2).to(q.dtype)
-    return out, lse.to(torch.float32 if acc == torch.float32 else acc)
+    return out, lse
+
+
+def _attend_backward(dout, q, k, v, out, lse, scale, bias, causal_offset, keep=None, dropout_p=0.0):
+    """Gradients of _attend in fp32 (fp64 for fp64), from the forward's output and logsumexp
+    [B, H, Sq]: dV = P'^T dO, dP' = dO V^T, dS = P * (dP' * mask - rowsum(dO * O)), dQ = scale dS K,
+    dK = scale dS^T Q (P' = P with the dropout mask applied). Key/value gradients of grouped
+    heads are summed. Returns (dq, dk, dv in their inputs' dtypes, dS [B, H, Sq, Sk] in fp32/fp64)."""
+    qt, kt, vt = _heads(q, k, v)
+    acc = qt.dtype
+    do = dout.to(acc).transpose(1, 2)
+    p = _probs(_scores(qt, kt, scale, bias, causal_offset), lse.to(acc))
+    dp = torch.matmul(do, vt.transpose(-2, -1))
+    if keep is not None:
+        scaled = keep.to(acc) / (1.0 - dropout_p)
+        dv = torch.matmul((p * scaled).transpose(-2, -1), do)
+        dp = dp * scaled
+    else:
+        dv = torch.matmul(p.transpose(-2, -1), do)
+    delta = (do * out.to(acc).transpose(1, 2)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, kt) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), qt) * scale
+    kv_heads = k.shape[2]
+    if kv_heads != q.shape[2]:
+        b, h, s = dk.shape[0], dk.shape[1], dk.shape[2]
+        dk = dk.reshape(b, kv_heads, h // kv_heads, s, -1).sum(2)
+        dv = dv.reshape(b, kv_heads, h // kv_heads, s, -1).sum(2)
+    return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), ds)
 
 
 def _flash_cpu(q, k, v, is_causal, return_debug_mask, scale):
@@ -175,6 +232,94 @@ def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlen
     return out, lse, seed.cpu(), offset.cpu(), mq, mk
 
 
+def _flash_backward_cpu(dout, q, k, v, out, lse, is_causal, scale):
+    sq, sk = q.shape[1], k.shape[1]
+    dq, dk, dv, _ = _attend_backward(dout, q, k, v, out, lse, scale, None, (sk - sq) if is_causal else None)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                             dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                             window_size_right=None):
+    """``aten::_flash_attention_backward``: ``(grad_query, grad_key, grad_value)`` of
+    ``_flash_attention_forward``, recomputing the probabilities from its ``logsumexp``."""
+    op = "_flash_attention_backward"
+    varlen = lambda t: t if t is not None and t.numel() else None  # autograd passes undefined tensors
+    _refuse(op, cum_seq_q=varlen(cum_seq_q), cum_seq_k=varlen(cum_seq_k), dropout_p=float(dropout_p),
+            window_size_left=window_size_left, window_size_right=window_size_right)
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    _check_backward(op, grad_out, query, key, value, out, logsumexp, query.shape[1])
+    sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    return on_cpu(op, _flash_backward_cpu, grad_out, query, key, value, out, logsumexp, bool(is_causal), sc)
+
+
+def _check_backward(op, grad_out, query, key, value, out, logsumexp, sq):
+    for name, t in (("query", query), ("key", key), ("value", value), ("out", out), ("grad_out", grad_out)):
+        if t.dim() != 4:
+            raise RuntimeError(f"{op}: expected 4-D [batch, seq, heads, dim] {name}, got shape {tuple(t.shape)}")
+    if grad_out.shape != out.shape:
+        raise RuntimeError(f"{op}: grad_out {tuple(grad_out.shape)} and out {tuple(out.shape)} must have one shape")
+    if logsumexp.dim() != 3 or logsumexp.shape[-1] < sq:
+        raise RuntimeError(f"{op}: logsumexp of shape {tuple(logsumexp.shape)} holds fewer than the {sq} queries; "
+                           "run the forward with its logsumexp (compute_log_sumexp=True for the efficient kernel)")
+
+
+def _efficient_backward_cpu(dout, q, k, v, bias, out, cu_q, cu_k, lse, mask_type, bias_grad, scale):
+    if cu_q is None:
+        sq, sk = q.shape[1], k.shape[1]
+        offset = {0: None, 1: 0, 2: sk - sq}[mask_type]
+        full = bias.expand(q.shape[0], q.shape[2], sq, sk) if bias is not None else None
+        dq, dk, dv, ds = _attend_backward(dout, q, k, v, out, lse[:, :, :sq], scale, full, offset)
+        if not bias_grad:
+            return dq.contiguous(), dk.contiguous(), dv.contiguous(), torch.empty((), dtype=q.dtype)
+        # the gradient of a broadcast bias is dS summed over the broadcast dimensions
+        dims = [i for i in range(4) if bias.shape[i] == 1 and ds.shape[i] != 1]
+        db = ds.sum(dims, keepdim=True) if dims else ds
+        return dq.contiguous(), dk.contiguous(), dv.contiguous(), db.to(bias.dtype).contiguous()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):  # one packed sequence: each segment attends within itself
+        sl_q, sl_k = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        sq, sk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        offset = {0: None, 1: 0, 2: sk - sq}[mask_type]
+        g = _attend_backward(dout[:, sl_q], q[:, sl_q], k[:, sl_k], v[:, sl_k], out[:, sl_q], lse[i:i + 1, :, :sq],
+                             scale, None, offset)
+        dq[:, sl_q], dk[:, sl_k], dv[:, sl_k] = g[0], g[1], g[2]
+    return dq, dk, dv, torch.empty((), dtype=q.dtype)
+
+
+def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, logsumexp, dropout_p, philox_seed, philox_offset, custom_mask_type,
+                                 bias_requires_grad, *, scale=None, num_splits_key=None, window_size=None,
+                                 shared_storage_dqdkdv=False):
+    """``aten::_efficient_attention_backward``: ``(grad_query, grad_key, grad_value, grad_bias)``
+    of ``_efficient_attention_forward`` (``grad_bias`` has ``bias``'s shape when
+    ``bias_requires_grad``, else it is an empty 0-dim tensor), recomputing the probabilities from
+    its padded ``logsumexp``. ``num_splits_key`` and ``shared_storage_dqdkdv`` are CUDA scheduling
+    and allocation hints and change nothing here."""
+    op = "_efficient_attention_backward"
+    _refuse(op, dropout_p=float(dropout_p), window_size=window_size)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must be given together")
+    if cu_seqlens_q is not None and (query.shape[0] != 1 or bias is not None):
+        raise RuntimeError(f"{op}: a variable-length batch is one packed sequence (batch size 1) without bias")
+    if key.shape[2] != query.shape[2]:
+        raise RuntimeError(f"{op}: query and key must have the same number of heads")
+    if custom_mask_type not in (0, 1, 2):
+        raise RuntimeError(f"{op}: custom_mask_type must be 0 (none), 1 (causal from top-left) or 2 (causal from "
+                           f"bottom-right), got {custom_mask_type}")
+    longest = query.shape[1] if cu_seqlens_q is None else int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    _check_backward(op, grad_out_, query, key, value, out, logsumexp, longest)
+    if bias_requires_grad and bias is None:
+        raise RuntimeError(f"{op}: bias_requires_grad=True without a bias")
+    sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    return on_cpu(op, _efficient_backward_cpu, grad_out_, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k,
+                  logsumexp, int(custom_mask_type), bool(bias_requires_grad), sc)
+
+
 def register(lib: torch.library.Library) -> None:
     lib.impl("_flash_attention_forward", flash_attention_forward, "PrivateUse1")
     lib.impl("_efficient_attention_forward", efficient_attention_forward, "PrivateUse1")
+    lib.impl("_flash_attention_backward", flash_attention_backward, "PrivateUse1")
+    lib.impl("_efficient_attention_backward", efficient_attention_backward, "PrivateUse1")
