@@ -303,7 +303,7 @@ def test_efficient_attention_forward_pads_logsumexp_to_32_queries():
     assert lse.shape == (1, 2, 64) and (mq, mk) == (40, 40)
 
 
-def test_sdpa_backend_kernels_refuse_dropout_naming_it():
+def test_sdpa_backend_kernels_refuse_sliding_windows_naming_them():
     q = torch.randn(1, 4, 2, 8, device="neuron", dtype=torch.half)
-    with pytest.raises(NotImplementedError, match="dropout_p=0.5"):
-        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.5, False, False)
+    with pytest.raises(NotImplementedError, match="window_size_left=2"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.0, False, False, window_size_left=2)

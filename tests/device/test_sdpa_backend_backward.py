@@ -123,3 +123,68 @@ def test_efficient_attention_backward_refuses_a_forward_without_logsumexp():
     out = torch.ops.aten._efficient_attention_forward(q, q, q, None, None, None, None, None, 0.0, 0, False)[0]
     with pytest.raises(RuntimeError, match="compute_log_sumexp=True"):
         out.sum().backward()
+
+
+# Dropout: the forward takes its mask from the device generator's Philox at the (seed, offset) it
+# returns, and the backward regenerates it from them. The reference mask is drawn through the
+# public generator API at that state (neuron's bernoulli_ is checked word for word against numpy
+# Philox4x32-10 in test_random.py).
+def _mask_at(seed, offset, shape, p):
+    g = torch.Generator(device="neuron")
+    g.manual_seed(seed % 2 ** 64)
+    g.set_offset(offset)
+    return torch.empty(shape, device="neuron").bernoulli_(1 - p, generator=g).cpu().double()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_dropout_backward_uses_the_forward_mask(causal):
+    dtype, p = torch.float16, 0.3
+    (q, k, v), (rq, rk, rv) = _leaves(dtype, (2, 5, 4, 8), (2, 6, 2, 8), (2, 6, 2, 8), seed=6)
+    out, _, rng_state, _, _ = torch.ops.aten._flash_attention_forward(q, k, v, None, None, 5, 6, p, causal, False)
+    seed, offset = rng_state.cpu().tolist()
+    keep = _mask_at(seed, offset, (2, 4, 5, 6), p)
+    assert 0 < keep.mean() < 1
+    want = _reference(rq, rk, rv, 1 if causal else None, keep=keep, dropout_p=p)
+    _run_both(out, want, [q, k, v], [rq, rk, rv], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_efficient_attention_dropout_backward_uses_the_forward_mask(dtype):
+    p = 0.25
+    (q, k, v, b), (rq, rk, rv, rb) = _leaves(dtype, (2, 6, 3, 8), (2, 7, 3, 8), (2, 7, 3, 8), (2, 3, 6, 7), seed=7)
+    out, _, seed, offset, _, _ = torch.ops.aten._efficient_attention_forward(q, k, v, b, None, None, None, None, p, 2,
+                                                                             True)
+    assert seed.dtype == offset.dtype == torch.int64 and seed.dim() == offset.dim() == 0
+    keep = _mask_at(int(seed), int(offset), (2, 3, 6, 7), p)
+    want = _reference(rq, rk, rv, 1, bias=rb, keep=keep, dropout_p=p)
+    _run_both(out, want, [q, k, v, b], [rq, rk, rv, rb], dtype)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+def test_attention_dropout_same_seed_same_output_and_offset_advances(kernel):
+    q = torch.randn(2, 9, 2, 8, device="neuron", dtype=torch.half)
+
+    def run():
+        if kernel == "flash":
+            r = torch.ops.aten._flash_attention_forward(q, q, q, None, None, 9, 9, 0.5, False, False)
+            return r[0], tuple(r[2].cpu().tolist())
+        r = torch.ops.aten._efficient_attention_forward(q, q, q, None, None, None, None, None, 0.5, 0, True)
+        return r[0], (int(r[2]) % 2 ** 64, int(r[3]))
+
+    torch.manual_seed(1234)
+    first, (seed1, off1) = run()
+    second, (seed2, off2) = run()
+    after_two = torch.neuron.random.default_generators[0].get_offset()
+    torch.manual_seed(1234)
+    again, (seed3, off3) = run()
+    assert seed1 == seed3 == 1234 and off3 == off1 == 0
+    # each call reserves one Philox position per mask element (2 * 2 * 9 * 9 = 324)
+    assert off2 == 324 and after_two == 648
+    assert torch.equal(first.cpu(), again.cpu())
+    assert not torch.equal(first.cpu(), second.cpu())
+
+
+def test_attention_dropout_refuses_p_of_one():
+    q = torch.randn(1, 4, 2, 8, device="neuron", dtype=torch.half)
+    with pytest.raises(RuntimeError, match=r"dropout_p must be in \[0, 1\)"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 1.0, False, False)

@@ -19,8 +19,15 @@ accumulate. The backward ops recompute the probabilities from the forward's ``lo
 flash attention does, instead of saving them) and read the forward's rounded ``out`` for the
 ``rowsum(dO * O)`` term, as CUDA's do. Rows with every key masked give zeros (logsumexp ``-inf``), as on CUDA. The efficient
 kernel takes variable-length batches (``cu_seqlens_q/k``: one packed sequence, each segment
-attending within itself). Dropout, the flash kernel's variable-length form (``cum_seq_*``),
-sliding windows, ALiBi and paged KV raise ``NotImplementedError`` naming the argument.
+attending within itself).
+
+Dropout: the forward reserves one Philox position per element of the ``[B, H, Sq, Sk]`` mask on
+the device's default generator, draws the keep mask with the device generator's Philox4x32-10 at
+that ``(seed, offset)`` and returns the pair as CUDA does (flash: ``rng_state``; efficient:
+``philox_seed``, ``philox_offset``); the backward regenerates the same mask from them. The flash
+kernel's variable-length form (``cum_seq_*``), sliding windows, ALiBi, paged KV, dropout with the
+efficient kernel's packed batches and flash's debug mask with dropout raise
+``NotImplementedError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -37,11 +44,39 @@ __all__ = ["flash_attention_forward", "efficient_attention_forward", "flash_atte
 _LSE_ALIGN = 32  # the efficient kernel pads its logsumexp to a multiple of 32 queries
 
 
+def _check_dropout(op: str, dropout_p: float) -> float:
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise RuntimeError(f"{op}: dropout_p must be in [0, 1), got {p}")
+    return p
+
+
+def _reserve(device: torch.device, numel: int) -> tuple[int, int]:
+    """(seed, offset) of ``device``'s default generator for a dropout mask of ``numel`` elements,
+    advancing the generator's offset past them (``numel`` rounded up to 4, as every neuron random
+    op reserves). CUDA's kernels advance less (a Philox subsequence per batch and head); neuron's
+    generator numbers elements consecutively, so it reserves one position per element."""
+    gen = torch.neuron.random._generator(device)
+    seed, offset = gen.initial_seed(), gen.get_offset()
+    gen.set_offset(offset + -(-numel // 4) * 4)
+    return seed, offset
+
+
+def _keep_mask(device: torch.device, shape, dropout_p: float, seed: int, offset: int) -> torch.Tensor:
+    """The dropout keep mask (1.0 kept, 0.0 dropped) [B, H, Sq, Sk] as a function of (seed, offset)
+    only: the device generator's Philox4x32-10 Bernoulli draw at that state, so the forward and
+    the backward (which gets (seed, offset) back from the forward's outputs) agree."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed % 2 ** 64)  # the efficient kernel returns the uint64 seed as int64, as CUDA does
+    gen.set_offset(offset)
+    return torch.empty(shape, dtype=torch.float32, device=device).bernoulli_(1.0 - dropout_p, generator=gen)
+
+
 def _refuse(op: str, **named) -> None:
     for name, value in named.items():
         if value is not None and value is not False and not (isinstance(value, float) and value == 0.0):
-            raise NotImplementedError(f"{op} on neuron: {name}={value!r} is not implemented (dense batches without "
-                                      "dropout only); call torch.nn.functional.scaled_dot_product_attention instead")
+            raise NotImplementedError(f"{op} on neuron: {name}={value!r} is not implemented; call "
+                                      "torch.nn.functional.scaled_dot_product_attention instead")
 
 
 def _acc(dtype):
@@ -123,10 +158,10 @@ def _attend_backward(dout, q, k, v, out, lse, scale, bias, causal_offset, keep=N
     return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), ds)
 
 
-def _flash_cpu(q, k, v, is_causal, return_debug_mask, scale):
+def _flash_cpu(q, k, v, is_causal, return_debug_mask, scale, keep, dropout_p, seed, offset):
     sq, sk = q.shape[1], k.shape[1]
-    out, lse = _attend(q, k, v, scale, None, (sk - sq) if is_causal else None)
-    rng_state = torch.zeros(2, dtype=torch.uint64)
+    out, lse = _attend(q, k, v, scale, None, (sk - sq) if is_causal else None, keep, dropout_p)
+    rng_state = torch.tensor([seed, offset], dtype=torch.uint64)  # CUDA's (seed, offset) pair
     unused = torch.empty((), dtype=torch.uint64)
     debug = torch.empty(0, dtype=q.dtype)
     if return_debug_mask:  # the attention probabilities, as FlashAttention's debug mask holds them
@@ -151,29 +186,37 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                             seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
     """``aten::_flash_attention_forward`` (CUDA's FlashAttention-2 entry point)."""
     op = "_flash_attention_forward"
-    _refuse(op, cum_seq_q=cum_seq_q, cum_seq_k=cum_seq_k, dropout_p=float(dropout_p),
-            window_size_left=window_size_left, window_size_right=window_size_right, seqused_k=seqused_k,
+    p = _check_dropout(op, dropout_p)
+    _refuse(op, cum_seq_q=cum_seq_q, cum_seq_k=cum_seq_k,
+            return_debug_mask_with_dropout=bool(return_debug_mask and p), window_size_left=window_size_left, window_size_right=window_size_right, seqused_k=seqused_k,
             alibi_slopes=alibi_slopes, block_table=block_table)
     if query.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise RuntimeError(f"{op}: expected 4-D [batch, seq, heads, dim] query/key/value")
     sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    return on_cpu(op, _flash_cpu, query, key, value, bool(is_causal), bool(return_debug_mask), sc)
+    keep, seed, offset = None, 0, 0
+    if p:
+        shape = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+        seed, offset = _reserve(query.device, math.prod(shape))
+        keep = _keep_mask(query.device, shape, p, seed, offset)
+    return on_cpu(op, _flash_cpu, query, key, value, bool(is_causal), bool(return_debug_mask), sc, keep, p, seed,
+                  offset)
 
 
-def _efficient_dense(q, k, v, bias, mask_type, scale):
+def _efficient_dense(q, k, v, bias, mask_type, scale, keep=None, dropout_p=0.0):
     sq, sk = q.shape[1], k.shape[1]
     offset = {0: None, 1: 0, 2: sk - sq}[mask_type]
     if bias is not None:
         bias = bias.expand(q.shape[0], q.shape[2], sq, sk)
-    return _attend(q, k, v, scale, bias, offset)
+    return _attend(q, k, v, scale, bias, offset, keep, dropout_p)
 
 
-def _efficient_cpu(q, k, v, bias, cu_q, cu_k, mask_type, compute_lse, scale, max_q, max_k):
+def _efficient_cpu(q, k, v, bias, cu_q, cu_k, mask_type, compute_lse, scale, max_q, max_k, keep, dropout_p, seed,
+                   rng_offset):
     h = q.shape[2]
     if cu_q is None:
-        out, lse = _efficient_dense(q, k, v, bias, mask_type, scale)
+        out, lse = _efficient_dense(q, k, v, bias, mask_type, scale, keep, dropout_p)
         lses = [lse]
     else:
         # Variable-length batch: one packed sequence ([1, total, H, D]); sequence i is the rows
@@ -196,8 +239,9 @@ def _efficient_cpu(q, k, v, bias, cu_q, cu_k, mask_type, compute_lse, scale, max
                 padded[i, :, :lse.shape[-1]] = lse[0]
     else:
         padded = torch.empty((len(lses) if cu_q is not None else q.shape[0], h, 0), dtype=torch.float32)
-    seed, offset_t = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
-    return out.contiguous(), padded, seed, offset_t, max_q, max_k
+    # CUDA returns the Philox seed and offset as int64 scalars (the uint64 seed reinterpreted)
+    seed_t = torch.tensor(seed - 2 ** 64 if seed >= 2 ** 63 else seed, dtype=torch.int64)
+    return out.contiguous(), padded, seed_t, torch.tensor(rng_offset, dtype=torch.int64), max_q, max_k
 
 
 def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -205,7 +249,9 @@ def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlen
                                 window_size=None):
     """``aten::_efficient_attention_forward`` (CUDA's memory-efficient attention entry point)."""
     op = "_efficient_attention_forward"
-    _refuse(op, dropout_p=float(dropout_p), seqlen_k=seqlen_k, window_size=window_size)
+    p = _check_dropout(op, dropout_p)
+    _refuse(op, seqlen_k=seqlen_k, window_size=window_size,
+            dropout_with_cu_seqlens=bool(p and cu_seqlens_q is not None))
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must be given together")
     if cu_seqlens_q is not None:
@@ -227,14 +273,21 @@ def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlen
     else:
         mq = max_seqlen_q if max_seqlen_q is not None else query.shape[1]
         mk = max_seqlen_k if max_seqlen_k is not None else key.shape[1]
+    keep, seed, rng_offset = None, 0, 0
+    if p:
+        shape = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+        seed, rng_offset = _reserve(query.device, math.prod(shape))
+        keep = _keep_mask(query.device, shape, p, seed, rng_offset)
     out, lse, seed, offset, _, _ = on_cpu(op, _efficient_cpu, query, key, value, bias, cu_seqlens_q, cu_seqlens_k,
-                                          int(custom_mask_type), bool(compute_log_sumexp), sc, mq, mk)
+                                          int(custom_mask_type), bool(compute_log_sumexp), sc, mq, mk, keep, p, seed,
+                                          rng_offset)
     return out, lse, seed.cpu(), offset.cpu(), mq, mk
 
 
-def _flash_backward_cpu(dout, q, k, v, out, lse, is_causal, scale):
+def _flash_backward_cpu(dout, q, k, v, out, lse, is_causal, scale, keep, dropout_p):
     sq, sk = q.shape[1], k.shape[1]
-    dq, dk, dv, _ = _attend_backward(dout, q, k, v, out, lse, scale, None, (sk - sq) if is_causal else None)
+    dq, dk, dv, _ = _attend_backward(dout, q, k, v, out, lse, scale, None, (sk - sq) if is_causal else None, keep,
+                                     dropout_p)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
@@ -245,13 +298,19 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     ``_flash_attention_forward``, recomputing the probabilities from its ``logsumexp``."""
     op = "_flash_attention_backward"
     varlen = lambda t: t if t is not None and t.numel() else None  # autograd passes undefined tensors
-    _refuse(op, cum_seq_q=varlen(cum_seq_q), cum_seq_k=varlen(cum_seq_k), dropout_p=float(dropout_p),
+    p = _check_dropout(op, dropout_p)
+    _refuse(op, cum_seq_q=varlen(cum_seq_q), cum_seq_k=varlen(cum_seq_k),
             window_size_left=window_size_left, window_size_right=window_size_right)
     if query.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
     _check_backward(op, grad_out, query, key, value, out, logsumexp, query.shape[1])
     sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    return on_cpu(op, _flash_backward_cpu, grad_out, query, key, value, out, logsumexp, bool(is_causal), sc)
+    keep = None
+    if p:  # the forward's mask, regenerated from the (seed, offset) it returned in rng_state
+        seed, offset = (int(x) for x in rng_state.cpu().tolist())
+        keep = _keep_mask(query.device, (query.shape[0], query.shape[2], query.shape[1], key.shape[1]), p, seed,
+                          offset)
+    return on_cpu(op, _flash_backward_cpu, grad_out, query, key, value, out, logsumexp, bool(is_causal), sc, keep, p)
 
 
 def _check_backward(op, grad_out, query, key, value, out, logsumexp, sq):
@@ -265,12 +324,12 @@ def _check_backward(op, grad_out, query, key, value, out, logsumexp, sq):
                            "run the forward with its logsumexp (compute_log_sumexp=True for the efficient kernel)")
 
 
-def _efficient_backward_cpu(dout, q, k, v, bias, out, cu_q, cu_k, lse, mask_type, bias_grad, scale):
+def _efficient_backward_cpu(dout, q, k, v, bias, out, cu_q, cu_k, lse, mask_type, bias_grad, scale, keep, dropout_p):
     if cu_q is None:
         sq, sk = q.shape[1], k.shape[1]
         offset = {0: None, 1: 0, 2: sk - sq}[mask_type]
         full = bias.expand(q.shape[0], q.shape[2], sq, sk) if bias is not None else None
-        dq, dk, dv, ds = _attend_backward(dout, q, k, v, out, lse[:, :, :sq], scale, full, offset)
+        dq, dk, dv, ds = _attend_backward(dout, q, k, v, out, lse[:, :, :sq], scale, full, offset, keep, dropout_p)
         if not bias_grad:
             return dq.contiguous(), dk.contiguous(), dv.contiguous(), torch.empty((), dtype=q.dtype)
         # the gradient of a broadcast bias is dS summed over the broadcast dimensions
@@ -299,7 +358,8 @@ def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seq
     its padded ``logsumexp``. ``num_splits_key`` and ``shared_storage_dqdkdv`` are CUDA scheduling
     and allocation hints and change nothing here."""
     op = "_efficient_attention_backward"
-    _refuse(op, dropout_p=float(dropout_p), window_size=window_size)
+    p = _check_dropout(op, dropout_p)
+    _refuse(op, window_size=window_size, dropout_with_cu_seqlens=bool(p and cu_seqlens_q is not None))
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must be given together")
     if cu_seqlens_q is not None and (query.shape[0] != 1 or bias is not None):
@@ -314,8 +374,12 @@ def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seq
     if bias_requires_grad and bias is None:
         raise RuntimeError(f"{op}: bias_requires_grad=True without a bias")
     sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    keep = None
+    if p:  # the forward's mask, regenerated from the philox_seed and philox_offset it returned
+        keep = _keep_mask(query.device, (query.shape[0], query.shape[2], query.shape[1], key.shape[1]), p,
+                          int(philox_seed.item()), int(philox_offset.item()))
     return on_cpu(op, _efficient_backward_cpu, grad_out_, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k,
-                  logsumexp, int(custom_mask_type), bool(bias_requires_grad), sc)
+                  logsumexp, int(custom_mask_type), bool(bias_requires_grad), sc, keep, p)
 
 
 def register(lib: torch.library.Library) -> None:
