@@ -188,3 +188,10 @@ def test_attention_dropout_refuses_p_of_one():
     q = torch.randn(1, 4, 2, 8, device="neuron", dtype=torch.half)
     with pytest.raises(RuntimeError, match=r"dropout_p must be in \[0, 1\)"):
         torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 1.0, False, False)
+
+
+def test_efficient_attention_dropout_refuses_packed_batches_naming_it():
+    q = torch.randn(1, 6, 2, 8, device="neuron")
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device="neuron")
+    with pytest.raises(NotImplementedError, match="dropout_with_cu_seqlens=True"):
+        torch.ops.aten._efficient_attention_forward(q, q, q, None, cu, cu, 4, 4, 0.1, 0, True)
