@@ -2,7 +2,9 @@
 // memory stats go through torch.accelerator (which reads our DeviceAllocator).
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h, not torch/extension.h: the latter pulls in the whole C++ frontend
+// (torch/all.h), which more than doubles this unit's compile time.
+#include <torch/csrc/utils/pybind.h>
 
 #include "backend/allocator.h"
 #include "backend/fp8.h"

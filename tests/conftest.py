@@ -10,17 +10,34 @@ def neuron():
     return torch.device("neuron:0")
 
 
-# `make test` runs the suite on two pytest-xdist workers with --dist loadgroup. Each test file
-# is one group, so a file's tests keep their order and module fixtures run once. The tests that
-# start processes of their own (distributed ranks, accelerate/torchrun launches, vLLM engines)
-# form one group: they run one after the other on one worker, never two multi-process jobs at
-# once on the 2-core machine, and session fixtures such as the vLLM engines start once.
+
+# `make test` runs the suite on two pytest-xdist workers with --dist loadgroup, scheduled by
+# the groups below. Each test file is one group, so a file's tests keep their order and module
+# fixtures run once. The tests that start processes of their own (distributed ranks,
+# accelerate/torchrun launches, vLLM engines) form one group: they run one after the other on
+# one worker, never two multi-process jobs at once on the 2-core machine, and session fixtures
+# such as the vLLM engines start once. (A scheduler, not xdist_group markers: xdist 3.8 renames
+# node ids to carry the markers, which pytest 9 no longer allows.)
 _MULTIPROCESS_DIRS = ("distributed", "ecosystem", "serving")
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        rel = item.nodeid.split("::", 1)[0]
-        parts = rel.split("/")
-        group = "multiprocess" if len(parts) > 2 and parts[1] in _MULTIPROCESS_DIRS else rel
-        item.add_marker(pytest.mark.xdist_group(group))
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return "multiprocess" if len(parts) > 2 and parts[1] in _MULTIPROCESS_DIRS else path
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # xdist is a test extra; without it the suite runs in one process
+    pass
+else:
+
+    class _GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") == "loadgroup":
+            return _GroupScheduling(config, log)
+        return None

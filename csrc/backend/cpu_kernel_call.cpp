@@ -6,7 +6,9 @@
 // arguments against the overload's schema and runs the zero-copy fallback: the same path, and
 // the same results, as if no Python kernel existed.
 #include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h, not torch/extension.h: the latter pulls in the whole C++ frontend
+// (torch/all.h), which more than doubles this unit's compile time.
+#include <torch/csrc/utils/pybind.h>
 
 #include <mutex>
 #include <set>

@@ -7,7 +7,9 @@
 // symbolized in bulk when a snapshot is taken).
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/combined_traceback.h>
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h, not torch/extension.h: the latter pulls in the whole C++ frontend
+// (torch/all.h), which more than doubles this unit's compile time.
+#include <torch/csrc/utils/pybind.h>
 
 #include <deque>
 #include <mutex>

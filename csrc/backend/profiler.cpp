@@ -18,7 +18,9 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 #include <torch/csrc/profiler/stubs/base.h>
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h, not torch/extension.h: the latter pulls in the whole C++ frontend
+// (torch/all.h), which more than doubles this unit's compile time.
+#include <torch/csrc/utils/pybind.h>
 
 #include <GenericTraceActivity.h>
 #include <IActivityProfiler.h>

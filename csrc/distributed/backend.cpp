@@ -14,7 +14,6 @@
 //     dumps a flight recorder of the last collectives and aborts (NCCL's async error handling).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/extension.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/core/ivalue.h>
