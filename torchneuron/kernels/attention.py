@@ -72,6 +72,15 @@ def _keep_mask(device: torch.device, shape, dropout_p: float, seed: int, offset:
     return torch.empty(shape, dtype=torch.float32, device=device).bernoulli_(1.0 - dropout_p, generator=gen)
 
 
+def _check_efficient_heads_and_mask(op: str, query, key, custom_mask_type: int) -> None:
+    """The efficient kernel's rules shared by its forward and backward (CUDA's messages)."""
+    if key.shape[2] != query.shape[2]:
+        raise RuntimeError(f"{op}: query and key must have the same number of heads")
+    if custom_mask_type not in (0, 1, 2):
+        raise RuntimeError(f"{op}: custom_mask_type must be 0 (none), 1 (causal from top-left) or 2 (causal from "
+                           f"bottom-right), got {custom_mask_type}")
+
+
 def _refuse(op: str, **named) -> None:
     for name, value in named.items():
         if value is not None and value is not False and not (isinstance(value, float) and value == 0.0):
@@ -261,11 +270,7 @@ def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlen
             raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must have the same length")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise RuntimeError(f"{op}: expected 4-D [batch, seq, heads, dim] query/key/value")
-    if key.shape[2] != query.shape[2]:
-        raise RuntimeError(f"{op}: query and key must have the same number of heads")
-    if custom_mask_type not in (0, 1, 2):
-        raise RuntimeError(f"{op}: custom_mask_type must be 0 (none), 1 (causal from top-left) or 2 (causal from "
-                           f"bottom-right), got {custom_mask_type}")
+    _check_efficient_heads_and_mask(op, query, key, custom_mask_type)
     sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     if cu_seqlens_q is not None:
         mq = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if max_seqlen_q is None else max_seqlen_q
@@ -364,11 +369,7 @@ def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seq
         raise RuntimeError(f"{op}: cu_seqlens_q and cu_seqlens_k must be given together")
     if cu_seqlens_q is not None and (query.shape[0] != 1 or bias is not None):
         raise RuntimeError(f"{op}: a variable-length batch is one packed sequence (batch size 1) without bias")
-    if key.shape[2] != query.shape[2]:
-        raise RuntimeError(f"{op}: query and key must have the same number of heads")
-    if custom_mask_type not in (0, 1, 2):
-        raise RuntimeError(f"{op}: custom_mask_type must be 0 (none), 1 (causal from top-left) or 2 (causal from "
-                           f"bottom-right), got {custom_mask_type}")
+    _check_efficient_heads_and_mask(op, query, key, custom_mask_type)
     longest = query.shape[1] if cu_seqlens_q is None else int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     _check_backward(op, grad_out_, query, key, value, out, logsumexp, longest)
     if bias_requires_grad and bias is None:

@@ -56,6 +56,14 @@ def _check_half_signal(sizes: list[int]) -> None:
                            f"precision, but got a signal size of{list(sizes)}")
 
 
+def _into_out(out: torch.Tensor, result: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Write a widened kernel's result into ``out=`` with CUDA's dtype rule for FFT outputs."""
+    if out.dtype != result.dtype:
+        raise RuntimeError(f"Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead")
+    resize_output(out, result.shape, device)
+    return out.copy_(result)
+
+
 def _fft(op_name: str):
     functional = getattr(torch.ops.aten, op_name).default
     out_op = getattr(torch.ops.aten, op_name).out
@@ -72,11 +80,7 @@ def _fft(op_name: str):
     def kernel_out(self, *args, out):
         if self.dtype not in _WIDE:
             return cpu_kernel(out_op, self, *args, out=out)
-        result = kernel(self, *args)
-        if out.dtype != result.dtype:
-            raise RuntimeError(f"Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead")
-        resize_output(out, result.shape, self.device)
-        return out.copy_(result)
+        return _into_out(out, kernel(self, *args), self.device)
 
     kernel.__name__ = op_name
     kernel.__doc__ = f"``aten::{op_name}`` with fp16/complex32 computed in fp32/complex64 (CUDA's dtypes)."
@@ -118,11 +122,7 @@ def _fft_entry(name: str, real_to_complex: bool):
     def kernel_out(self, *args, out, **kwargs):
         if self.dtype != torch.float16:
             return run(out_op, self, *args, out=out, **kwargs)
-        result = kernel(self, *args, **kwargs)
-        if out.dtype != result.dtype:
-            raise RuntimeError(f"Expected out tensor to have dtype {result.dtype}, but got {out.dtype} instead")
-        resize_output(out, result.shape, self.device)
-        return out.copy_(result)
+        return _into_out(out, kernel(self, *args, **kwargs), self.device)
 
     kernel.__name__ = name
     kernel.__doc__ = f"``aten::{name}`` accepting fp16 as on CUDA (the composite, past its device-type check)."
