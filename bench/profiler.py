@@ -68,6 +68,14 @@ def main() -> None:
     for s in (cpu, neu):
         s()
         s()
+    # Position control: the same three-slot round with no profiler in any slot, before any
+    # session ever ran. Its third/first ratio is what slot order alone does (allocator and cache
+    # warmth, clock drift), the figure the "after / before" ratio is read against.
+    ctl_first, ctl_third = [], []
+    for _ in range(ROUNDS):
+        ctl_first.append(timed(neu, STEPS))
+        timed(neu, STEPS)
+        ctl_third.append(timed(neu, STEPS))
     cpu_t, off_before, rec, off_after = [], [], [], []
     for _ in range(ROUNDS):
         cpu_t.append(timed(cpu, STEPS))
@@ -86,6 +94,7 @@ def main() -> None:
     print(fmt("ratio neuron/CPU, no profiler", r_cpu, "x", 1))
     print(fmt("ratio recording / no profiler (target <= 1.3)", r_rec, "x", 1))
     print(fmt("ratio no profiler after / before (target 1.0)", r_off, "x", 1))
+    print(fmt("  position control: 3rd / 1st slot, never profiled", [a / b for a, b in zip(ctl_third, ctl_first)], "x", 1))
 
     # Estimated trn2 step of the demo GPT, from a profiled step.
     import tempfile
