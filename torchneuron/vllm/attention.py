@@ -6,15 +6,17 @@ block_size, 2 * head_size]`` as vLLM sizes it, stored token-major (vLLM's ``LBNH
 per head. A request's context is then one ``index_select`` of its blocks, and its keys and
 values are strided views in SDPA's ``[kv_heads, tokens, head]`` order, without a copy.
 
-* **KV write** (:meth:`NeuronAttentionImpl.do_kv_cache_update`): ``index_copy_`` of the new
-  tokens' keys and values into their slots (row ``slot`` of the ``[blocks * block_size,
-  kv_heads, 2 * head]`` view), on the device.
+* **KV write** (:meth:`NeuronAttentionImpl.do_kv_cache_update`): one
+  ``torchneuron::paged_kv_write`` kernel call writes the new tokens' keys and values into
+  their slots (row ``slot`` of the ``[blocks * block_size, kv_heads, 2 * head]`` view; slot -1,
+  vLLM's padding, is skipped), on the device.
 * **Attention** (:meth:`NeuronAttentionImpl.forward`), with vLLM's batch order (decode
   requests first, see ``reorder_batch_threshold``):
 
-  - decode requests (one new token each) in one ``scaled_dot_product_attention`` call: their
-    blocks gathered in one ``index_select`` (block ids and key-padding mask built once per
-    step, for all layers), padded to the longest context;
+  - decode requests (one new token each) in one ``torchneuron::paged_decode_attention``
+    kernel call: it walks each request's block table and reads every cached key and value row
+    in place, once for all the query heads that share it (GQA), fp32 accumulation (no gather
+    of the context, no padding, no mask);
   - every other request (a prefill, a chunk of a chunked prefill, or a prompt whose prefix
     came from the prefix cache) by itself: its query tokens sit at the end of its context, so
     the causal mask is bottom-right aligned (query ``i`` of ``n`` sees the first
@@ -118,8 +120,7 @@ class NeuronAttentionMetadata:
     query_start: list[int]  # num_reqs + 1 host offsets into the flattened tokens
     seq_lens_host: list[int]  # context length incl. this step's tokens
     num_decodes: int  # leading requests with exactly one query token
-    decode_blocks: torch.Tensor | None  # (num_decodes * blocks,) their block ids, padded
-    decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, blocks * block_size) keys to keep
+    seq_lens: torch.Tensor  # (num_reqs,) device, int32: context lengths for the decode kernel
 
 
 class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
@@ -142,17 +143,10 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
         nd = 0
         while nd < n and query_start[nd + 1] - query_start[nd] == 1:
             nd += 1
-        blocks = mask = None
-        if nd:
-            nblk = -(-max(seq_lens_host[:nd]) // self.block_size)
-            blocks = m.block_table_tensor[:nd, :nblk].reshape(-1)
-            positions = torch.arange(nblk * self.block_size, device=self.device)
-            mask = (positions[None, :] < m.seq_lens[:nd, None])[:, None, None, :]
         return NeuronAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens, slot_mapping=m.slot_mapping,
             block_table=m.block_table_tensor, query_start=query_start,
-            seq_lens_host=seq_lens_host, num_decodes=nd, decode_blocks=blocks,
-            decode_mask=mask)
+            seq_lens_host=seq_lens_host, num_decodes=nd, seq_lens=m.seq_lens)
 
 
 def token_major(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -207,16 +201,8 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
                            value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        tm = token_major(kv_cache)
-        flat = tm.view(-1, tm.shape[2], tm.shape[3])  # one row per slot
-        n = slot_mapping.shape[0]
-        slots, key, value = slot_mapping.to(torch.long), key[:n], value[:n]
-        if bool((slots < 0).any()):  # padded tokens carry slot -1 and are not written
-            keep = slots >= 0
-            slots, key, value = slots[keep], key[keep], value[keep]
-        d = self.head_size
-        flat[..., :d].index_copy_(0, slots, key)
-        flat[..., d:].index_copy_(0, slots, value)
+        # one kernel call: no host sync on the padding test, no masked copies of key/value
+        torch.ops.torchneuron.paged_kv_write(key, value, token_major(kv_cache), slot_mapping)
 
     # ---- attention ------------------------------------------------------------------------
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
@@ -255,16 +241,12 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         return _split(rows, self.head_size)
 
     def _decodes(self, query, tm, md, output) -> None:
-        """One SDPA call for all decode requests, keys padded to the longest context."""
+        """All decode requests in one paged-attention kernel call, written into ``output``."""
         _CALLS["decode_batch"] += 1
         nd = md.num_decodes
-        rows = tm.index_select(0, md.decode_blocks)  # one gather of keys and values
-        rows = rows.view(nd, -1, rows.shape[2], rows.shape[3])
-        k, v = _split(rows, self.head_size)  # [nd, kv_heads, padded context, head]
-        out = F.scaled_dot_product_attention(query[:nd].unsqueeze(2), k, v,
-                                             attn_mask=md.decode_mask, scale=self.scale,
-                                             enable_gqa=self.gqa)
-        output[:nd].copy_(out.view(nd, self.num_heads, -1))
+        torch.ops.torchneuron.paged_decode_attention(
+            query[:nd], tm, md.block_table, md.seq_lens, self.scale,
+            output[:nd].view(nd, self.num_heads, self.head_size))
 
     def _sdpa_request(self, q, k_new, v_new, tm, blocks, ctx):
         n = q.shape[0]

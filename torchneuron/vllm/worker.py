@@ -43,9 +43,10 @@ class NeuronWorker(Worker):
     def init_device(self) -> None:
         import torchneuron.distributed as tnd
 
-        from . import moe
+        from . import moe, ops
 
         moe.register()  # before the model is built
+        ops.register()
         count = torch.neuron.device_count()
         if self.local_rank >= count:
             raise RuntimeError(
