@@ -6,11 +6,62 @@ not link the distributed headers' weight into every build.
 """
 import glob
 import os
+import shlex
+import subprocess
 
 from setuptools import setup
 
 ext_modules = []
 cmdclass = {}
+
+
+def _pch_is_current(gch, command):
+    """True when `gch` was built by `command` and no header it read has changed since."""
+    try:
+        with open(gch + ".cmd") as f:
+            if f.read() != command:
+                return False
+        with open(gch + ".d") as f:
+            deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+        built = os.path.getmtime(gch)
+        return all(os.path.getmtime(d) <= built for d in deps)
+    except (OSError, IndexError):
+        return False
+
+
+def _with_precompiled_header(compile_objects):
+    """Wraps torch's ninja compile step: for torchneuron._C, first (re)builds csrc/precompiled.h
+    into a .gch with the very flags ninja will use (GCC ignores a .gch built with other flags),
+    then adds `-include` of it to every unit. The other extension compiles unchanged."""
+
+    def compile_with_pch(**kw):
+        if "-DTORCH_EXTENSION_NAME=_C" not in [f.strip("'") for f in kw["post_cflags"]]:
+            return compile_objects(**kw)
+        pch_dir = os.path.join(kw["build_directory"], "pch")
+        os.makedirs(pch_dir, exist_ok=True)
+        # The .gch must sit next to the header named by -include: a copy in the build tree.
+        header = os.path.join(pch_dir, "precompiled.h")
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "precompiled.h")) as f:
+            text = f.read()
+        if not os.path.exists(header) or open(header).read() != text:
+            with open(header, "w") as f:
+                f.write(text)
+        gch = header + ".gch"
+        cflags, post = ([a for f in kw[k] for a in shlex.split(f)] for k in ("cflags", "post_cflags"))
+        # ninja's order: $cxx $cflags -c $in -o $out $post_cflags
+        cmd = ([_cpp.get_cxx_compiler()] + cflags + ["-x", "c++-header", header, "-o", gch,
+               "-MMD", "-MF", gch + ".d"] + post)
+        if not _pch_is_current(gch, shlex.join(cmd)):
+            print(f"building the precompiled header {gch}", flush=True)
+            subprocess.run(cmd, check=True)
+            with open(gch + ".cmd", "w") as f:
+                f.write(shlex.join(cmd))
+        kw["post_cflags"] = kw["post_cflags"] + ["-include", shlex.quote(header), "-Winvalid-pch"]
+        return compile_objects(**kw)
+
+    return compile_with_pch
+
+
 if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -33,6 +84,12 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     import torch.utils.cpp_extension as _cpp
 
     kineto = [os.path.join(d, "kineto") for d in _cpp.include_paths() if os.path.isdir(os.path.join(d, "kineto"))]
+    # A precompiled header of the torch headers nearly every unit parses (csrc/precompiled.h):
+    # torch's BuildExtension has no option for one, so its ninja step is wrapped (torch is
+    # pinned; the wrapped function gets the final flag lists, so the .gch matches by construction).
+    if os.environ.get("TORCHNEURON_NO_PCH") != "1":
+        _cpp._write_ninja_file_and_compile_objects = _with_precompiled_header(
+            _cpp._write_ninja_file_and_compile_objects)
     ext_modules.append(CppExtension(name="torchneuron._C", sources=core, include_dirs=kineto,
                                     define_macros=macros + [("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
                                     extra_compile_args=flags))
