@@ -29,13 +29,19 @@ def _pch_is_current(gch, command):
         return False
 
 
-def _with_precompiled_header(compile_objects):
-    """Wraps torch's ninja compile step: for torchneuron._C, first (re)builds csrc/precompiled.h
-    into a .gch with the very flags ninja will use (GCC ignores a .gch built with other flags),
-    then adds `-include` of it to every unit. The other extension compiles unchanged."""
+def _own_dir_and_precompiled_header(compile_objects):
+    """Wraps torch's ninja compile step: one ninja directory per extension and, for
+    torchneuron._C, first (re)builds csrc/precompiled.h into a .gch with the very flags ninja
+    will use (GCC ignores a .gch built with other flags), then adds `-include` of it to every
+    unit (TORCHNEURON_NO_PCH=1: without). The other extension compiles unchanged."""
 
     def compile_with_pch(**kw):
-        if "-DTORCH_EXTENSION_NAME=_C" not in [f.strip("'") for f in kw["post_cflags"]]:
+        # Each extension writes its build.ninja in a directory of its own, so that both can
+        # compile at once (see _ParallelBuild); the objects keep their absolute paths.
+        name = next(f.strip("'").split("=", 1)[1] for f in kw["post_cflags"]
+                    if f.strip("'").startswith("-DTORCH_EXTENSION_NAME="))
+        kw["build_directory"] = os.path.join(kw["build_directory"], "ninja" + name)
+        if name != "_C" or os.environ.get("TORCHNEURON_NO_PCH") == "1":
             return compile_objects(**kw)
         pch_dir = os.path.join(kw["build_directory"], "pch")
         os.makedirs(pch_dir, exist_ok=True)
@@ -87,9 +93,8 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     # A precompiled header of the torch headers nearly every unit parses (csrc/precompiled.h):
     # torch's BuildExtension has no option for one, so its ninja step is wrapped (torch is
     # pinned; the wrapped function gets the final flag lists, so the .gch matches by construction).
-    if os.environ.get("TORCHNEURON_NO_PCH") != "1":
-        _cpp._write_ninja_file_and_compile_objects = _with_precompiled_header(
-            _cpp._write_ninja_file_and_compile_objects)
+    _cpp._write_ninja_file_and_compile_objects = _own_dir_and_precompiled_header(
+        _cpp._write_ninja_file_and_compile_objects)
     ext_modules.append(CppExtension(name="torchneuron._C", sources=core, include_dirs=kineto,
                                     define_macros=macros + [("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
                                     extra_compile_args=flags))
@@ -98,6 +103,17 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
         ext_modules.append(
             CppExtension(name="torchneuron._C_distributed", sources=dist, define_macros=macros,
                          extra_compile_args=flags))
-    cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
+
+    class _ParallelBuild(BuildExtension.with_options(use_ninja=True)):
+        """Builds the two extensions side by side (setuptools' parallel build_ext, each with its
+        own ninja run), not one after the other: otherwise the precompiled header runs alone
+        before _C's units and _C_distributed's backend.cpp alone after them, one core idle."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            if self.parallel is None:
+                self.parallel = len(self.extensions)
+
+    cmdclass["build_ext"] = _ParallelBuild
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)
