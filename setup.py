@@ -6,11 +6,68 @@ not link the distributed headers' weight into every build.
 """
 import glob
 import os
+import shlex
+import subprocess
 
 from setuptools import setup
 
 ext_modules = []
 cmdclass = {}
+
+
+def _pch_is_current(gch, command):
+    """True when `gch` was built by `command` and no header it read has changed since."""
+    try:
+        with open(gch + ".cmd") as f:
+            if f.read() != command:
+                return False
+        with open(gch + ".d") as f:
+            deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+        built = os.path.getmtime(gch)
+        return all(os.path.getmtime(d) <= built for d in deps)
+    except (OSError, IndexError):
+        return False
+
+
+def _own_dir_and_precompiled_header(compile_objects):
+    """Wraps torch's ninja compile step: one ninja directory per extension and, for
+    torchneuron._C, first (re)builds csrc/precompiled.h into a .gch with the very flags ninja
+    will use (GCC ignores a .gch built with other flags), then adds `-include` of it to every
+    unit (TORCHNEURON_NO_PCH=1: without). The other extension compiles unchanged."""
+
+    def compile_with_pch(**kw):
+        # Each extension writes its build.ninja in a directory of its own, so that both can
+        # compile at once (see _ParallelBuild); the objects keep their absolute paths.
+        name = next(f.strip("'").split("=", 1)[1] for f in kw["post_cflags"]
+                    if f.strip("'").startswith("-DTORCH_EXTENSION_NAME="))
+        kw["build_directory"] = os.path.join(kw["build_directory"], "ninja" + name)
+        if name != "_C" or os.environ.get("TORCHNEURON_NO_PCH") == "1":
+            return compile_objects(**kw)
+        pch_dir = os.path.join(kw["build_directory"], "pch")
+        os.makedirs(pch_dir, exist_ok=True)
+        # The .gch must sit next to the header named by -include: a copy in the build tree.
+        header = os.path.join(pch_dir, "precompiled.h")
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "precompiled.h")) as f:
+            text = f.read()
+        if not os.path.exists(header) or open(header).read() != text:
+            with open(header, "w") as f:
+                f.write(text)
+        gch = header + ".gch"
+        cflags, post = ([a for f in kw[k] for a in shlex.split(f)] for k in ("cflags", "post_cflags"))
+        # ninja's order: $cxx $cflags -c $in -o $out $post_cflags
+        cmd = ([_cpp.get_cxx_compiler()] + cflags + ["-x", "c++-header", header, "-o", gch,
+               "-MMD", "-MF", gch + ".d"] + post)
+        if not _pch_is_current(gch, shlex.join(cmd)):
+            print(f"building the precompiled header {gch}", flush=True)
+            subprocess.run(cmd, check=True)
+            with open(gch + ".cmd", "w") as f:
+                f.write(shlex.join(cmd))
+        kw["post_cflags"] = kw["post_cflags"] + ["-include", shlex.quote(header), "-Winvalid-pch"]
+        return compile_objects(**kw)
+
+    return compile_with_pch
+
+
 if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -20,19 +77,43 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     # (ops.cpp: 50 s of CPU with it, 26 s without). Symbols stay, so backtraces still name
     # functions; TORCHNEURON_DEBUG_BUILD=1 keeps the debug info for gdb sessions.
     flags.append("-g" if os.environ.get("TORCHNEURON_DEBUG_BUILD") == "1" else "-g0")
+    # The wheel ships ATen's per-operator headers (ATen/ops/*.h); with AT_PER_OPERATOR_HEADERS,
+    # ATen's own headers (Resize.h, ExpandUtils.h, ...) include those instead of Functions.h and
+    # NativeFunctions.h, the declarations of all ~2,500 operators (about 15 s of parsing per
+    # unit). Only the headers change, as in PyTorch's own build. Units that need no operator
+    # beyond Tensor's methods also define TORCH_ASSERT_ONLY_METHOD_OPERATORS, which makes an
+    # include of the all-operator headers an error instead of a silent slowdown.
+    macros = [("AT_PER_OPERATOR_HEADERS", None)]
     core = sorted(glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/backend/*.cpp")) + ["csrc/module.cpp"]
     # The kineto plugin (csrc/backend/profiler.cpp) compiles against the kineto headers the
     # wheel ships; libtorch was built with USE_KINETO, and fmt is used header-only.
     import torch.utils.cpp_extension as _cpp
 
     kineto = [os.path.join(d, "kineto") for d in _cpp.include_paths() if os.path.isdir(os.path.join(d, "kineto"))]
+    # A precompiled header of the torch headers nearly every unit parses (csrc/precompiled.h):
+    # torch's BuildExtension has no option for one, so its ninja step is wrapped (torch is
+    # pinned; the wrapped function gets the final flag lists, so the .gch matches by construction).
+    _cpp._write_ninja_file_and_compile_objects = _own_dir_and_precompiled_header(
+        _cpp._write_ninja_file_and_compile_objects)
     ext_modules.append(CppExtension(name="torchneuron._C", sources=core, include_dirs=kineto,
-                                    define_macros=[("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
+                                    define_macros=macros + [("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
                                     extra_compile_args=flags))
     dist = sorted(glob.glob("csrc/distributed/*.cpp"))
     if dist:
         ext_modules.append(
-            CppExtension(name="torchneuron._C_distributed", sources=dist, extra_compile_args=flags))
-    cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
+            CppExtension(name="torchneuron._C_distributed", sources=dist, define_macros=macros,
+                         extra_compile_args=flags))
+
+    class _ParallelBuild(BuildExtension.with_options(use_ninja=True)):
+        """Builds the two extensions side by side (setuptools' parallel build_ext, each with its
+        own ninja run), not one after the other: otherwise the precompiled header runs alone
+        before _C's units and _C_distributed's backend.cpp alone after them, one core idle."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            if self.parallel is None:
+                self.parallel = len(self.extensions)
+
+    cmdclass["build_ext"] = _ParallelBuild
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

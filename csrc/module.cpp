@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // torchneuron._C: the Python face of the C++ core. Only what Python cannot reach otherwise;
 // memory stats go through torch.accelerator (which reads our DeviceAllocator).
 #include <torch/csrc/Generator.h>

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Caching allocator for neuron device memory, in the shape of CUDA's and Neuron's:
 //   * a small pool (requests < 1 MiB, carved from 2 MiB segments) and a large pool;
 //   * requests < 16 MiB rounded up to a size class (4 classes per power of two, >= 256 B),

@@ -1,8 +1,9 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Bool inputs CUDA accepts and CPU's kernels refuse (CUDA dtype parity, issue 11): `abs` and
 // `trace`. (`softsign` is x / (1 + |x|) in Python and follows from `abs`.) Every other dtype
 // goes on to the boxed fallback unchanged, so those results stay CPU's; the bool test is one
 // dtype compare on a path that is boxed anyway.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
 #include <torch/library.h>

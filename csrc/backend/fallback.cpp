@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // The boxed fallback: any ATen op without a neuron kernel runs its CPU kernel zero-copy over
 // device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
 // makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing

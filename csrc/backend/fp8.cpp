@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Fast, exact fp8 conversions (see fp8.h).
 #include "fp8.h"
 

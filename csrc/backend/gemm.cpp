@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // The GEMM family on neuron (mm, addmm, bmm, baddbmm and their out= forms, which matmul,
 // linear, their backward and Inductor's extern calls reach; addmv/mv, dot; convolution and
 // its backward), routed by dtype so every precision runs at the host's full speed with
@@ -27,6 +28,7 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/dot_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/result_type.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "gpu_trace.h"
 
 #include <c10/core/DeviceType.h>

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // c10 device guard for neuron: current device, streams and events, on top of the runtime.
 // Backs torch.Stream / torch.Event / torch.accelerator.* and every DeviceGuard in ATen.
 #include <c10/core/impl/DeviceGuardImplInterface.h>

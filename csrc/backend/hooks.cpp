@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // PrivateUse1 hooks: what ATen asks of an accelerator (availability, generators, pinned
 // memory, storage resize, pointer → device).
 #include <ATen/detail/PrivateUse1HooksInterface.h>

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Interprocess sharing of neuron storages (see ipc.h for the protocol and CUDA's rules).
 #include "ipc.h"
 

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Memory history: torch.neuron.memory._record_memory_history / _snapshot in the format of
 // torch.cuda.memory._snapshot, so PyTorch's memory visualizer (torch.cuda._memory_viz,
 // pytorch.org/memory_viz) renders neuron snapshots.

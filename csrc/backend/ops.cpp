@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Native neuron kernels: the metadata-only ops every backend must provide (empty, views,
 // resize, set_, copies, scalar reads), and unboxed fast paths for hot ops. The GEMM family
 // and convolution live in gemm.cpp. Everything else reaches the boxed zero-copy fallback
@@ -28,6 +29,7 @@
 #include <ATen/ops/mse_loss_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // torch.profiler for neuron: the kineto PrivateUse1 plugin and the legacy profiler stubs.
 //
 // Why C++: kineto child profilers and ProfilerStubs are C++-only interfaces. Everything that

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Random kernels of the neuron device: every ATen op that draws random numbers, computed from
 // counter-based Philox4x32-10 (philox.h) keyed by the generator's (seed, offset), as CUDA does.
 //

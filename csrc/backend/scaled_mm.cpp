@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Low-precision GEMMs on neuron: fp8 torch._scaled_mm and int8 torch._int_mm.
 //
 // TensorE multiplies fp8 exactly and accumulates in fp32. Every float8_e4m3fn and float8_e5m2

@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Sparse neuron tensors: the SparsePrivateUse1 and SparseCsrPrivateUse1 dispatch keys.
 //
 // Two routes, as for dense tensors:

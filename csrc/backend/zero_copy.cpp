@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "zero_copy.h"
 
 #include <ATen/core/Tensor.h>

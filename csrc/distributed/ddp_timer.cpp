@@ -1,3 +1,4 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // DDP's time statistics (``model._get_ddp_logging_data()``: forward / backward compute and
 // backward communication times) come from a c10d::Timer that the Reducer creates for its
 // parameters' device type through c10d::TimerRegistry. torch registers CPU's (host clock) and
