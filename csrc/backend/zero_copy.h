@@ -32,6 +32,7 @@ class ZeroCopy {
   }
   ~ZeroCopy() {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::finish(std::move(trace_), device_);
+    if (!args_.empty()) recycle_aliases();
   }
   ZeroCopy(const ZeroCopy&) = delete;
   ZeroCopy& operator=(const ZeroCopy&) = delete;
@@ -81,7 +82,8 @@ class ZeroCopy {
     at::Tensor device_tensor;
     at::Tensor alias;
   };
-  c10::Storage alias_storage(c10::StorageImpl* s);
+  c10::Storage alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare);
+  void recycle_aliases() noexcept;
   at::Tensor map_out(const at::Tensor& cpu);
   at::Tensor adopt(const at::Tensor& cpu);
   [[noreturn]] void mismatch(const at::Device& a, const at::Device& b);
