@@ -92,11 +92,13 @@ MODULES: dict[str, Module] = {
     ),
     "perf_model": Module(
         "torchneuron/nki/perf_model.py",
-        ("tests/nki/test_perf_model_rules.py", "tests/nki/test_golden_perf.py", "tests/nki/test_nki_perf.py"),
+        # per-rule, scheduling and unit tests (about 20 s in all); test_golden_perf.py (about 5 min:
+        # it models every NKI-lib kernel) is left out, it would make a run take hours
+        ("tests/nki/test_perf_model_units.py", "tests/nki/test_perf_model_rules.py", "tests/nki/test_nki_perf.py"),
     ),
     "checks": Module(
         "torchneuron/nki/checks.py",
-        ("tests/nki/test_nki_checks.py", "tests/nki/test_memory_limits.py"),
+        ("tests/nki/test_check_messages.py", "tests/nki/test_nki_checks.py", "tests/nki/test_memory_limits.py"),
     ),
     "tracer": Module(
         "torchneuron/nki/tracer.py",
@@ -130,8 +132,10 @@ def _settings(mod: Module) -> dict:
     return {
         "source_paths": ["torchneuron"],
         "only_mutate": [mod.path],
-        # tests read these through the repository root (tools/perf_golden.py, docs tables)
-        "also_copy": ["tools", "docs"],
+        # tests read these through the repository root (tools/perf_golden.py, docs tables); the
+        # top-level shim packages (``import nki``, ``nkilib``...) are found through the working
+        # directory, which is ``mutants/`` during a run
+        "also_copy": ["tools", "docs", "nki", "nkilib", "neuronxcc", "torch_neuronx"],
         "pytest_add_cli_args_test_selection": [t for t in mod.tests if (REPO / t).exists()],
         # -p no:cacheprovider: forked children must not race on .pytest_cache;
         # timeouts per test stay the suite's own (pytest-timeout from pyproject)
