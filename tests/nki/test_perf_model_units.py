@@ -72,6 +72,8 @@ def test_vector_speedup_is_one_without_wider_16bit_lanes(lanes16):
 def test_vector_speedup_is_16bit_lanes_over_pe_rows():
     plat = dataclasses.replace(TOY, pe_rows=2, vector=Engine(2e9, 2, 6))
     assert pm.vector_speedup(plat, True, False, "copy") == 3
+    plat = dataclasses.replace(TOY, pe_rows=1, vector=Engine(2e9, 1, 3))
+    assert pm.vector_speedup(plat, True, False, "copy") == 3
 
 
 def test_vector_speedup_of_a_two_times_wider_engine_is_two():
@@ -82,6 +84,7 @@ def test_vector_speedup_of_a_two_times_wider_engine_is_two():
 def test_scalar_16bit_speedup_is_16bit_lanes_over_pe_rows():
     assert pm.scalar_speedup(TOY, True) == 2
     assert pm.scalar_speedup(dataclasses.replace(TOY, pe_rows=2, scalar=Engine(4e9, 2, 6)), True) == 3
+    assert pm.scalar_speedup(dataclasses.replace(TOY, pe_rows=1, scalar=Engine(4e9, 1, 3)), True) == 3
 
 
 def test_scalar_speedup_is_one_for_32bit_data_or_without_wider_lanes():
@@ -97,6 +100,10 @@ def test_each_engine_runs_at_its_own_clock(engine, hz):
 
 def test_hbm_bandwidth_per_core_is_the_chip_bandwidth_over_its_physical_cores():
     assert pm.hbm_bytes_per_s_per_core(TOY) == 4e12
+
+
+def test_one_byte_dma_runs_cost_64_bytes_each():
+    assert pm.dma_cost_bytes(4096, 1) == 4096 * 64
 
 
 # --- regions and timelines ----------------------------------------------------------------------
@@ -197,6 +204,7 @@ def test_booking_before_an_interval_it_reaches_merges_with_it():
 
 
 @pytest.mark.parametrize("intervals,length", [([], 0.0), ([(1.0, 2.0)], 1.0), ([(4.0, 6.0), (1.0, 2.0)], 3.0),
+                                              ([(1.0, 2.0), (4.0, 6.0), (7.0, 8.0)], 4.0),
                                               ([(1.0, 3.0), (2.0, 5.0)], 4.0), ([(1.0, 5.0), (2.0, 3.0)], 4.0),
                                               ([(1.0, 2.0), (2.0, 3.0), (7.0, 8.0)], 3.0)])
 def test_union_length_counts_overlaps_once(intervals, length):
@@ -208,6 +216,17 @@ def test_an_instruction_takes_its_cycles_over_its_engine_clock():
     ev = pm.schedule([op("tensor", 1000), op("vector", 1000), op("scalar", 1000), op("gpsimd", 1000)], TOY)
     assert spans(ev) == [("tensor", 0, 1 * US), ("vector", 0, 0.5 * US), ("scalar", 0, 0.25 * US),
                          ("gpsimd", 0, 0.125 * US)]
+
+
+def test_a_single_core_schedule_is_program_zero_unless_told():
+    assert {e.program for e in pm.schedule([op("tensor", 1000), op("dma", nbytes=10)], TOY)} == {0}
+    assert {e.program for e in pm.schedule([op("tensor", 1000), op("dma", nbytes=10)], TOY, program=3)} == {3}
+
+
+def test_a_barrier_on_a_single_core_starts_when_its_engine_is_free():
+    ev = pm.schedule([op("gpsimd", 8000), barrier(), op("gpsimd", 8), barrier(seq=1)], TOY)
+    assert spans(ev) == [("gpsimd", 0, 1 * US), ("gpsimd", 1 * US, 1.1 * US), ("gpsimd", 1.1 * US, 1.101 * US),
+                         ("gpsimd", 1.101 * US, 1.201 * US)]
 
 
 def test_an_engine_runs_its_instructions_in_program_order():
@@ -361,7 +380,9 @@ def barrier(engine="gpsimd", cycles=800.0, seq=0):
 
 def test_one_program_schedules_like_a_single_core():
     prog = [op("tensor", 1000, writes=[reg(1)]), op("vector", 2000, reads=[reg(1)])]
-    assert spans(pm.schedule_programs([prog], TOY)) == spans(pm.schedule(prog, TOY))
+    ev = pm.schedule_programs([prog], TOY)
+    assert spans(ev) == spans(pm.schedule(prog, TOY))
+    assert {e.program for e in ev} == {0}
 
 
 def test_a_barrier_starts_on_every_core_when_the_last_core_reaches_it():
@@ -416,6 +437,12 @@ def test_latency_is_the_end_of_the_last_instruction():
     r = pm.analyze([[op("tensor", 1000, writes=[reg(1)]), op("vector", 2000, reads=[reg(1)])]], TOY)
     assert r.latency_us == pytest.approx(2.0)
     assert r.instructions == 2 and r.num_programs == 1
+    assert r.sbuf_peak_bytes == 0 and r.outputs is None
+
+
+def test_the_sbuf_peak_and_outputs_are_passed_through():
+    r = pm.analyze([[op("vector", 64)]], TOY, outputs="out", sbuf_peak=4096)
+    assert (r.sbuf_peak_bytes, r.outputs) == (4096, "out")
 
 
 def test_an_empty_program_has_zero_latency_and_mfu():
@@ -467,6 +494,35 @@ def test_the_matmul_dtype_is_the_one_with_most_flops():
     r = pm.analyze([ops], TOY)
     assert (r.matmul_dtype, r.flops) == ("float32", 650.0)
     assert r.mfu == pytest.approx(650 / (3e-6 * 5e8))
+
+
+def test_the_matmul_dtype_is_chosen_by_flops_not_by_name():
+    ops = [op("tensor", 1000, flops=100.0, dtype="float32"), op("tensor", 1000, flops=300.0, dtype="bfloat16")]
+    assert pm.analyze([ops], TOY).matmul_dtype == "bfloat16"
+
+
+def test_flops_without_a_matmul_dtype_give_no_mfu():
+    r = pm.analyze([[op("tensor", 1000, flops=100.0)]], TOY)
+    assert (r.flops, r.mfu) == (100.0, 0.0)
+
+
+def test_flops_in_zero_time_give_no_mfu_instead_of_dividing_by_zero():
+    r = pm.analyze([[op("tensor", 0, flops=100.0, dtype="bfloat16")]], TOY)
+    assert (r.latency_us, r.mfu) == (0.0, 0.0)
+
+
+def test_summary_formats_each_figure_in_its_unit():
+    r = pm.BenchmarkResult("trn2", 12.345678, {"tensor": 3.26, "dma": 0.04}, 0.5, 1e9, 1_005_001, 7, 1, "bfloat16")
+    assert r.summary() == ("trn2: latency 12.35 us, MFU 50.0% (bfloat16), 7 instructions, 1.01 MB DMA; "
+                           "busy us: tensor 3.3, dma 0.0")
+
+
+def test_a_saved_trace_names_the_platform_of_each_core(tmp_path):
+    import json
+    r = pm.analyze([[op("tensor", 1000)], [op("tensor", 1000)]], TOY)
+    data = json.load(open(r.save_trace(str(tmp_path / "t.json"))))
+    names = {e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"toy NeuronCore (program 0)", "toy NeuronCore (program 1)"}
 
 
 def test_summary_reports_latency_mfu_dtype_counts_bytes_and_busy_times():
