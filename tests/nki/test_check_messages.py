@@ -331,3 +331,85 @@ def test_an_error_names_the_kernel_file_and_line():
     assert fmt_loc(None) is None
     e = error_of(_number_as_src)
     assert e.location is not None and e.location.startswith(__file__ + ":")
+
+
+def test_the_dtype_error_lists_every_allowed_dtype():
+    e = error_of(_int_matmul)
+    assert e.fix == ("cast it (e.g. with nisa.tensor_copy) to one of bfloat16, float16, tfloat32, float32, "
+                     "float8_e4m3, float8_e5m2, float8_e4m3fn, int8, uint8")
+
+
+def _matmul_of(dtype):
+    @nki.jit
+    def k(x):
+        a = nl.ndarray((128, 128), dtype, buffer=nl.sbuf)
+        nisa.memset(a, 0.0)
+        p = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(p, a, a)
+    return k
+
+
+def test_a_custom_dtype_in_the_allowed_set_passes():
+    run(_matmul_of(nl.tfloat32))  # tfloat32: an NKI dtype numpy has no equivalent for
+
+
+def test_a_custom_dtype_outside_the_allowed_set_is_rejected():
+    e = error_of(_matmul_of(nl.float8_e4m3fn_x4))
+    assert isinstance(e, errors.NKIDtypeError)
+    assert e.detail.startswith("nc_matmul: `stationary` has dtype float8_e4m3fn_x4 but TensorE multiplies")
+
+
+def test_an_array_operand_is_not_a_scalar():
+    e = error_of(_scalar_kernel(lambda: np.array([1.0, 2.0])))
+    assert isinstance(e, errors.NKIArgumentError)
+    assert e.detail == "tensor_scalar: `operand0` must be a number or a tile, got ndarray"
+
+
+def test_an_object_with_a_dtype_but_no_dimensions_is_not_a_scalar():
+    class Typed:
+        dtype = np.float32
+    e = error_of(_scalar_kernel(Typed))
+    assert isinstance(e, errors.NKIArgumentError)
+    assert e.detail == "tensor_scalar: `operand0` must be a number or a tile, got Typed"
+
+
+# --- the partition-count check itself --------------------------------------------------------
+# No kernel can hand an instruction a view of more than 128 partitions (allocation and reshape
+# reject it first), so the check is exercised on a stand-in tile.
+class _Tile:
+    def __init__(self, shape, start=0):
+        self.data = np.zeros(shape, np.float32)
+        self._start = start
+
+    def _desc(self):
+        return f"sbuf[{', '.join(map(str, self.data.shape))}] float32"
+
+    def partition_start(self):
+        return self._start
+
+
+def _call():
+    from types import SimpleNamespace
+
+    from torchneuron.nki.checks import Call
+    from torchneuron.platform import get_platform
+    return Call("tensor_copy", SimpleNamespace(platform=get_platform("trn2")), ("k.py", 7))
+
+
+def test_more_than_128_partitions_name_the_limit_and_the_tiling_fix():
+    with pytest.raises(errors.NKIPartitionError) as e:
+        _call().partitions(_Tile((129, 4)), "src")
+    assert e.value.rule == "partition-size"
+    assert e.value.detail == "tensor_copy: partition dimension 129 of `src` (sbuf[129, 4] float32) exceeds maximum 128"
+    assert e.value.fix == "tile dimension 0 into chunks of at most 128"
+    assert e.value.location == "k.py:7"
+
+
+def test_128_partitions_from_partition_0_pass():
+    _call().partitions(_Tile((128, 4)), "src")
+
+
+def test_a_zero_dimensional_tile_is_one_partition():
+    _call().partitions(_Tile(()), "src")
+    with pytest.raises(errors.NKIPartitionError, match="an access of 1 partitions must start at partition 0, 32"):
+        _call().partitions(_Tile((), start=5), "src")
