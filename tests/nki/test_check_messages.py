@@ -413,3 +413,29 @@ def test_a_zero_dimensional_tile_is_one_partition():
     _call().partitions(_Tile(()), "src")
     with pytest.raises(errors.NKIPartitionError, match="an access of 1 partitions must start at partition 0, 32"):
         _call().partitions(_Tile((), start=5), "src")
+
+
+@nki.jit
+def _activation_of(x):
+    r = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+    nisa.activation(r, nl.exp, x)
+
+
+def test_an_instruction_naming_no_engine_calls_them_the_compute_engines():
+    e = error_of(_activation_of)
+    assert e.detail == "activation: `data` is hbm[128, 64] float32 in HBM but compute engines only access SBUF/PSUM"
+
+
+@nki.jit
+def _activation_from_psum(x):
+    p = nl.ndarray((128, 64), nl.float32, buffer=nl.psum)
+    nisa.memset(p, 0.0)
+    r = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+    nisa.activation(r, nl.exp, p)
+    out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_the_scalar_engine_reads_psum():
+    np.testing.assert_array_equal(run(_activation_from_psum), np.ones((128, 64), np.float32))

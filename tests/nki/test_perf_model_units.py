@@ -533,3 +533,24 @@ def test_summary_reports_latency_mfu_dtype_counts_bytes_and_busy_times():
     assert s.startswith("toy: latency 751.00 us, MFU 0.1% (bfloat16), 2 instructions, 1.50 MB DMA; busy us: ")
     assert s.endswith("busy us: tensor 1.0, vector 0.0, scalar 0.0, gpsimd 0.0, dma 751.0, dma_queue_avg 751.0")
     assert "(no matmul)" in pm.analyze([[op("vector", 64)]], TOY).summary()
+
+
+def test_a_cross_core_transfer_takes_a_gap_before_a_later_busy_interval():
+    # queue 0: free until 10 us; queue 1: busy [0, 2 us); the transfer is ready at 1 us and
+    # fits queue 0's gap
+    p = [op("tensor", 10000, writes=[reg(1)]), op("dma", nbytes=1000, reads=[reg(1)]),
+         op("dma", nbytes=1000, writes=[reg(2)]), op("vector", 2000, writes=[reg(9)]),
+         op("dma", nbytes=1000, reads=[reg(9)], sync=("sendrecv", 0, None))]
+    ev = pm.schedule_programs([p, list(p)], TOY)
+    sr = [e for e in ev if e.instr.sync and e.program == 0][0]
+    assert (sr.track, sr.start) == ("dma0", pytest.approx(1 * US))
+
+
+def test_with_every_queue_busy_a_dma_goes_to_the_next_queue_in_turn_that_frees_first():
+    plat = dataclasses.replace(TOY, dma_queues=3)
+    # queue 0 busy until 10 us, queues 1 and 2 until 2 us; the fourth transfer ties between
+    # queues 1 and 2 and takes queue 1, the next in turn after queue 0
+    ev = pm.schedule([op("dma", nbytes=9000, writes=[reg(1)]), op("dma", nbytes=1000, writes=[reg(2)]),
+                      op("dma", nbytes=1000, writes=[reg(3)]), op("dma", nbytes=1000, writes=[reg(4)])], plat)
+    assert [e.track for e in ev] == ["dma0", "dma1", "dma2", "dma1"]
+    assert ev[3].start == pytest.approx(2 * US)
