@@ -439,3 +439,17 @@ def _activation_from_psum(x):
 
 def test_the_scalar_engine_reads_psum():
     np.testing.assert_array_equal(run(_activation_from_psum), np.ones((128, 64), np.float32))
+
+
+@nki.jit
+def _transpose_into_hbm(x):
+    t = nl.ndarray((32, 32), nl.float32, buffer=nl.sbuf)
+    nisa.memset(t, 0.0)
+    out = nl.ndarray((32, 32), nl.float32, buffer=nl.shared_hbm)
+    nisa.nc_transpose(out, t, engine=nisa.engine.vector)
+
+
+def test_a_buffer_check_naming_no_engine_calls_them_the_compute_engines():
+    e = error_of(_transpose_into_hbm)
+    assert isinstance(e, errors.NKIBufferError)
+    assert e.detail == "nc_transpose: `dst` is shared_hbm[32, 32] float32 in HBM but compute engines only access SBUF/PSUM"
