@@ -194,48 +194,35 @@ def test_six_free_dimensions_with_unit_dimensions_between_are_still_rejected():
 
 
 # --- shapes -------------------------------------------------------------------------------------
-@nki.jit
-def _partition_mismatch(x):
-    a = nl.ndarray((64, 64), nl.float32, buffer=nl.sbuf)
-    nisa.memset(a, 1.0)
-    r = nl.ndarray((128, 32), nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(r, a)
+def _copy_between(src_shape, dst_shape):
+    """A kernel that copies an SBUF tile of `src_shape` into one of `dst_shape`."""
+    @nki.jit
+    def k(x):
+        a = nl.ndarray(src_shape, nl.float32, buffer=nl.sbuf)
+        nisa.memset(a, 1.0)
+        r = nl.ndarray(dst_shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(r, a)
+    return k
 
 
 def test_different_partition_sizes_name_both_tiles():
-    e = error_of(_partition_mismatch)
+    e = error_of(_copy_between((64, 64), (128, 32)))
     assert isinstance(e, errors.NKIShapeError)
     assert e.detail == ("tensor_copy: `dst` sbuf[128, 32] float32 and `src` sbuf[64, 64] float32 have different "
                         "partition dimensions")
     assert e.fix == "use tiles with the same partition size"
 
 
-@nki.jit
-def _free_mismatch(x):
-    a = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
-    nisa.memset(a, 1.0)
-    r = nl.ndarray((128, 2, 16), nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(r, a)
-
-
 def test_different_free_sizes_name_both_element_counts():
-    e = error_of(_free_mismatch)
+    e = error_of(_copy_between((128, 64), (128, 2, 16)))
     assert isinstance(e, errors.NKIShapeError)
     assert e.detail == ("tensor_copy: `dst` sbuf[128, 2, 16] float32 and `src` sbuf[128, 64] float32 have "
                         "different numbers of elements per partition (32 vs 64)")
     assert e.fix == "slice the tiles to matching shapes"
 
 
-@nki.jit
-def _same_elements_other_shape(x):
-    a = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
-    nisa.memset(a, 1.0)
-    r = nl.ndarray((128, 4, 16), nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(r, a)
-
-
 def test_tiles_of_the_same_element_count_in_other_shapes_pass():
-    run(_same_elements_other_shape)
+    run(_copy_between((128, 64), (128, 4, 16)))
 
 
 # --- per-partition scalars ----------------------------------------------------------------------
