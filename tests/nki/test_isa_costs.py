@@ -136,3 +136,12 @@ def test_a_placed_output_is_checked_at_its_address():
     nki.simulate(_matmul_into_placed)(DUMMY, 1024)  # bytes 1024..2047: bank 0
     with pytest.raises(errors.NKIMemoryError, match="covers bytes 1536..2559"):
         nki.simulate(_matmul_into_placed)(DUMMY, 1536)
+
+
+# --- source location -----------------------------------------------------------------------------
+def test_an_instruction_records_the_kernel_line_that_issued_it():
+    import inspect
+
+    lines, first = inspect.getsourcelines(_load)
+    dma_line = first + next(i for i, text in enumerate(lines) if "dma_copy" in text)
+    assert _dma(_load, X).loc == (__file__, dma_line)
