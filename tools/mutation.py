@@ -121,8 +121,8 @@ MODULES: dict[str, Module] = {
     ),
     "compile_backend": Module(
         "torchneuron/compile/backend.py",
-        ("tests/compile/test_errors.py", "tests/compile/test_modes.py", "tests/compile/test_cache.py",
-         "tests/compile/test_registration.py"),
+        ("tests/compile/test_errors.py", "tests/compile/test_error_helpers.py", "tests/compile/test_modes.py",
+         "tests/compile/test_cache.py", "tests/compile/test_registration.py"),
     ),
 }
 
