@@ -56,8 +56,8 @@ void ZeroCopy::output_mismatch(int d) {
 // Every op makes a CPU alias (TensorImpl + StorageImpl) per device tensor argument; creating
 // and destroying them is a large share of a small op's cost (measured: the 16-element add).
 // Aliases nothing else kept are pooled per thread and retargeted by the next op. An alias is
-// reusable only when this ZeroCopy held its last reference: no Python object, autograd or
-// named-tensor metadata, no weak references (checked in recycle_aliases).
+// reusable only when this ZeroCopy held its last reference: no Python object, autograd, backend
+// or fake-tensor metadata, no weak references (checked by sole_owner).
 namespace {
 constexpr size_t kAliasPoolSize = 16;
 thread_local c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kAliasPoolSize> t_alias_pool;
@@ -145,14 +145,13 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
     impl = std::move(t_alias_pool.back());
     t_alias_pool.pop_back();
     impl->set_storage_and_dtype(alias_storage(src->storage().unsafeGetStorageImpl(), impl.get()), t.dtype());
-    impl->_set_conj(src->is_conj());
-    impl->_set_neg(src->is_neg());
   } else {
     impl = c10::make_intrusive<c10::TensorImpl>(alias_storage(src->storage().unsafeGetStorageImpl(), nullptr),
                                                 c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-    if (src->is_conj()) impl->_set_conj(true);
-    if (src->is_neg()) impl->_set_neg(true);
   }
+  // Set both ways: a pooled alias may carry the bits of its previous tensor.
+  impl->_set_conj(src->is_conj());
+  impl->_set_neg(src->is_neg());
   impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
   at::Tensor alias(std::move(impl));
   args_.push_back({t, alias});
