@@ -1,8 +1,9 @@
-"""NEURON_ATTN's paged-KV kernels (csrc/backend/paged_attention.cpp) against CPU PyTorch.
+"""torchneuron's vLLM kernels (csrc/backend/vllm_kernels.cpp) against CPU PyTorch.
 
 ``torchneuron::paged_kv_write`` and ``torchneuron::paged_decode_attention`` read and write the
 token-major paged cache ``[blocks, block_size, kv_heads, 2 * head]`` through slot mappings and
-block tables; the oracle is ``index_copy_`` and SDPA on the gathered context, on CPU.
+block tables; the oracle is ``index_copy_`` and SDPA on the gathered context, on CPU. The
+rotary and RMSNorm kernels are compared with vLLM's native formulas, written out here.
 No vLLM needed.
 """
 
@@ -162,3 +163,142 @@ def test_rotary_rejects_position_outside_cache():
     with pytest.raises(RuntimeError, match="outside the cos/sin cache"):
         torch.ops.torchneuron.rotary_embedding_(torch.tensor([1, 8], device="neuron"), q, None,
                                                 D, cache, True)
+
+
+def _decode_general(heads, kvh, d, lens, block_size, dtype=torch.float32, q_scale=1.0):
+    """A decode case of any shape: (q, cache, table, lens) on CPU."""
+    g = torch.Generator().manual_seed(5)
+    per_req = -(-max(lens) // block_size)
+    blocks = per_req * len(lens) + 3
+    cache = torch.randn(blocks, block_size, kvh, 2 * d, generator=g).to(dtype)
+    table = torch.randperm(blocks, generator=g)[: per_req * len(lens)].view(len(lens), per_req)
+    q = (torch.randn(len(lens), heads, d, generator=g) * q_scale).to(dtype)
+    return q, cache, table.to(torch.int32), torch.tensor(lens, dtype=torch.int32)
+
+
+def _reference_general(q, cache, table, lens, scale):
+    q, cache = q.float(), cache.float()
+    kvh, d = cache.shape[2], cache.shape[3] // 2
+    outs = []
+    for r, n in enumerate(lens.tolist()):
+        rows = cache[table[r].long()].reshape(-1, kvh, 2 * d)[:n]
+        k, v = rows[..., :d].transpose(0, 1), rows[..., d:].transpose(0, 1)
+        outs.append(F.scaled_dot_product_attention(q[r][:, None, :], k, v, scale=scale,
+                                                   enable_gqa=q.shape[1] != kvh)[:, 0, :])
+    return torch.stack(outs)
+
+
+def _run_decode(q, cache, table, lens, scale):
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="neuron")
+    torch.ops.torchneuron.paged_decode_attention(q.to("neuron"), cache.to("neuron"),
+                                                 table.to("neuron"), lens.to("neuron"), scale, out)
+    return out.cpu()
+
+
+def test_decode_attention_long_context_rescales_running_softmax():
+    # contexts of many 8-token chunks, sharp scores: the running maximum moves between chunks,
+    # so every earlier partial sum must be rescaled (a missing rescale is off by far more)
+    q, cache, table, lens = _decode_general(8, 2, 32, [200, 97, 8, 9, 1], 16, q_scale=4.0)
+    torch.testing.assert_close(_run_decode(q, cache, table, lens, 32 ** -0.5),
+                               _reference_general(q, cache, table, lens, 32 ** -0.5),
+                               atol=2e-5, rtol=2e-5)
+
+
+def test_decode_attention_head_size_not_a_multiple_of_eight():
+    # head 12: the scalar inner loops (the AVX2 ones need 8 | head)
+    q, cache, table, lens = _decode_general(4, 4, 12, [30, 5, 17], 8)
+    torch.testing.assert_close(_run_decode(q, cache, table, lens, 0.25),
+                               _reference_general(q, cache, table, lens, 0.25),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attention_fp16_long_context_accumulates_in_fp32():
+    q, cache, table, lens = _decode_general(8, 4, 32, [150, 33], 16, dtype=torch.float16)
+    ref = _reference_general(q, cache, table, lens, 32 ** -0.5)  # fp32 math on fp16 inputs
+    torch.testing.assert_close(_run_decode(q, cache, table, lens, 32 ** -0.5).float(), ref,
+                               atol=2e-3, rtol=2e-3)
+
+
+def test_decode_attention_empty_context_gives_zeros():
+    q, cache, table, lens = _decode_general(4, 2, 16, [0, 3], 8)
+    out = _run_decode(q, cache, table, lens, 1.0)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    torch.testing.assert_close(out[1:], _reference_general(q, cache, table, lens, 1.0)[1:])
+
+
+# ---- RMSNorm: vLLM's IR ops rms_norm / fused_add_rms_norm ----------------------------------
+def _native_rms(x, weight, eps, residual=None):
+    """vLLM's native code (vllm/ir/ops/layernorm.py), on CPU."""
+    orig = x.dtype
+    x = x.float()
+    if residual is not None:
+        x = x + residual.float()
+        residual = x.to(orig)
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        x = x.to(weight.dtype) * weight
+    return x.to(orig), residual
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no_weight"])
+def test_rms_norm_matches_vllm_native_code(dtype, with_weight):
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(7, 260, generator=g) * 3).to(dtype)  # 260: a tail after the 8-wide sums
+    w = torch.randn(260, generator=g).to(dtype) if with_weight else None
+    out = torch.ops.torchneuron.rms_norm(x.to("neuron"), None if w is None else w.to("neuron"),
+                                         1e-5)
+    assert out.device.type == "neuron" and out.dtype == dtype
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=0, rtol=8e-3)
+    torch.testing.assert_close(out.cpu(), _native_rms(x, w, 1e-5)[0], **tol)
+
+
+def test_rms_norm_reads_strided_rows():
+    g = torch.Generator().manual_seed(7)
+    big = torch.randn(5, 300, generator=g)
+    x = big[:, 10:266]  # rows 300 apart, as a slice of a fused projection
+    w = torch.randn(256, generator=g)
+    out = torch.ops.torchneuron.rms_norm(big.to("neuron")[:, 10:266], w.to("neuron"), 1e-6)
+    torch.testing.assert_close(out.cpu(), _native_rms(x, w, 1e-6)[0], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_add_rms_norm_updates_x_and_residual_in_place(dtype):
+    g = torch.Generator().manual_seed(8)
+    x, res = torch.randn(6, 128, generator=g).to(dtype), torch.randn(6, 128, generator=g).to(dtype)
+    w = torch.randn(128, generator=g).to(dtype)
+    want_x, want_res = _native_rms(x, w, 1e-5, residual=res)
+    xn, rn = x.to("neuron"), res.to("neuron")
+    torch.ops.torchneuron.fused_add_rms_norm_(xn, rn, w.to("neuron"), 1e-5)
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=0, rtol=8e-3)
+    assert torch.equal(rn.cpu(), want_res)  # the rounded sum, exactly
+    torch.testing.assert_close(xn.cpu(), want_x, **tol)
+
+
+def test_rms_norm_rejects_weight_of_another_dtype():
+    x = torch.randn(2, 16, device="neuron")
+    with pytest.raises(RuntimeError, match="weight dtype"):
+        torch.ops.torchneuron.rms_norm(x, torch.ones(16, dtype=torch.bfloat16, device="neuron"), 1e-5)
+
+
+def test_rms_norm_rejects_rows_that_are_not_dense():
+    x = torch.randn(16, 4, device="neuron").t()  # last dim strided
+    with pytest.raises(RuntimeError, match="dense last dim"):
+        torch.ops.torchneuron.rms_norm(x, None, 1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add"])
+def test_rms_norm_bf16_rounds_like_native_code_bit_for_bit(fused):
+    # integer inputs: the mean square is exact in any summation order, so only the rounding
+    # steps (to bf16 before the weight multiply, then after it) decide the bits
+    g = torch.Generator().manual_seed(9)
+    x = torch.randint(-4, 5, (8, 256), generator=g).to(torch.bfloat16)
+    res = torch.randint(-4, 5, (8, 256), generator=g).to(torch.bfloat16)
+    w = torch.randn(256, generator=g).to(torch.bfloat16)
+    want, _ = _native_rms(x, w, 1e-5, residual=res if fused else None)
+    if fused:
+        got = x.to("neuron")
+        torch.ops.torchneuron.fused_add_rms_norm_(got, res.to("neuron"), w.to("neuron"), 1e-5)
+    else:
+        got = torch.ops.torchneuron.rms_norm(x.to("neuron"), w.to("neuron"), 1e-5)
+    assert torch.equal(got.cpu(), want)

@@ -57,6 +57,13 @@ def test_neuron_attention_backend_runs_prefill_and_decode(llm_run):
     assert calls["prefill"] > 0 and calls["decode_batch"] > 0 and calls["nki"] == 0
 
 
+def test_rmsnorm_layers_run_the_neuron_kernels(llm_run):
+    # vLLM IR provider "torchneuron" first in the platform's priority: one kernel per norm
+    kernels = llm_run["neuron_kernels"]
+    assert kernels.get("torchneuron::rms_norm", 0) > 0  # the final norm (no residual)
+    assert kernels.get("torchneuron::fused_add_rms_norm_", 0) > 0  # every other norm
+
+
 def test_kv_cache_is_sized_from_emulated_device_memory(llm_run):
     total = llm_run["device_total_memory"]
     assert total == 1 << 30  # TORCHNEURON_DEVICE_MEMORY, not host RAM

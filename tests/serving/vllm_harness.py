@@ -135,8 +135,16 @@ def scenario_llm(model: str, engine_args: dict) -> dict:
                                     and torch.accelerator.empty_cache is accel_empty)
     res["platform"] = type(__import__("vllm.platforms", fromlist=["x"]).current_platform).__name__
     res["attention_calls"] = attention.calls()
+    res["neuron_kernels"] = _neuron_kernels()
     _shutdown(llm)
     return res
+
+
+def _neuron_kernels() -> dict:
+    """Calls of torchneuron's own vLLM kernels (``torchneuron::*``) in this process so far."""
+    import torchneuron
+
+    return {k: v for k, v in torchneuron.get_executed_ops().items() if k.startswith("torchneuron::")}
 
 
 def scenario_greedy(model: str, engine_args: dict) -> dict:
@@ -155,6 +163,7 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
         res["rank_param_devices"] = [st["param_devices"] for st in states]
         res["rank_tp_backends"] = [st["tp_backend"] for st in states]
         res["attention_calls"] = attention.calls()
+        res["neuron_kernels"] = _neuron_kernels()
     _shutdown(llm)
     return res
 

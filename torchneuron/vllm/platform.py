@@ -36,6 +36,7 @@ from . import ATTENTION_BACKEND
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.config.kernel import IrOpPriorityConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -134,6 +135,24 @@ class NeuronPlatform(Platform):
         from vllm.platforms.cpu import CpuPlatform
 
         CpuPlatform.import_kernels()
+
+    @classmethod
+    def import_ir_kernels(cls) -> None:
+        super().import_ir_kernels()
+        from .ops import register_ir_kernels
+
+        register_ir_kernels()
+
+    @classmethod
+    def get_default_ir_op_priority(cls, vllm_config: "VllmConfig") -> "IrOpPriorityConfig":
+        # RMSNorm as one neuron kernel call, eager and compiled alike: under the `neuron`
+        # backend the IR op stays an opaque node that dispatches at run time
+        from vllm.config.kernel import IrOpPriorityConfig
+
+        from .ops import IR_PROVIDER
+
+        norm = [IR_PROVIDER, "native"]
+        return IrOpPriorityConfig.with_default(["native"], rms_norm=norm, fused_add_rms_norm=norm)
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:

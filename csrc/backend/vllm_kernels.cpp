@@ -1,6 +1,7 @@
 // Kernels of torchneuron's vLLM platform. Paged KV for the NEURON_ATTN backend
 // (torchneuron/vllm/attention.py): the KV-cache write and decode attention read the token-major
-// paged cache in place through the block table. Rotary embedding in place (torchneuron/vllm/ops.py).
+// paged cache in place through the block table. Rotary embedding in place and RMSNorm (plain and
+// fused with the residual add) for vLLM's layers (torchneuron/vllm/ops.py).
 //
 // Why C++: per decode step and layer, the torch-op route (gather every request's blocks with
 // index_select, then SDPA over the padded, masked context) copied the whole context of the
@@ -14,6 +15,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #endif
 #include <optional>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "zero_copy.h"
@@ -53,36 +56,84 @@ void check_index(const at::Tensor& t, const char* what, const char* op) {
 
 // ---- fp32 inner loops, vectorized ------------------------------------------------------------
 // The extension is built for baseline x86-64 (SSE2) and GCC does not vectorize a float
-// reduction without reassociation, so the dot products and value accumulations of decode
-// attention ran scalar (measured: slower than CPU's flash SDPA on the gathered context). AVX2+FMA
-// versions are chosen at run time; the scalar ones remain for other hosts.
-float dot_scalar(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
+// reduction without reassociation, so the dot products, exponentials and value accumulations of
+// decode attention ran scalar (measured: 2.6x vLLM's CPU kernel in the model). AVX2+FMA
+// versions are chosen at run time; the scalar ones remain for other hosts and for head sizes
+// that are not a multiple of 8.
+constexpr int kChunk = 8;  // cached tokens scored together: one AVX2 register of scores
+
+// s[j] = q . k[j] for the kChunk key rows k[j]
+void scores_scalar(const float* q, const float* const* k, int64_t d, float* s) {
+  for (int j = 0; j < kChunk; ++j) {
+    float a = 0.0f;
+    for (int64_t c = 0; c < d; ++c) a += q[c] * k[j][c];
+    s[j] = a;
+  }
 }
-void axpy_scalar(float* y, float a, const float* x, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
+// s[j] = e^s[j] (the arguments are scores minus their running maximum: <= 0, or -inf)
+void exp_scalar(float* s) {
+  for (int j = 0; j < kChunk; ++j) s[j] = std::exp(s[j]);
+}
+// a = a * corr + sum_j p[j] v[j] over the first cnt value rows
+void pv_scalar(float* a, float corr, const float* p, const float* const* v, int cnt, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) {
+    float x = a[c] * corr;
+    for (int j = 0; j < cnt; ++j) x += p[j] * v[j][c];
+    a[c] = x;
+  }
 }
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
-  __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  v = _mm_hadd_ps(v, v);
-  v = _mm_hadd_ps(v, v);
-  float s = _mm_cvtss_f32(v);
-  for (; c < n; ++c) s += a[c] * b[c];
-  return s;
-}
-__attribute__((target("avx2,fma"))) void axpy_avx2(float* y, float a, const float* x, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    _mm256_storeu_ps(y + c, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + c), _mm256_loadu_ps(y + c)));
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* const* k, int64_t d,
+                                                     float* s) {
+  if (d % 8 != 0) return scores_scalar(q, k, d, s);
+  __m256 acc[kChunk];
+  for (int j = 0; j < kChunk; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    for (int j = 0; j < kChunk; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + c), acc[j]);
   }
-  for (; c < n; ++c) y[c] += a * x[c];
+  // eight horizontal sums at once: pairwise hadds leave lane j of the two 128-bit halves
+  // holding the partial sums of acc[j]
+  const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 lo4 = _mm256_hadd_ps(h01, h23), hi4 = _mm256_hadd_ps(h45, h67);
+  const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(lo4, hi4, 0x20),
+                                   _mm256_permute2f128_ps(lo4, hi4, 0x31));
+  _mm256_storeu_ps(s, sum);
+}
+// e^x by range reduction x = n ln2 + r, |r| <= ln2 / 2, and a degree-6 polynomial for e^r
+// (Cephes' expf coefficients; within 2 ulp of std::exp). Arguments below -87.3 (including
+// -inf) give 0: e^x is then below FLT_MIN and negligible against the softmax sum, which is >= 1.
+__attribute__((target("avx2,fma"))) void exp_avx2(float* s) {
+  const __m256 x0 = _mm256_loadu_ps(s);
+  const __m256 x = _mm256_max_ps(x0, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  const __m256 live = _mm256_cmp_ps(x0, _mm256_set1_ps(-87.3f), _CMP_GT_OQ);
+  _mm256_storeu_ps(s, _mm256_and_ps(y, live));
+}
+__attribute__((target("avx2,fma"))) void pv_avx2(float* a, float corr, const float* p,
+                                                 const float* const* v, int cnt, int64_t d) {
+  if (d % 8 != 0) return pv_scalar(a, corr, p, v, cnt, d);
+  const __m256 cv = _mm256_set1_ps(corr);
+  __m256 pj[kChunk];
+  for (int j = 0; j < cnt; ++j) pj[j] = _mm256_set1_ps(p[j]);
+  for (int64_t c = 0; c < d; c += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(a + c), cv);
+    for (int j = 0; j < cnt; ++j) x = _mm256_fmadd_ps(pj[j], _mm256_loadu_ps(v[j] + c), x);
+    _mm256_storeu_ps(a + c, x);
+  }
 }
 bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -90,21 +141,12 @@ bool have_avx2() {
 }
 #else
 bool have_avx2() { return false; }
-float dot_avx2(const float* a, const float* b, int64_t n) { return dot_scalar(a, b, n); }
-void axpy_avx2(float* y, float a, const float* x, int64_t n) { axpy_scalar(y, a, x, n); }
-#endif
-
-// a row of the cache as fp32: the row itself for fp32, else widened into `buf`
-template <typename T>
-const float* as_float(const T* row, int64_t n, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return row;
-  } else {
-    buf.resize(n);
-    for (int64_t c = 0; c < n; ++c) buf[c] = static_cast<float>(row[c]);
-    return buf.data();
-  }
+void scores_avx2(const float* q, const float* const* k, int64_t d, float* s) { scores_scalar(q, k, d, s); }
+void exp_avx2(float* s) { exp_scalar(s); }
+void pv_avx2(float* a, float corr, const float* p, const float* const* v, int cnt, int64_t d) {
+  pv_scalar(a, corr, p, v, cnt, d);
 }
+#endif
 
 // ---- KV write ------------------------------------------------------------------------------
 // kv_cache row `slot_mapping[i]` <- (key[i], value[i]) for every token i with slot >= 0
@@ -157,6 +199,13 @@ void paged_kv_write_cpu(const at::Tensor& key, const at::Tensor& value, const at
 // out[r] = softmax(scale * q[r] K^T) V over the first seq_lens[r] cached tokens of request r,
 // whose blocks are block_table[r, :]. One query token per request (decode): the new token's key
 // and value are already in the cache, so no causal mask is needed beyond the length.
+//
+// One pass over the context (online softmax, as flash attention does): tokens in chunks of
+// kChunk, each chunk's rows located once through the block table and read front to back (a
+// token's row holds every KV head's key then value: walking one head across tokens instead
+// strides by the row size and maps many rows onto the same L1 sets); per query head the chunk's
+// scores, their exponentials against the running maximum, and the rescaled value accumulation.
+// fp32 accumulation in every dtype; half-precision rows are widened once per chunk.
 template <typename T>
 void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
                    const at::Tensor& seq_lens, double scale, const at::Tensor& out) {
@@ -172,59 +221,73 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tenso
   const float sc = static_cast<float>(scale);
   const int64_t token_row = kvh * 2 * d;  // one token: every KV head's key then value
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, acc, p, wide;
     const bool vec = have_avx2();
-    auto dot = vec ? dot_avx2 : dot_scalar;
-    auto axpy = vec ? axpy_avx2 : axpy_scalar;
+    auto scores = vec ? scores_avx2 : scores_scalar;
+    auto expv = vec ? exp_avx2 : exp_scalar;
+    auto pv = vec ? pv_avx2 : pv_scalar;
+    std::vector<float> qf(heads * d), acc(heads * d), mx(heads), sum(heads);
+    std::vector<float> wide(std::is_same_v<T, float> ? 0 : kChunk * token_row);
+    const float* rows[kChunk];
+    const float* k[kChunk];
+    const float* v[kChunk];
+    float s[kChunk];
     for (int64_t r = begin; r < end; ++r) {
       const int64_t len = index_at(seq_lens, r);
       TORCH_CHECK(len >= 0 && len <= max_blocks * bs, "torchneuron::paged_decode_attention: "
                   "request ", r, " has ", len, " tokens but its block table row holds ",
                   max_blocks * bs);
-      qf.resize(heads * d);
       for (int64_t hq = 0; hq < heads; ++hq) {
         const T* src = qp + r * q.stride(0) + hq * q.stride(1);
         for (int64_t c = 0; c < d; ++c) qf[hq * d + c] = static_cast<float>(src[c]) * sc;
       }
-      p.resize(heads * std::max<int64_t>(len, 1));
-      // Tokens in the outer loop: each token's row (all KV heads, keys then values) is one
-      // contiguous run read front to back; walking one head across tokens instead strides by
-      // the row size, which maps many rows onto the same L1 sets.
-      auto token = [&](int64_t t) {
-        const int64_t col = (t / bs) * bt_col;
-        const int64_t blk = bt32 ? static_cast<const int32_t*>(bt)[r * bt_stride + col]
-                                 : static_cast<const int64_t*>(bt)[r * bt_stride + col];
-        TORCH_CHECK(blk >= 0 && blk < nblocks, "torchneuron::paged_decode_attention: request ", r,
-                    " names block ", blk, " outside the KV cache (", nblocks, " blocks)");
-        return as_float(base + (blk * bs + t % bs) * token_row, token_row, wide);
-      };
-      for (int64_t t = 0; t < len; ++t) {
-        const float* row = token(t);
-        for (int64_t hq = 0; hq < heads; ++hq) {
-          p[hq * len + t] = dot(qf.data() + hq * d, row + (hq / group) * 2 * d, d);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t t0 = 0; t0 < len; t0 += kChunk) {
+        const int cnt = static_cast<int>(std::min<int64_t>(kChunk, len - t0));
+        for (int j = 0; j < kChunk; ++j) {
+          if (j >= cnt) {  // a short last chunk: score a valid row again (ignored)
+            rows[j] = rows[cnt - 1];
+            continue;
+          }
+          const int64_t t = t0 + j, col = (t / bs) * bt_col;
+          const int64_t blk = bt32 ? static_cast<const int32_t*>(bt)[r * bt_stride + col]
+                                   : static_cast<const int64_t*>(bt)[r * bt_stride + col];
+          TORCH_CHECK(blk >= 0 && blk < nblocks, "torchneuron::paged_decode_attention: request ",
+                      r, " names block ", blk, " outside the KV cache (", nblocks, " blocks)");
+          const T* src = base + (blk * bs + t % bs) * token_row;
+          if constexpr (std::is_same_v<T, float>) {
+            rows[j] = src;
+          } else {
+            float* w = wide.data() + j * token_row;
+            for (int64_t c = 0; c < token_row; ++c) w[c] = static_cast<float>(src[c]);
+            rows[j] = w;
+          }
         }
-      }
-      for (int64_t hq = 0; hq < heads; ++hq) {  // softmax per query head
-        float* ph = p.data() + hq * len;
-        const float m = len ? *std::max_element(ph, ph + len) : 0.0f;
-        float sum = 0.0f;
-        for (int64_t t = 0; t < len; ++t) {
-          ph[t] = std::exp(ph[t] - m);
-          sum += ph[t];
-        }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // len 0: zeros
-        for (int64_t t = 0; t < len; ++t) ph[t] *= inv;
-      }
-      acc.assign(heads * d, 0.0f);
-      for (int64_t t = 0; t < len; ++t) {
-        const float* row = token(t);
         for (int64_t hq = 0; hq < heads; ++hq) {
-          axpy(acc.data() + hq * d, p[hq * len + t], row + (hq / group) * 2 * d + d, d);
+          const int64_t head_off = (hq / group) * 2 * d;
+          for (int j = 0; j < kChunk; ++j) {
+            k[j] = rows[j] + head_off;
+            v[j] = k[j] + d;
+          }
+          scores(qf.data() + hq * d, k, d, s);
+          float m = mx[hq];
+          for (int j = 0; j < cnt; ++j) m = std::max(m, s[j]);
+          // lanes past cnt repeat a valid row's score: finite, and never summed or used
+          for (int j = 0; j < kChunk; ++j) s[j] -= m;
+          expv(s);
+          const float corr = std::exp(mx[hq] - m);  // 0 on the first chunk (mx = -inf)
+          float psum = 0.0f;
+          for (int j = 0; j < cnt; ++j) psum += s[j];
+          sum[hq] = sum[hq] * corr + psum;
+          mx[hq] = m;
+          pv(acc.data() + hq * d, corr, s, v, cnt, d);
         }
       }
       for (int64_t hq = 0; hq < heads; ++hq) {
+        const float inv = sum[hq] > 0.0f ? 1.0f / sum[hq] : 0.0f;  // len 0: zeros
         T* dst = op + r * out.stride(0) + hq * out.stride(1);
-        for (int64_t c = 0; c < d; ++c) dst[c] = static_cast<T>(acc[hq * d + c]);
+        for (int64_t c = 0; c < d; ++c) dst[c] = static_cast<T>(acc[hq * d + c] * inv);
       }
     }
   });
@@ -329,6 +392,89 @@ void rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
   });
 }
 
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+// vLLM's IR ops rms_norm / fused_add_rms_norm (vllm/ir/ops/layernorm.py), whose native torch
+// code is ~6 ops per call (casts, pow, mean, add, rsqrt, two multiplies), each paying the
+// device's per-op dispatch for a few kilobytes. Same rounding steps as that code: the row in
+// fp32 (plus the residual, fused), its mean square in fp32, x * rsqrt(var + eps) in fp32, rounded
+// to the weight's dtype (= x's) before the multiply by the weight, the product rounded to x's
+// dtype. Only the summation order of the mean square differs (vectorized reductions differ too).
+// x: [rows, hidden] with dense rows; weight: [hidden] or absent.
+template <typename T>
+void rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
+                   double eps, const at::Tensor& out) {
+  const int64_t rows = x.size(0), h = x.size(1);
+  const T* w = weight.defined() ? weight.const_data_ptr<T>() : nullptr;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> xf(h);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* src = x.const_data_ptr<T>() + r * x.stride(0);
+      for (int64_t c = 0; c < h; ++c) xf[c] = static_cast<float>(src[c]);
+      if (residual != nullptr) {  // x + residual in fp32; the residual keeps the rounded sum
+        T* res = residual->data_ptr<T>() + r * residual->stride(0);
+        for (int64_t c = 0; c < h; ++c) {
+          xf[c] += static_cast<float>(res[c]);
+          res[c] = static_cast<T>(xf[c]);
+        }
+      }
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // independent partial sums: vectorizable
+      int64_t c = 0;
+      for (; c + 8 <= h; c += 8) {
+        for (int k = 0; k < 8; ++k) part[k] += xf[c + k] * xf[c + k];
+      }
+      float ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+      for (; c < h; ++c) ss += xf[c] * xf[c];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + static_cast<float>(eps));
+      T* dst = out.data_ptr<T>() + r * out.stride(0);
+      for (int64_t k = 0; k < h; ++k) {
+        const T y = static_cast<T>(xf[k] * inv);
+        dst[k] = w ? static_cast<T>(static_cast<float>(y) * static_cast<float>(w[k])) : y;
+      }
+    }
+  });
+}
+
+void check_rms_operand(const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, op, ": ", what, " must be [rows, hidden] with a "
+              "dense last dim, got shape ", t.sizes(), " with strides ", t.strides());
+}
+
+void check_rms_weight(const at::Tensor& x, const std::optional<at::Tensor>& weight, const char* op) {
+  if (!weight.has_value() || !weight->defined()) return;
+  TORCH_CHECK(weight->dim() == 1 && weight->size(0) == x.size(1) && weight->is_contiguous(), op,
+              ": weight must be a contiguous [", x.size(1), "] tensor, got shape ", weight->sizes());
+  TORCH_CHECK(weight->scalar_type() == x.scalar_type(), op, ": weight dtype ", weight->scalar_type(),
+              " differs from x's ", x.scalar_type(), " (vLLM's native code handles mixed dtypes)");
+}
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  constexpr const char* op = "torchneuron::rms_norm";
+  check_rms_operand(x, "x", op);
+  check_rms_weight(x, weight, op);
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+    rms_norm_rows<scalar_t>(x, nullptr, w, eps, out);
+  });
+  return out;
+}
+
+void fused_add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
+                            const std::optional<at::Tensor>& weight, double eps) {
+  constexpr const char* op = "torchneuron::fused_add_rms_norm_";
+  check_rms_operand(x, "x", op);
+  check_rms_operand(residual, "residual", op);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(), op,
+              ": residual must match x (", x.sizes(), ", ", x.scalar_type(), "), got ",
+              residual.sizes(), ", ", residual.scalar_type());
+  check_rms_weight(x, weight, op);
+  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+    rms_norm_rows<scalar_t>(x, &residual, w, eps, x);  // each row is read before it is written
+  });
+}
+
 // ---- neuron: the same kernels over zero-copy aliases of device memory -----------------------
 void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                            const at::Tensor& slot_mapping) {
@@ -363,6 +509,26 @@ void rotary_embedding_neuron(const at::Tensor& positions, const at::Tensor& quer
   zc.sync_inputs();
 }
 
+at::Tensor rms_norm_neuron(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  ZeroCopy zc;
+  at::Tensor xa = zc.in(x);
+  std::optional<at::Tensor> w;
+  if (weight.has_value() && weight->defined()) w = zc.in(*weight);
+  zc.launch("torchneuron::rms_norm");
+  return zc.out(rms_norm_cpu(xa, w, eps));
+}
+
+void fused_add_rms_norm_neuron(const at::Tensor& x, const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, double eps) {
+  ZeroCopy zc;
+  at::Tensor xa = zc.in_output(x), ra = zc.in_output(residual);
+  std::optional<at::Tensor> w;
+  if (weight.has_value() && weight->defined()) w = zc.in(*weight);
+  zc.launch("torchneuron::fused_add_rms_norm_");
+  fused_add_rms_norm_cpu(xa, ra, w, eps);
+  zc.sync_inputs();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
@@ -371,18 +537,24 @@ TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
         "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
   m.def("rotary_embedding_(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
   m.impl("paged_kv_write", TORCH_FN(paged_kv_write_cpu));
   m.impl("paged_decode_attention", TORCH_FN(paged_decode_attention_cpu));
   m.impl("rotary_embedding_", TORCH_FN(rotary_embedding_cpu));
+  m.impl("rms_norm", TORCH_FN(rms_norm_cpu));
+  m.impl("fused_add_rms_norm_", TORCH_FN(fused_add_rms_norm_cpu));
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
   m.impl("paged_kv_write", TORCH_FN(paged_kv_write_neuron));
   m.impl("paged_decode_attention", TORCH_FN(paged_decode_attention_neuron));
   m.impl("rotary_embedding_", TORCH_FN(rotary_embedding_neuron));
+  m.impl("rms_norm", TORCH_FN(rms_norm_neuron));
+  m.impl("fused_add_rms_norm_", TORCH_FN(fused_add_rms_norm_neuron));
 }
 
 }  // namespace torchneuron
