@@ -432,6 +432,21 @@ def test_a_cross_core_transfer_takes_the_queue_free_first():
     assert (last.track, last.start) == ("dma0", pytest.approx(4 * US))
 
 
+def test_a_cross_core_transfer_needs_a_gap_as_long_as_itself():
+    # both queues carry a transfer from 1 to 3 us (waiting for the tensor op); the 2-us
+    # cross-core transfer, ready at 0, does not fit before them and starts at 3 us
+    p = [op("tensor", 1000, writes=[reg(9)]),
+         op("dma", nbytes=1000, reads=[reg(9)], writes=[reg(1)]),
+         op("dma", nbytes=1000, reads=[reg(9)], writes=[reg(2)]),
+         op("dma", nbytes=1000, sync=("sendrecv", 0, None))]
+    ev = pm.schedule_programs([p, list(p)], TOY)
+    for prog in (0, 1):
+        sr = [e for e in ev if e.instr.sync and e.program == prog][0]
+        assert (sr.start, sr.end) == (pytest.approx(3 * US), pytest.approx(5 * US))
+        busy = [(e.start, e.end) for e in ev if e.program == prog and e.track == sr.track and e is not sr]
+        assert all(end <= sr.start or start >= sr.end for start, end in busy)
+
+
 # --- the summary -----------------------------------------------------------------------------
 def test_latency_is_the_end_of_the_last_instruction():
     r = pm.analyze([[op("tensor", 1000, writes=[reg(1)]), op("vector", 2000, reads=[reg(1)])]], TOY)

@@ -228,9 +228,10 @@ def _core(instrs: list[Instr], platform, program: int, events: list):
         if ins.sync is not None:
             # Cross-core: starts on every core at once (the coordinator's time).
             if ins.engine == "dma":
-                q = min(range(nq), key=lambda j: queues[j].slot(ready, 0.0))
-                local = queues[q].slot(ready, 0.0)
+                # the queue with the earliest gap that holds the whole transfer
                 dur = fixed + ins.nbytes / q_bw
+                q = min(range(nq), key=lambda j: queues[j].slot(ready, dur))
+                local = queues[q].slot(ready, dur)
             else:
                 local = max(free[ins.engine], ready)
                 dur = ins.cycles / clocks[ins.engine]
