@@ -165,8 +165,13 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   MixedGemm gemm = mixed_gemm(a.scalar_type());
   // MKL's mixed GEMMs convert internally and pay for it on small products: below 2^25
   // multiply-adds exact fp32 copies and sgemm are faster (64x512x512: 0.7 vs 1.0 ms; 1024^3:
-  // 47-58 ms either way, mixed ahead at 512^3 and above; 1 thread, AVX2 host).
-  const bool large = batch * m * n * k >= (int64_t{1} << 25);
+  // 47-58 ms either way, mixed ahead at 512^3 and above; 1 thread, AVX2 host). Its fp16 GEMM
+  // converts more slowly than its bf16 one and loses up to 2^31 (1 thread, AVX2 host, ms for
+  // fp16 mixed / exact fp32 copies + sgemm / bf16 mixed: 1024x512x128 4.0 / 2.3 / 2.2;
+  // 128x1024x512 4.1 / 2.5 / 2.1; 1024^3 32.9 / 31.0 / 29.5; 2048^3 266 / 291 / 258): it
+  // made the fp16-AMP GPT step 1.24x the bf16 one.
+  const int64_t min_macs = a.scalar_type() == at::kHalf ? (int64_t{1} << 31) : (int64_t{1} << 25);
+  const bool large = batch * m * n * k >= min_macs;
   const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
                    a.scalar_type() == b.scalar_type() && acc.scalar_type() == at::kFloat &&
                    acc.is_contiguous() && fits_int(m) && fits_int(n) && fits_int(k);

@@ -116,6 +116,23 @@ def test_empty_contraction_gives_beta_times_self(dtype):
     assert torch.equal(torch.addmm(c.to(DEV), a, b, beta=0.5).cpu(), (c.float() * 0.5).to(dtype))
 
 
+# Products at the size switch of the AVX2 route (csrc/backend/gemm.cpp, matmul_lowp_f32): from
+# 2^25 multiply-adds for bf16 and 2^31 for fp16 MKL's mixed-precision GEMM reads the 16-bit
+# operands directly (plain and transposed); below, exact fp32 copies and sgemm. Same contract.
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype,mkn", [(torch.bfloat16, (256, 512, 256)), (torch.float16, (1024, 2048, 1024)),
+                                       (torch.float16, (1024, 512, 128))],
+                         ids=["bf16_2^25", "fp16_2^31", "fp16_below_switch"])
+def test_large_fp16_products_accumulate_in_fp32_and_round_once(dtype, mkn, layout):
+    torch.manual_seed(4)
+    m, k, n = mkn
+    a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
+    got = _layouts(a, layout) @ _layouts(b, layout)
+    ad, bd = a.double(), b.double()
+    assert got.dtype == dtype
+    assert_tensore(got, ad @ bd, k, absprod=ad.abs() @ bd.abs())
+
+
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("op", ["mv", "addmv", "dot"])
 def test_fp16_matrix_vector_ops_accumulate_in_fp32(op, dtype):
