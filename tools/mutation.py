@@ -60,6 +60,9 @@ class Module:
     # empty: every function of the file
     functions: tuple[str, ...] = ()
     note: str = ""
+    # extra pytest arguments for this module's runs (e.g. a shorter ``--timeout`` where a
+    # mutant can loop: the suite's 300 s per test would hold a worker that long)
+    pytest_args: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     @property
@@ -123,6 +126,9 @@ MODULES: dict[str, Module] = {
         "torchneuron/compile/backend.py",
         ("tests/compile/test_errors.py", "tests/compile/test_error_helpers.py", "tests/compile/test_modes.py",
          "tests/compile/test_cache.py", "tests/compile/test_registration.py"),
+        # the cycle-guard mutants of _op_from_exception loop forever on a cyclic exception chain;
+        # 120 s, well above the slowest selected test, ends them sooner
+        pytest_args=("--timeout=120",),
     ),
 }
 
@@ -141,7 +147,7 @@ def _settings(mod: Module) -> dict:
         "pytest_add_cli_args_test_selection": [t for t in mod.tests if (REPO / t).exists()],
         # -p no:cacheprovider: forked children must not race on .pytest_cache;
         # timeouts per test stay the suite's own (pytest-timeout from pyproject)
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning", *mod.pytest_args],
         "process_isolation": "forkserver",
         # the fork server collects the selected tests once (imports torch, torchneuron, conftest
         # and test modules; collection creates no device tensor), so a mutant's fork only runs

@@ -127,3 +127,29 @@ def test_a_neuron_compile_error_passes_through_unchanged():
     e = NeuronCompileError("already explained", op="aten.mm.default", location="node 'mm'")
     assert _compile_error(e, _graph({}), "forward") is e
     assert (e.op, e.location) == ("aten.mm.default", "node 'mm'")
+
+
+def test_a_method_call_node_is_found_by_its_method_name():
+    gm = torch.fx.symbolic_trace(lambda x: x.relu() + 1)
+    assert _node_location(gm, "relu") == "node 'relu' (unknown source)"
+
+
+def test_a_submodule_call_node_is_found_by_its_module_path():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x) * 2
+
+    assert _node_location(torch.fx.symbolic_trace(M()), "lin") == "node 'lin' (unknown source)"
+
+
+def test_a_function_is_matched_by_the_name_after_its_last_dot():
+    gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.gelu(x) + 1)
+    assert _node_location(gm, "torch.nn.functional.gelu") == "node 'gelu' (unknown source)"
+
+
+def test_a_bare_function_name_without_a_dot_is_matched():
+    assert _node_location(_graph({}), "neg") == "node 'neg' (unknown source)"

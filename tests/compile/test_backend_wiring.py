@@ -1,0 +1,61 @@
+"""What compile_graph (torchneuron/compile/backend.py) hands to Inductor and counts in the metrics:
+the Inductor config built from the defaults, the mode and the user's options, and the
+recompilation counter. Inductor's ``compile_fx`` is replaced by a recorder where only its
+arguments matter; the recompilation test compiles for real.
+"""
+
+import torch
+import torch.fx
+import torch._inductor.compile_fx as inductor_compile_fx
+from torch._inductor import list_mode_options
+
+from compile_models import DEV
+from torchneuron.compile import backend
+
+
+def _gm() -> torch.fx.GraphModule:
+    return torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+
+
+def _config_patches(monkeypatch, **kwargs) -> dict:
+    """The config_patches compile_graph passes to Inductor's compile_fx."""
+    seen = {}
+
+    def recorder(gm, example_inputs, inner_compile=None, config_patches=None):
+        seen["config_patches"] = config_patches
+        return gm.forward
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx", recorder)
+    backend.compile_graph(_gm(), [torch.randn(4)], **kwargs)
+    return seen["config_patches"]
+
+
+def test_inductor_keeps_user_layouts_by_default(monkeypatch):
+    assert _config_patches(monkeypatch) == {"layout_optimization": False}
+
+
+def test_a_mode_adds_its_inductor_options_without_cudagraphs(monkeypatch):
+    patches = _config_patches(monkeypatch, mode="max-autotune-no-cudagraphs")
+    expected = {"layout_optimization": False, **list_mode_options("max-autotune-no-cudagraphs"),
+                "triton.cudagraphs": False}
+    assert patches == expected
+
+
+def test_user_options_override_the_defaults_and_fallback_is_not_passed_on(monkeypatch):
+    patches = _config_patches(monkeypatch, options={"layout_optimization": True, "max_fusion_size": 7,
+                                                    "fallback_execution": False})
+    assert patches == {"layout_optimization": True, "max_fusion_size": 7}
+
+
+def test_a_second_compile_of_the_same_frame_counts_as_one_recompilation(metrics):
+    torch._dynamo.reset()
+
+    def f(x):
+        return x * 2 + 1
+
+    cf = torch.compile(f, backend="neuron", dynamic=False)
+    for dtype in (torch.float32, torch.float64):  # a dtype change fails the guards: recompile
+        x = torch.arange(6, dtype=dtype, device=DEV)
+        torch.testing.assert_close(cf(x).cpu(), f(x.cpu()))
+    m = metrics()
+    assert (m["compilations"], m["recompilations"]) == (2, 1)
