@@ -153,3 +153,8 @@ def test_a_function_is_matched_by_the_name_after_its_last_dot():
 
 def test_a_bare_function_name_without_a_dot_is_matched():
     assert _node_location(_graph({}), "neg") == "node 'neg' (unknown source)"
+
+
+def test_method_and_module_calls_not_naming_the_op_are_skipped():
+    gm = torch.fx.symbolic_trace(lambda x: x.relu() + 1)  # a call_method node: its target is a str
+    assert _node_location(gm, "torch.sigmoid") is None
