@@ -274,3 +274,20 @@ def test_reset_max_memory_allocated_resets_the_device_it_names():
     del x
     torch.neuron.reset_max_memory_allocated(1)
     assert torch.neuron.max_memory_allocated(1) == torch.neuron.memory_allocated(1)
+
+
+def test_dump_snapshot_without_a_name_writes_dump_snapshot_pickle(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    torch.neuron.memory._dump_snapshot()
+    assert [p.name for p in tmp_path.iterdir()] == ["dump_snapshot.pickle"]
+    with open(tmp_path / "dump_snapshot.pickle", "rb") as f:
+        assert set(pickle.load(f)) >= {"segments", "device_traces"}
+
+
+def test_memory_snapshot_is_the_list_of_segments_with_the_live_block():
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    segs = torch.neuron.memory_snapshot()
+    assert isinstance(segs, list) and segs == torch.neuron.memory._snapshot()["segments"]
+    assert any(b["address"] == x.data_ptr() and b["state"] == "active_allocated"
+               for s in segs for b in s["blocks"])
+    del x
