@@ -43,6 +43,10 @@ def test_numerics_are_computed_unless_asked_otherwise():
     assert tracer.KernelContext(PLAT, 0, Launch(1)).numerics is True
 
 
+def test_the_kernel_file_is_unknown_unless_given():
+    assert tracer.KernelContext(PLAT, 0, Launch(1)).kernel_file is None
+
+
 def test_a_context_starts_empty_synchronised_at_zero_and_active():
     ctx = tracer.KernelContext(PLAT, 0, Launch(1))
     assert ctx.instructions == [] and ctx.accumulators == {}
@@ -137,6 +141,38 @@ def test_an_error_inside_a_context_propagates():
         with tracer.activate(ctx):
             raise KeyError("boom")
     assert ctx.active is False and tracer.current_or_none() is None
+
+
+def _in_new_thread(fn):
+    """``fn()``'s result or exception, run in a thread that never had a context."""
+    out = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001  (handed back to the test)
+            out.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_thread_that_never_ran_a_kernel_has_no_current_context():
+    assert isinstance(_in_new_thread(tracer.current), NKITracingError)
+    assert _in_new_thread(tracer.current_or_none) is None
+
+
+def test_a_context_can_be_activated_in_a_new_thread():
+    ctx = tracer.KernelContext(PLAT, 0, Launch(1))
+
+    def run():
+        with tracer.activate(ctx):
+            inside = tracer.current()
+        return inside, tracer.current_or_none()
+
+    assert _in_new_thread(run) == (ctx, None)
 
 
 def test_each_thread_has_its_own_current_context():
