@@ -291,3 +291,44 @@ def test_memory_snapshot_is_the_list_of_segments_with_the_live_block():
     assert any(b["address"] == x.data_ptr() and b["state"] == "active_allocated"
                for s in segs for b in s["blocks"])
     del x
+
+
+def test_enabling_history_again_without_clearing_keeps_earlier_actions():
+    mem = torch.neuron.memory
+    mem._record_memory_history(stacks="python")
+    try:
+        x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+        addr = x.data_ptr()
+        mem._record_memory_history(stacks="python")
+        assert any(e["action"] == "alloc" and e["addr"] == addr for e in mem._snapshot()["device_traces"][0])
+        del x
+    finally:
+        mem._record_memory_history(None)
+
+
+def test_history_keeps_every_action_by_default():
+    mem = torch.neuron.memory
+    mem._record_memory_history(stacks="python")
+    try:
+        xs = [torch.empty(512, dtype=torch.uint8, device="neuron") for _ in range(150)]
+        addrs = {x.data_ptr() for x in xs}
+        allocs = [e for e in mem._snapshot()["device_traces"][0] if e["action"] == "alloc" and e["addr"] in addrs]
+        assert len(allocs) == 150
+        del xs
+    finally:
+        mem._record_memory_history(None)
+
+
+def test_snapshot_before_the_runtime_starts_is_empty_for_every_device(monkeypatch):
+    monkeypatch.setattr(torch.neuron, "is_initialized", lambda: False)
+    n = torch.neuron.device_count()
+    assert torch.neuron.memory._snapshot() == {"segments": [], "device_traces": [[] for _ in range(n)],
+                                               "allocator_settings": {"device": "neuron"}}
+
+
+def test_empty_cache_before_the_runtime_starts_does_not_start_it(monkeypatch):
+    called = []
+    monkeypatch.setattr(torch.neuron, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch._C, "_accelerator_emptyCache", lambda: called.append(1))
+    torch.neuron.empty_cache()
+    assert called == []
