@@ -120,10 +120,14 @@ MODULES: dict[str, Module] = {
     ),
     "nkilib_ops": Module(
         "torchneuron/nkilib/ops.py",
-        # the wiring unit tests, then the op-level gradient tests against CPU autograd (of the
-        # attention and kernel files only the op tests: their kernel tests never call ops.py)
-        ("tests/nkilib/test_ops_autograd_wiring.py", "tests/nkilib/test_nkilib_norm_mlp_backward.py",
-         "tests/nkilib/test_nkilib_moe_backward.py", "tests/nkilib/test_nkilib_grouped_mm.py",
+        # the wiring unit tests, then the op-level gradient tests against CPU autograd; the
+        # kernel tests of these files never call ops.py's wiring and the compiled-step tests
+        # take minutes, so only the op tests are named
+        ("tests/nkilib/test_ops_autograd_wiring.py",
+         "tests/nkilib/test_nkilib_norm_mlp_backward.py::test_op_rmsnorm_mlp_grads_on_neuron_match_cpu_autograd",
+         "tests/nkilib/test_nkilib_norm_mlp_backward.py::test_op_backward_kernels_lnc2_on_neuron",
+         "tests/nkilib/test_nkilib_moe_backward.py::test_moe_op_gradients_on_neuron_use_the_kernel",
+         "tests/nkilib/test_nkilib_grouped_mm.py::test_op_gradients_match_autograd_of_the_reference",
          "tests/nkilib/test_nkilib_attention.py::test_op_attention_autograd_matches_sdpa",
          "tests/nkilib/test_nkilib_attention.py::test_op_attention_on_neuron_device",
          "tests/nkilib/test_nkilib_kernels.py::test_op_cross_entropy_autograd_matches_torch_on_neuron",
