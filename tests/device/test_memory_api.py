@@ -332,3 +332,35 @@ def test_empty_cache_before_the_runtime_starts_does_not_start_it(monkeypatch):
     monkeypatch.setattr(torch._C, "_accelerator_emptyCache", lambda: called.append(1))
     torch.neuron.empty_cache()
     assert called == []
+
+
+def test_history_with_default_arguments_records_every_alloc_with_its_stack():
+    mem = torch.neuron.memory
+    mem._record_memory_history()
+    try:
+        x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+        [alloc] = [e for e in mem._snapshot()["device_traces"][0] if e["action"] == "alloc" and e["addr"] == x.data_ptr()]
+        assert any(f["filename"] == __file__ for f in alloc["frames"])
+        del x
+    finally:
+        mem._record_memory_history(None)
+
+
+# --- an allocator that reports no statistic (CUDA's accessors read such a counter as 0) --------
+@pytest.fixture
+def no_statistics(monkeypatch):
+    from collections import OrderedDict
+    monkeypatch.setattr(torch.accelerator, "memory_stats", lambda device=None: OrderedDict())
+
+
+def test_accessors_read_zero_for_missing_statistics(no_statistics):
+    assert (torch.neuron.memory_allocated(0), torch.neuron.max_memory_allocated(0),
+            torch.neuron.memory_reserved(0), torch.neuron.max_memory_reserved(0)) == (0, 0, 0, 0)
+
+
+def test_summary_shows_zero_for_missing_statistics(no_statistics):
+    lines = torch.neuron.memory_summary(0).splitlines()
+    rows = [[c.strip() for c in l.split("|")[1:]] for l in lines if "|" in l][1:]
+    assert len(rows) == 3 * len(ROWS)
+    assert rows == [["0 B"] * 4] * (3 * 4) + [["0"] * 4] * (3 * 3)
+    assert " OOMs: 0   alloc retries: 0   device allocs: 0   device frees: 0" in lines
