@@ -47,10 +47,10 @@ class _SysWithoutTrampolines:
         return f
 
 
-if os.environ.get("MUTANT_UNDER_TEST"):  # set by mutmut (tools/mutation.py) only
+import torchneuron.nki.tracer as _tracer  # noqa: E402
+
+if hasattr(_tracer, "x_user_frame__mutmut_orig"):  # tracer.py mutated by mutmut (tools/mutation.py)
     import mutmut.mutation.trampoline as _tramp
 
     _TRAMPOLINE = _tramp.__file__
-    import torchneuron.nki.tracer as _tracer
-
     _tracer.sys = _SysWithoutTrampolines()
