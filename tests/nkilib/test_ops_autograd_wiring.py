@@ -194,6 +194,13 @@ def test_cross_entropy_mean_uses_the_given_ignore_index(ce_loss):
     assert ce_loss[0][1][2] == 0
 
 
+@pytest.mark.parametrize("bad", ["avg", "MEAN", ""])
+def test_cross_entropy_rejects_an_unknown_reduction_naming_it(ce_loss, bad):
+    with pytest.raises(ValueError, match=f"reduction must be 'none', 'sum' or 'mean', got {bad!r}"):
+        ops.cross_entropy(_t(4, 5), LABELS, reduction=bad)
+    assert ce_loss == []  # rejected before any kernel runs
+
+
 def test_cross_entropy_mean_of_only_ignored_rows_divides_by_one(ce_loss):
     labels = torch.full((4,), -100)
     assert ops.cross_entropy(_t(4, 5), labels).item() == 7.0

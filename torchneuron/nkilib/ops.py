@@ -258,7 +258,10 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
                   reduction: str = "mean") -> torch.Tensor:
     """``F.cross_entropy`` for (N, V) logits through the NKI kernels (differentiable).
 
-    ``reduction``: "none", "sum", or "mean" (over the non-ignored rows, like PyTorch)."""
+    ``reduction``: "none", "sum", or "mean" (over the non-ignored rows, like PyTorch); any
+    other value raises ValueError."""
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(f"cross_entropy: reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
     loss = cross_entropy_fwd(logits, labels, int(ignore_index))[0]
     if reduction == "none":
         return loss
