@@ -63,7 +63,8 @@ test: $(DEPS)
 	$(MAKE) --no-print-directory -j3 build $(VLLM) $(TITAN_TRITON)/.stamp
 	# Two xdist workers, one host thread each (two cores, no oversubscription); grouping in
 	# tests/conftest.py keeps each file on one worker and every multi-process test on one.
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
+	# --durations: the slowest tests in every CI log, to keep the suite within its 25-minute budget
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=30 tests
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
