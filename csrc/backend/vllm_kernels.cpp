@@ -406,13 +406,16 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at::Te
                    double eps, const at::Tensor& out) {
   const int64_t rows = x.size(0), h = x.size(1);
   const T* w = weight.defined() ? weight.const_data_ptr<T>() : nullptr;
+  const T* xp = x.const_data_ptr<T>();
+  T* rp = residual != nullptr ? residual->data_ptr<T>() : nullptr;
+  T* op = out.data_ptr<T>();
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> xf(h);
     for (int64_t r = begin; r < end; ++r) {
-      const T* src = x.const_data_ptr<T>() + r * x.stride(0);
+      const T* src = xp + r * x.stride(0);
       for (int64_t c = 0; c < h; ++c) xf[c] = static_cast<float>(src[c]);
-      if (residual != nullptr) {  // x + residual in fp32; the residual keeps the rounded sum
-        T* res = residual->data_ptr<T>() + r * residual->stride(0);
+      if (rp != nullptr) {  // x + residual in fp32; the residual keeps the rounded sum
+        T* res = rp + r * residual->stride(0);
         for (int64_t c = 0; c < h; ++c) {
           xf[c] += static_cast<float>(res[c]);
           res[c] = static_cast<T>(xf[c]);
@@ -426,7 +429,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at::Te
       float ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
       for (; c < h; ++c) ss += xf[c] * xf[c];
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + static_cast<float>(eps));
-      T* dst = out.data_ptr<T>() + r * out.stride(0);
+      T* dst = op + r * out.stride(0);
       for (int64_t k = 0; k < h; ++k) {
         const T y = static_cast<T>(xf[k] * inv);
         dst[k] = w ? static_cast<T>(static_cast<float>(y) * static_cast<float>(w[k])) : y;

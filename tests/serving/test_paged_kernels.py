@@ -24,14 +24,15 @@ def _cache(dtype=torch.float32, device="neuron"):
 
 
 def _reference_decode(q, cache, table, lens, scale):
-    """SDPA per request over its gathered context (CPU, fp32)."""
+    """SDPA per request over its gathered context (CPU, fp32); any cache shape."""
     q, cache = q.cpu().float(), cache.cpu().float()
+    kvh, d = cache.shape[2], cache.shape[3] // 2
     outs = []
     for r, n in enumerate(lens.tolist()):
-        rows = cache[table[r].cpu().long()].reshape(-1, KVH, 2 * D)[:n]  # [n, kvh, 2D]
-        k, v = rows[..., :D].transpose(0, 1), rows[..., D:].transpose(0, 1)
+        rows = cache[table[r].cpu().long()].reshape(-1, kvh, 2 * d)[:n]  # [n, kvh, 2d]
+        k, v = rows[..., :d].transpose(0, 1), rows[..., d:].transpose(0, 1)
         o = F.scaled_dot_product_attention(q[r][:, None, :], k, v, scale=scale,
-                                           enable_gqa=q.shape[1] != KVH)
+                                           enable_gqa=q.shape[1] != kvh)
         outs.append(o[:, 0, :])
     return torch.stack(outs)
 
@@ -176,18 +177,6 @@ def _decode_general(heads, kvh, d, lens, block_size, dtype=torch.float32, q_scal
     return q, cache, table.to(torch.int32), torch.tensor(lens, dtype=torch.int32)
 
 
-def _reference_general(q, cache, table, lens, scale):
-    q, cache = q.float(), cache.float()
-    kvh, d = cache.shape[2], cache.shape[3] // 2
-    outs = []
-    for r, n in enumerate(lens.tolist()):
-        rows = cache[table[r].long()].reshape(-1, kvh, 2 * d)[:n]
-        k, v = rows[..., :d].transpose(0, 1), rows[..., d:].transpose(0, 1)
-        outs.append(F.scaled_dot_product_attention(q[r][:, None, :], k, v, scale=scale,
-                                                   enable_gqa=q.shape[1] != kvh)[:, 0, :])
-    return torch.stack(outs)
-
-
 def _run_decode(q, cache, table, lens, scale):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="neuron")
     torch.ops.torchneuron.paged_decode_attention(q.to("neuron"), cache.to("neuron"),
@@ -200,7 +189,7 @@ def test_decode_attention_long_context_rescales_running_softmax():
     # so every earlier partial sum must be rescaled (a missing rescale is off by far more)
     q, cache, table, lens = _decode_general(8, 2, 32, [200, 97, 8, 9, 1], 16, q_scale=4.0)
     torch.testing.assert_close(_run_decode(q, cache, table, lens, 32 ** -0.5),
-                               _reference_general(q, cache, table, lens, 32 ** -0.5),
+                               _reference_decode(q, cache, table, lens, 32 ** -0.5),
                                atol=2e-5, rtol=2e-5)
 
 
@@ -208,13 +197,13 @@ def test_decode_attention_head_size_not_a_multiple_of_eight():
     # head 12: the scalar inner loops (the AVX2 ones need 8 | head)
     q, cache, table, lens = _decode_general(4, 4, 12, [30, 5, 17], 8)
     torch.testing.assert_close(_run_decode(q, cache, table, lens, 0.25),
-                               _reference_general(q, cache, table, lens, 0.25),
+                               _reference_decode(q, cache, table, lens, 0.25),
                                atol=1e-5, rtol=1e-5)
 
 
 def test_decode_attention_fp16_long_context_accumulates_in_fp32():
     q, cache, table, lens = _decode_general(8, 4, 32, [150, 33], 16, dtype=torch.float16)
-    ref = _reference_general(q, cache, table, lens, 32 ** -0.5)  # fp32 math on fp16 inputs
+    ref = _reference_decode(q, cache, table, lens, 32 ** -0.5)  # fp32 math on fp16 inputs
     torch.testing.assert_close(_run_decode(q, cache, table, lens, 32 ** -0.5).float(), ref,
                                atol=2e-3, rtol=2e-3)
 
@@ -223,7 +212,7 @@ def test_decode_attention_empty_context_gives_zeros():
     q, cache, table, lens = _decode_general(4, 2, 16, [0, 3], 8)
     out = _run_decode(q, cache, table, lens, 1.0)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
-    torch.testing.assert_close(out[1:], _reference_general(q, cache, table, lens, 1.0)[1:])
+    torch.testing.assert_close(out[1:], _reference_decode(q, cache, table, lens, 1.0)[1:])
 
 
 # ---- RMSNorm: vLLM's IR ops rms_norm / fused_add_rms_norm ----------------------------------
