@@ -4,7 +4,7 @@ through the ``neuron`` torch.compile backend. Every engine also prefills a 191-t
 64-token chunks and then hits the prefix cache with it."""
 
 import pytest
-from conftest import assert_matches_hf, result_of
+from serving_support import assert_matches_hf, result_of
 
 
 def _check_against_hf(run, hf):

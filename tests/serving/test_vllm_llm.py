@@ -6,7 +6,7 @@ the same prompt extended (a prefix-cache hit), an over-long request, and the wor
 """
 
 import pytest
-from conftest import DEVICE_MEMORY, assert_matches_hf, result_of
+from serving_support import DEVICE_MEMORY, assert_matches_hf, result_of
 
 MiB = 1 << 20
 

@@ -17,7 +17,7 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import serving_env
+from serving_support import serving_env
 
 import tiny_models
 

@@ -1,7 +1,7 @@
 """Tensor parallelism: TP=2 over two neuron devices (the ``neuron`` c10d backend) equals TP=1."""
 
 import numpy as np
-from conftest import LOGPROB_ATOL, result_of
+from serving_support import LOGPROB_ATOL, result_of
 
 
 def test_tp2_runs_one_worker_per_neuron_device(engines):
