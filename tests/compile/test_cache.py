@@ -62,3 +62,45 @@ def test_cache_dir_is_scoped_to_neuron_compilations(tmp_path, monkeypatch):
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
         assert os.path.dirname(path) == str(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+
+
+def test_source_key_changes_with_a_nodes_stack_trace_and_module_path():
+    import torch
+
+    from torchneuron.compile.cache import graph_source_key
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) + 1)
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["stack_trace"] = '  File "a.py", line 3, in f\n'
+    key = graph_source_key(gm)
+    assert graph_source_key(gm) == key
+    node.meta["stack_trace"] = '  File "a.py", line 4, in f\n'
+    moved = graph_source_key(gm)
+    assert moved != key
+    node.meta["nn_module_stack"] = {"L__self__": ("L['self'].proj", torch.nn.Linear)}
+    assert graph_source_key(gm) not in (key, moved)
+
+
+def test_source_keyed_pass_runs_the_users_pass_and_keeps_its_cache_rules():
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from torchneuron.compile.cache import source_keyed_pass
+
+    ran = []
+
+    class Keyed(CustomGraphPass):
+        def __call__(self, graph):
+            ran.append(graph)
+
+        def uuid(self):
+            return "user-v1"
+
+    assert source_keyed_pass("k1", None).uuid() != source_keyed_pass("k2", None).uuid()
+    keyed = source_keyed_pass("k1", Keyed())
+    keyed("graph")
+    assert ran == ["graph"]
+    assert "user-v1" in keyed.uuid() and keyed.uuid() != source_keyed_pass("k2", Keyed()).uuid()
+    # a plain function has no uuid: Inductor must keep bypassing its cache for it
+    plain = source_keyed_pass("k1", ran.append)
+    plain("g2")
+    assert ran[-1] == "g2" and plain.uuid() is None

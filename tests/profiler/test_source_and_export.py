@@ -62,6 +62,35 @@ def test_compiled_kernels_are_mapped_to_their_fx_nodes_source(tmp_path):
     assert k["args"]["bytes_read"] == 64 * 4 and k["args"]["bytes_written"] == 64 * 4
 
 
+def _compiled_kernel_source(fn, x, tmp_path) -> str:
+    cf = torch.compile(fn, backend="neuron")
+    cf(x)
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        cf(x)
+    path = tmp_path / f"{fn.__module__}.json"
+    prof.export_chrome_trace(str(path))
+    (k,) = device_events(json.loads(path.read_text()), "compiled")
+    return k["args"]["source"]
+
+
+def test_compile_cache_hit_from_another_file_reports_this_files_source(tmp_path, monkeypatch):
+    import importlib.util
+
+    # Inductor's cache keys leave out stack traces: the second file's graph (the same code,
+    # lines moved down by an edit) would be a hit that carries the first file's attribution.
+    monkeypatch.setenv("TORCHNEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    body = "import torch\n{pad}def f(x):\n    return torch.cos(x) * 3 + 1\n"
+    sources = []
+    for name, pad in (("first_copy", ""), ("edited_copy", "\n\n\n")):
+        path = tmp_path / f"{name}.py"
+        path.write_text(body.format(pad=pad))
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sources.append(_compiled_kernel_source(mod.f, torch.randn(32, device="neuron"), tmp_path))
+    assert sources == [f"{tmp_path / 'first_copy.py'}:3", f"{tmp_path / 'edited_copy.py'}:6"]
+
+
 def test_parquet_set_round_trips_with_a_versioned_schema(gpt_profile, tmp_path):
     import pyarrow as pa
 

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import hashlib
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def cache_dir() -> str:
@@ -69,3 +69,38 @@ def scoped() -> Iterator[str]:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = prev
+
+
+def graph_source_key(gm: "torch.fx.GraphModule") -> str:
+    """Hash of what the generated code records about the user's program: every node's stack
+    trace (source file and line) and module path. Inductor's cache keys leave these out on
+    purpose (the same graph from another file is a hit), but the neuron wrapper writes each
+    kernel's source attribution into the generated code (torchneuron.profiler.compiled), so a
+    hit from another file, or from before an edit that moved the lines, would report stale
+    sources in the profiler."""
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        h.update(str(node.meta.get("stack_trace") or "").encode() + b"\0")
+        stack = node.meta.get("nn_module_stack") or {}
+        h.update("|".join(str(v[0]) for v in stack.values()).encode() + b"\1")
+    return h.hexdigest()[:16]
+
+
+def source_keyed_pass(source_key: str, user_pass: Any) -> Any:
+    """Inductor's ``post_grad_custom_post_pass`` for a neuron compilation: runs the user's pass
+    (if any) and puts ``source_key`` into the FX-graph and AOTAutograd cache keys through the
+    pass's ``uuid()``. A user pass without a uuid keeps disabling the cache, as in Inductor."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _SourceKeyedPass(CustomGraphPass):
+        def __call__(self, graph: Any) -> None:
+            if user_pass is not None:
+                user_pass(graph)
+
+        def uuid(self) -> Any:
+            if user_pass is None:
+                return f"torchneuron-source-{source_key}"
+            inner = user_pass.uuid() if isinstance(user_pass, CustomGraphPass) else None
+            return None if inner is None else (f"torchneuron-source-{source_key}", inner)
+
+    return _SourceKeyedPass()
