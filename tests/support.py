@@ -53,10 +53,16 @@ def _extract_test_fn_from_frames():
 def use_fast_opinfo_input_tracking() -> None:
     """Make PyTorch's OpInfo sample generators cheap to start under pytest.
 
-    Each ``op.sample_inputs(...)`` looks up the running test with ``inspect.stack()``, which reads
-    the source lines of every frame: about 60 ms under pytest's deep stacks, most of an OpInfo
-    test's time. The replacement returns the same function (or None, as for every pytest-style
-    test), so sample seeds and failure reports do not change."""
+    Each ``op.sample_inputs(...)`` looks up the running test (twice) with ``inspect.stack()``,
+    which reads the source lines of every frame; ``inspect.getmodule`` scans all of
+    ``sys.modules`` per frame, so in a worker that collected the whole suite (vLLM, transformers,
+    ...) one lookup takes ≈ 0.37 s, most of an OpInfo test's time. The replacement returns the
+    same function (or None, as for every pytest-style test), so sample seeds and failure reports
+    do not change."""
     from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
 
-    common_utils.extract_test_fn = _extract_test_fn_from_frames
+    # opinfo.core imported the function by name (its sample callback calls it once per test)
+    for module in (common_utils, core):
+        assert hasattr(module, "extract_test_fn"), module.__name__
+        module.extract_test_fn = _extract_test_fn_from_frames
