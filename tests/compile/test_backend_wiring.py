@@ -11,6 +11,7 @@ from torch._inductor import list_mode_options
 
 from compile_models import DEV
 from torchneuron.compile import backend
+from torchneuron.compile.cache import graph_source_key
 
 
 def _gm() -> torch.fx.GraphModule:
@@ -26,8 +27,13 @@ def _config_patches(monkeypatch, **kwargs) -> dict:
         return gm.forward
 
     monkeypatch.setattr(inductor_compile_fx, "compile_fx", recorder)
-    backend.compile_graph(_gm(), [torch.randn(4)], **kwargs)
-    return seen["config_patches"]
+    gm = _gm()
+    backend.compile_graph(gm, [torch.randn(4)], **kwargs)
+    patches = dict(seen["config_patches"])
+    # every compilation keys Inductor's caches on the graph's source locations (see cache.py)
+    source_pass = patches.pop("post_grad_custom_post_pass")
+    assert f"torchneuron-source-{graph_source_key(gm)}" in str(source_pass.uuid())
+    return patches
 
 
 def test_inductor_keeps_user_layouts_by_default(monkeypatch):
@@ -45,6 +51,30 @@ def test_user_options_override_the_defaults_and_fallback_is_not_passed_on(monkey
     patches = _config_patches(monkeypatch, options={"layout_optimization": True, "max_fusion_size": 7,
                                                     "fallback_execution": False})
     assert patches == {"layout_optimization": True, "max_fusion_size": 7}
+
+
+def test_a_users_post_grad_pass_still_runs_under_the_source_keyed_pass(monkeypatch):
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    ran = []
+
+    class UserPass(CustomGraphPass):
+        def __call__(self, graph):
+            ran.append(graph)
+
+        def uuid(self):
+            return "user-pass-v1"
+
+    seen = {}
+
+    def recorder(gm, example_inputs, inner_compile=None, config_patches=None):
+        seen["pass"] = config_patches["post_grad_custom_post_pass"]
+        return gm.forward
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx", recorder)
+    backend.compile_graph(_gm(), [torch.randn(4)], options={"post_grad_custom_post_pass": UserPass()})
+    seen["pass"]("graph")
+    assert ran == ["graph"] and "user-pass-v1" in seen["pass"].uuid()
 
 
 def test_a_second_compile_of_the_same_frame_counts_as_one_recompilation(metrics):
