@@ -31,8 +31,8 @@ def _config_patches(monkeypatch, **kwargs) -> dict:
     backend.compile_graph(gm, [torch.randn(4)], **kwargs)
     patches = dict(seen["config_patches"])
     # every compilation keys Inductor's caches on the graph's source locations (see cache.py)
-    source_pass = patches.pop("post_grad_custom_post_pass")
-    assert f"torchneuron-source-{graph_source_key(gm)}" in str(source_pass.uuid())
+    (source_pass,) = patches.pop("post_grad_custom_post_pass")
+    assert source_pass.uuid() == f"torchneuron-source-{graph_source_key(gm)}"
     return patches
 
 
@@ -53,28 +53,55 @@ def test_user_options_override_the_defaults_and_fallback_is_not_passed_on(monkey
     assert patches == {"layout_optimization": True, "max_fusion_size": 7}
 
 
-def test_a_users_post_grad_pass_still_runs_under_the_source_keyed_pass(monkeypatch):
+def test_a_users_post_grad_passes_are_kept_before_the_source_key_pass(monkeypatch):
     from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    ran = []
 
     class UserPass(CustomGraphPass):
         def __call__(self, graph):
-            ran.append(graph)
+            pass
 
         def uuid(self):
             return "user-pass-v1"
 
+    first, second = UserPass(), UserPass()
     seen = {}
 
     def recorder(gm, example_inputs, inner_compile=None, config_patches=None):
-        seen["pass"] = config_patches["post_grad_custom_post_pass"]
+        seen["passes"] = config_patches["post_grad_custom_post_pass"]
         return gm.forward
 
     monkeypatch.setattr(inductor_compile_fx, "compile_fx", recorder)
-    backend.compile_graph(_gm(), [torch.randn(4)], options={"post_grad_custom_post_pass": UserPass()})
-    seen["pass"]("graph")
-    assert ran == ["graph"] and "user-pass-v1" in seen["pass"].uuid()
+    for user in (first, [first, second]):
+        backend.compile_graph(_gm(), [torch.randn(4)], options={"post_grad_custom_post_pass": user})
+        *kept, source_pass = seen["passes"]
+        assert kept == (user if isinstance(user, list) else [user])
+        assert source_pass.uuid().startswith("torchneuron-source-")
+
+
+def test_a_users_post_grad_pass_runs_in_a_real_neuron_compilation():
+    import uuid
+
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    seen = []
+
+    class Recording(CustomGraphPass):
+        def __call__(self, graph):
+            seen.append(sum(1 for n in graph.nodes if n.op == "call_function"))
+
+        def uuid(self):
+            return f"recording-{run}"  # new per run: a cache hit would skip the pass
+
+    run = uuid.uuid4().hex
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.relu(x) * 3
+
+    cf = torch.compile(f, backend="neuron", options={"post_grad_custom_post_pass": Recording()})
+    x = torch.randn(8, device=DEV)
+    torch.testing.assert_close(cf(x).cpu(), f(x.cpu()))
+    assert seen and seen[0] >= 1
 
 
 def test_a_second_compile_of_the_same_frame_counts_as_one_recompilation(metrics):

@@ -197,10 +197,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     config_patches.update(_mode_config(mode))
     config_patches.update(options)
     from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
-    config_patches["post_grad_custom_post_pass"] = cache.source_keyed_pass(
-        cache.graph_source_key(gm), config_patches.get(
-            "post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass))
+    user_passes = get_custom_graph_passes(config_patches.get(
+        "post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass))
+    config_patches["post_grad_custom_post_pass"] = [
+        *user_passes, cache.source_key_pass(cache.graph_source_key(gm))]
 
     def count_compilation() -> None:  # once per graph Dynamo keeps (not on analysis restarts)
         metrics.incr("compilations")

@@ -86,21 +86,18 @@ def graph_source_key(gm: "torch.fx.GraphModule") -> str:
     return h.hexdigest()[:16]
 
 
-def source_keyed_pass(source_key: str, user_pass: Any) -> Any:
-    """Inductor's ``post_grad_custom_post_pass`` for a neuron compilation: runs the user's pass
-    (if any) and puts ``source_key`` into the FX-graph and AOTAutograd cache keys through the
-    pass's ``uuid()``. A user pass without a uuid keeps disabling the cache, as in Inductor."""
+def source_key_pass(source_key: str) -> Any:
+    """A no-op Inductor post-grad pass whose ``uuid()`` is ``source_key``: appended to
+    ``post_grad_custom_post_pass`` for a neuron compilation, it puts the graph's source locations
+    into the FX-graph and AOTAutograd cache keys. Inductor runs and keys the user's own passes
+    beside it by its usual rules (a pass without a uuid still disables the cache)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    class _SourceKeyedPass(CustomGraphPass):
+    class _SourceKey(CustomGraphPass):
         def __call__(self, graph: Any) -> None:
-            if user_pass is not None:
-                user_pass(graph)
+            pass
 
         def uuid(self) -> Any:
-            if user_pass is None:
-                return f"torchneuron-source-{source_key}"
-            inner = user_pass.uuid() if isinstance(user_pass, CustomGraphPass) else None
-            return None if inner is None else (f"torchneuron-source-{source_key}", inner)
+            return f"torchneuron-source-{source_key}"
 
-    return _SourceKeyedPass()
+    return _SourceKey()
