@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+TORCH  := $(VENV)/.torch-stamp
 DEPS   := $(VENV)/.deps-stamp
 EXT    := torchneuron/_C$(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 CSRC   := $(shell find csrc -name '*.cpp' -o -name '*.h')
@@ -17,15 +18,19 @@ all: build
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first and pinned, so nothing can pull another (multi-GB CUDA) build; then the project
-# in editable mode without compiling (the extension is built below, incrementally).
-$(DEPS): $(PY) pyproject.toml setup.py requirements/constraints.txt
+# torch first and pinned, so nothing can pull another (multi-GB CUDA) build. The C++ core
+# needs nothing else, so it compiles while the project and its extras install (CPU vs download).
+$(TORCH): $(PY) requirements/constraints.txt
 	$(PY) -m pip install -q --upgrade pip setuptools wheel ninja
 	$(PY) -m pip install -q torch==2.13.0
+	touch $@
+
+# The project in editable mode without compiling (the extension is built below, incrementally).
+$(DEPS): $(TORCH) pyproject.toml setup.py
 	TORCHNEURON_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -c requirements/constraints.txt -e '.[test,ecosystem,profiler]'
 	touch $@
 
-$(EXT): $(DEPS) $(CSRC) setup.py
+$(EXT): $(TORCH) $(CSRC) setup.py
 	# Autoload off: torch must not try to load the extension that is being built.
 	flock /tmp/torchneuron-build.lock env MAX_JOBS=2 TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) setup.py -q build_ext --inplace
 	touch $@
@@ -54,12 +59,12 @@ $(TITAN_TRITON)/.stamp: $(DEPS)
 	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt --target $(TITAN_TRITON) triton==3.7.1
 	touch $@
 
-demo: build
+demo: build $(DEPS)
 	$(PY) examples/train_gpt.py
 
-# The three setup steps run side by side: the C++ build is CPU-bound, the two installs mostly
-# download and unpack.
-test: $(DEPS)
+# The setup steps run side by side once torch is in: the C++ build is CPU-bound, the installs
+# (the project's extras, then vLLM and TorchTitan's triton) mostly download and unpack.
+test: $(TORCH)
 	$(MAKE) --no-print-directory -j3 build $(VLLM) $(TITAN_TRITON)/.stamp
 	# Two xdist workers, one host thread each (two cores, no oversubscription); grouping in
 	# tests/conftest.py keeps each file on one worker and every multi-process test on one.

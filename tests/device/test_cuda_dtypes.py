@@ -6,9 +6,6 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
-from support import use_fast_opinfo_input_tracking
-
-use_fast_opinfo_input_tracking()
 
 _WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
 _NOT_YET: dict = {}

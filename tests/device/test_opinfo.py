@@ -10,11 +10,10 @@ tested in test_random.py).
 import pytest
 import torch
 import torchneuron
-from support import ran_random_kernel, use_fast_opinfo_input_tracking
+from support import ran_random_kernel
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
 
-use_fast_opinfo_input_tracking()
 
 # Ops whose result is undefined by design (uninitialised memory), or that need inputs to stay
 # on the CPU (tensor_split's index tensor), move data to another device (to: tested in

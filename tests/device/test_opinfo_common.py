@@ -29,9 +29,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing import make_tensor
 from torch.testing._internal.opinfo.core import DecorateInfo
 from torch.utils._pytree import tree_flatten, tree_map
-from support import use_fast_opinfo_input_tracking
 
-use_fast_opinfo_input_tracking()
 
 DEVICE = "neuron"
 MAX_SAMPLES = 6

@@ -10,9 +10,8 @@ from torch.testing._internal.opinfo.core import UnaryUfuncInfo
 from torch.utils._pytree import tree_leaves, tree_map
 
 import torchneuron
-from support import ran_random_kernel, use_fast_opinfo_input_tracking
+from support import ran_random_kernel
 
-use_fast_opinfo_input_tracking()
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta",
                                         "ignore:Sparse invariant checks are implicitly disabled")
