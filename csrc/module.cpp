@@ -15,6 +15,7 @@
 #include "backend/ipc.h"
 #include "backend/sparse.h"
 #include "backend/zero_copy.h"
+#include "runtime/engine.h"
 #include "runtime/runtime.h"
 
 namespace torchneuron {
@@ -127,6 +128,22 @@ PYBIND11_MODULE(_C, m) {
   torchneuron::prof::bind_profiler(m);
   torchneuron::bind_memory_history(m);
   m.def("_set_op_tracking", &torchneuron::set_op_tracking);
+  // The execution engine (runtime/engine.h; torchneuron.neuron.engine wraps these).
+  m.def("_engine_set_enabled", &neuron::rt::engine::set_enabled, py::arg("on"));
+  m.def("_engine_configured", &neuron::rt::engine::configured);
+  // Also the synchronization point compiled code calls before each of its C++ kernels: one
+  // atomic comparison when nothing is queued.
+  m.def("_engine_drain", []() {
+    if (!neuron::rt::engine::pending()) return;
+    py::gil_scoped_release no_gil;
+    neuron::rt::engine::drain();
+  });
+  m.def("_engine_pending", &neuron::rt::engine::pending);
+  m.def("_engine_stats", []() {
+    const auto s = neuron::rt::engine::stats();
+    return py::dict(py::arg("enqueued") = s.enqueued, py::arg("executed") = s.executed,
+                    py::arg("drains") = s.drains);
+  });
   torchneuron::bind_cpu_kernel_call(m);
   // Interprocess sharing (torchneuron/neuron/ipc.py).
   m.def("_ipc_export", &ipc_export,

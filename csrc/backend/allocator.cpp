@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../runtime/engine.h"
 #include "../runtime/runtime.h"
 #include "gpu_trace.h"
 #include "ipc.h"
@@ -272,8 +273,11 @@ Block* malloc_block(int device, size_t nbytes) {
       c.stats.num_alloc_retries++;
       // Blocks shared with other processes that those have released wait in the IPC limbo
       // (ipc.h); free them first. Unlocked: freeing a block takes this lock.
+      // Queued kernels (runtime/engine.h) hold the memory of tensors dropped since the call:
+      // run them too.
       lock.unlock();
       ipc_collect();
+      neuron::rt::engine::drain_quietly();
       lock.lock();
       process_events_locked(c, /*sync=*/true, dead);
       release_cached_locked(c, device);
@@ -453,7 +457,8 @@ void delete_adopted(void* ctx) {
     }
     free_adopted_locked(c, a, context);
   }
-  delete a;  // frees the CPU memory through its own deleter
+  // Frees the CPU memory through its own deleter, once no queued kernel can still use it.
+  neuron::rt::engine::after_queue([a] { delete a; });
 }
 
 }  // namespace
@@ -480,6 +485,7 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
   void* ptr = cpu_data.get();
   if (!neuron::rt::reserve(device, nbytes)) {
     ipc_collect();  // as in malloc_block
+    neuron::rt::engine::drain_quietly();
     Graveyard dead;
     std::lock_guard<std::mutex> lock(c.mu);
     c.stats.num_alloc_retries++;
@@ -506,6 +512,7 @@ void NeuronAllocator::copy_data(void* dest, const void* src, std::size_t count) 
 }
 
 void NeuronAllocator::emptyCache(c10::MempoolId_t) {
+  neuron::rt::engine::drain_quietly();  // memory queued kernels hold is released by them
   for (int d = 0; d < neuron::rt::device_count(); ++d) {
     auto& c = g_cache[d];
     Graveyard dead;

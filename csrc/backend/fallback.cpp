@@ -3,15 +3,19 @@
 // device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
 // makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing
 // for speed.
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../runtime/runtime.h"
+#include "enqueue.h"
 #include "fallback.h"
 #include "sparse.h"
 #include "zero_copy.h"
@@ -144,16 +148,11 @@ void run_widened(const c10::OperatorHandle& op, const std::vector<c10::IValue>& 
   }
 }
 
-}  // namespace
-
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key) {
-  const auto& schema = op.schema();
+// Replace every tensor argument on the stack by its CPU alias (pass 1 of the fallback): tensors
+// and devices decide the op's device.
+void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema& schema,
+                     torch::jit::Stack* stack, size_t begin) {
   const size_t num_args = schema.arguments().size();
-  const size_t begin = stack->size() - num_args;
-  ZeroCopy zc;
-  SparseAliases sp(zc);  // sparse arguments and results (sparse.h); idle for dense ops
-
-  // Pass 1: tensors and devices decide the op's device and are replaced by CPU aliases.
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     // How the profiler counts the argument's bytes: out= buffers are written, arguments
@@ -197,27 +196,206 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
                                 " draws random numbers and has no neuron kernel (csrc/backend/random.cpp "
                                 "registers every random op with a CPU kernel); run it on the CPU.");
   }
+}
 
+// Run the CPU kernel on the aliased arguments at stack[begin:], with the widening retry for
+// narrow dtypes CPU refuses; leaves the results on the stack.
+void run_on_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin, c10::DispatchKey cpu_key) {
   // Dense ops with a narrow floating argument keep their arguments for the widening retry.
   bool narrow = false;
   if (cpu_key == c10::DispatchKey::CPU) {
-    for (size_t i = 0; i < num_args && !narrow; ++i) narrow = has_narrow_tensor((*stack)[begin + i]);
+    for (size_t i = begin; i < stack->size() && !narrow; ++i) narrow = has_narrow_tensor((*stack)[i]);
   }
-  std::vector<c10::IValue> saved;
-  if (narrow) saved.assign(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-
-  zc.launch(schema.operator_name());
   if (!narrow) {
     op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
-  } else {
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
-    } catch (const c10::NotImplementedError& e) {
-      if (!refuses_narrow(e.what())) throw;
-      stack->resize(begin);
-      run_widened(op, saved, stack, cpu_key);
+    return;
+  }
+  std::vector<c10::IValue> saved(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
+  } catch (const c10::NotImplementedError& e) {
+    if (!refuses_narrow(e.what())) throw;
+    stack->resize(begin);
+    run_widened(op, saved, stack, cpu_key);
+  }
+}
+
+// ---- enqueued ops (enqueue.h) -------------------------------------------------------------
+// In-place and out= ops write only their arguments, so their results exist at the call. Such an
+// op is enqueued when its kernel can neither change a tensor's metadata nor fail on metadata
+// the call could have checked:
+//  - every tensor argument is a dense neuron tensor of one device and one dtype (Python numbers
+//    too, if they do not promote it), so no cast can fail;
+//  - every tensor argument has the written argument's shape or is 0-dim (lists: element by
+//    element), so nothing broadcasts and an in-place op cannot fail on shapes;
+//  - out= ops are pointwise (tagged so) and their outs have the result's shape already, so the
+//    CPU kernel never resizes one;
+//  - no written argument overlaps itself or partially overlaps another (CPU kernels raise).
+// Meta kernels would check more, but many are Python (torch/_meta_registrations.py): 0.1-1 ms a
+// call, 30-300x the kernel of a small op. Everything else runs synchronously.
+struct Deferred {
+  ZeroCopy zc{ZeroCopy::Queued{}};
+  SparseAliases sp{zc};
+  torch::jit::Stack args;
+};
+
+bool writes_only_arguments(const c10::FunctionSchema& schema) {
+  bool writes = false;
+  for (const auto& a : schema.arguments()) {
+    if (is_optional_generator(a) || a.real_type()->kind() == c10::TypeKind::DeviceObjType) return false;
+    writes = writes || (a.alias_info() && a.alias_info()->isWrite());
+  }
+  if (!writes) return false;
+  for (const auto& r : schema.returns()) {
+    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+  }
+  return true;
+}
+
+// The index of the argument a written return aliases.
+size_t returned_argument(const c10::FunctionSchema& schema, size_t ret) {
+  const auto& sets = schema.returns()[ret].alias_info()->beforeSets();
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto* info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite() && info->beforeSets() == sets) return i;
+  }
+  return SIZE_MAX;
+}
+
+bool plain_neuron(const at::Tensor& t, int* device) {
+  if (!t.defined()) return true;
+  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) return true;  // a Python number
+  if (!t.is_privateuseone() || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
+  if (*device < 0) *device = t.device().index();
+  return t.device().index() == *device;
+}
+
+
+bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin) {
+  const auto& schema = op.schema();
+  if (!writes_only_arguments(schema)) return false;
+  const size_t num_args = schema.arguments().size();
+  bool out_form = false;
+  int device = -1;
+  const at::Tensor* ref = nullptr;  // the first written tensor: shape and dtype to match
+  std::vector<at::Tensor> written, read, wrapped;
+  std::vector<c10::List<at::Tensor>> lists;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    const auto& arg = schema.arguments()[i];
+    const bool write = arg.alias_info() && arg.alias_info()->isWrite();
+    out_form = out_form || arg.is_out();
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) continue;
+      if (!plain_neuron(t, &device)) return false;
+      if (t.is_cpu()) wrapped.push_back(t);
+      else (write ? written : read).push_back(t);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (const at::Tensor& t : list) {
+        if (!t.defined() || t.is_cpu() || !plain_neuron(t, &device)) return false;
+        (write ? written : read).push_back(t);
+      }
+      lists.push_back(std::move(list));
+    } else if (v.isList() || v.isDevice() || v.isGenerator()) {
+      if (v.isList() && !v.isTensorList() && is_optional_tensor_list(arg)) return false;  // indices
     }
   }
+  if (device < 0 || written.empty()) return false;
+  if (out_form && !op.hasTag(at::Tag::pointwise)) return false;
+  ref = &written.front();
+  // One dtype; Python numbers must not promote it.
+  for (const auto* group : {&written, &read}) {
+    for (const at::Tensor& t : *group) {
+      if (t.scalar_type() != ref->scalar_type()) return false;
+    }
+  }
+  for (const at::Tensor& w : wrapped) {
+    if (at::result_type(*ref, w) != ref->scalar_type()) return false;
+  }
+  // Shapes: lists element by element (all lists of one length), single tensors 0-dim or the
+  // written argument's shape.
+  if (!lists.empty()) {
+    const size_t n = lists.front().size();
+    for (const auto& l : lists) {
+      if (l.size() != n) return false;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const at::Tensor first = lists.front().get(j);
+      for (const auto& l : lists) {
+        if (l.get(j).sizes() != first.sizes()) return false;
+      }
+    }
+    for (const at::Tensor& t : read) {
+      if (t.dim() != 0 && std::none_of(lists.begin(), lists.end(), [&](const c10::List<at::Tensor>& l) {
+            for (const at::Tensor& e : l) {
+              if (e.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
+            }
+            return false;
+          })) {
+        return false;
+      }
+    }
+  } else {
+    for (const auto* group : {&written, &read}) {
+      for (const at::Tensor& t : *group) {
+        if (t.dim() != 0 && t.sizes() != ref->sizes()) return false;
+      }
+    }
+  }
+  if (out_form) {
+    // An out= must already have the result's shape (functional wrappers often pass an empty
+    // one for the kernel to resize): the shape of a non-0-dim input, or 0-dim if all are.
+    if (!lists.empty() || read.empty()) return false;
+    const bool any_full = std::any_of(read.begin(), read.end(), [](const at::Tensor& t) { return t.dim() != 0; });
+    for (const at::Tensor& w : written) {
+      if ((w.dim() == 0) == any_full) return false;
+    }
+  }
+  for (const at::Tensor& w : written) {
+    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return false;
+    for (const at::Tensor& r : read) {
+      if (r.unsafeGetTensorImpl() != w.unsafeGetTensorImpl() &&
+          at::get_overlap_status(w, r) == at::MemOverlapStatus::Partial) {
+        return false;
+      }
+    }
+  }
+
+  // Alias now (device checks raise here, at the call), run later.
+  torch::jit::Stack originals(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+  auto d = std::make_shared<Deferred>();
+  alias_arguments(d->zc, d->sp, schema, stack, begin);
+  d->args.assign(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+  d->zc.release_tensors();
+  stack->resize(begin);
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const size_t i = returned_argument(schema, r);
+    TORCH_INTERNAL_ASSERT(i < originals.size(), schema.operator_name(), ": return ", r, " aliases no argument");
+    stack->push_back(originals[i]);
+  }
+  enqueue_kernel(d->zc.device(), schema.operator_name().name.c_str(), [d, op] {
+    d->zc.launch(op.schema().operator_name());
+    torch::jit::Stack args = std::move(d->args);
+    run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
+  });
+  return true;
+}
+
+}  // namespace
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t begin = stack->size() - num_args;
+  if (may_enqueue() && cpu_key == c10::DispatchKey::CPU && enqueue_fallback(op, stack, begin)) return;
+  ZeroCopy zc;
+  SparseAliases sp(zc);  // sparse arguments and results (sparse.h); idle for dense ops
+
+  alias_arguments(zc, sp, schema, stack, begin);
+  zc.launch(schema.operator_name());
+  run_on_aliases(op, stack, begin, cpu_key);
   zc.sync_inputs();
   sp.sync();
 

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../runtime/engine.h"
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "zero_copy.h"
@@ -114,11 +115,14 @@ struct Received {
 };
 
 void delete_received(void* ctx) {
-  std::unique_ptr<Received> r(static_cast<Received*>(ctx));
-  // Execution is synchronous: every kernel that used the storage has completed.
-  __atomic_fetch_sub(r->counter, 1, __ATOMIC_ACQ_REL);
-  neuron::rt::unmap_shared(r->counter, sizeof(int64_t));
-  neuron::rt::unmap_shared(r->data, r->nbytes);
+  // Released (the producer may reuse the block, the mapping goes) once every kernel that may use
+  // the storage has run: after the execution engine's queue (runtime/engine.h).
+  neuron::rt::engine::after_queue([r = static_cast<Received*>(ctx)] {
+    std::unique_ptr<Received> owned(r);
+    __atomic_fetch_sub(owned->counter, 1, __ATOMIC_ACQ_REL);
+    neuron::rt::unmap_shared(owned->counter, sizeof(int64_t));
+    neuron::rt::unmap_shared(owned->data, owned->nbytes);
+  });
 }
 
 void init_runtime() {
@@ -139,6 +143,9 @@ IpcHandle ipc_export(const c10::Storage& storage) {
               "currently supported. Consider cloning before sending.");
   const size_t nbytes = impl->nbytes();
   TORCH_CHECK(nbytes > 0, "ipc_export: empty storages are sent without memory");
+  // The consumer must see every write queued before the send, as CUDA's sharing makes it
+  // wait on an event the producer records (runtime/engine.h).
+  neuron::rt::engine::drain();
   init_runtime();  // a forked child must not hand out its parent's memory
   const int device = impl->device().index();
   neuron::rt::SharedRange range{};

@@ -5,6 +5,7 @@
 // (fallback.cpp).
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
@@ -40,6 +41,7 @@
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "enqueue.h"
 #include "fallback.h"
 #include "fp8.h"
 #include "gpu_trace.h"
@@ -319,12 +321,41 @@ template <class R, class... A> struct Hot<R(A...)> {
   }
 };
 
+// ---- enqueued hot ops (enqueue.h) -------------------------------------------------------------
+// A hot op enqueues its kernel only when no error can depend on the data or surface late: every
+// tensor argument is a neuron tensor of the op's device and dtype (no casts, no host values the
+// caller could change before the kernel reads them), floating point, and same-shaped or 0-dim.
+// (A Python number reaches the op as a CPU "wrapped number": no one else can change it.)
+inline bool same_kind(const at::Tensor& ref, const at::Tensor& t) {
+  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    return at::result_type(ref, t) == ref.scalar_type();
+  }
+  return t.is_privateuseone() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
+         (t.dim() == 0 || t.sizes() == ref.sizes());
+}
+template <class V> bool same_kind(const at::Tensor&, const V&) { return true; }  // scalars, ints
+inline bool enqueueable(const at::Tensor& ref) {
+  return ref.is_privateuseone() && c10::isFloatingType(ref.scalar_type()) && !ref.is_conj() && !ref.is_neg();
+}
+
 // In-place wrapper for ops shaped (Tensor& self, rest...).
 template <class... Rest> struct HotInplace {
   template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
     if (C10_UNLIKELY(any_chalf(self, rest...))) {
       via_fallback<Name>(self, rest...);  // writes self (rounded once from complex64)
+      return self;
+    }
+    if (may_enqueue() && enqueueable(self) && (same_kind(self, rest) && ...) &&
+        at::has_internal_overlap(self) != at::MemOverlap::Yes) {
+      auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
+      at::Tensor s = zc->in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
+      auto cpu = std::make_shared<std::tuple<at::Tensor, std::decay_t<Rest>...>>(s, map_in(*zc, rest)...);
+      zc->release_tensors();
+      enqueue_kernel(zc->device(), Name, [zc, cpu] {
+        zc->launch(Name);
+        std::apply([](at::Tensor& a, auto&... r) { F(a, r...); }, *cpu);
+      });
       return self;
     }
     ZeroCopy zc;
@@ -365,10 +396,37 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
   return zc.out(func_call());
 }
 
+// Elementwise ops over same-shaped neuron operands of one floating dtype: the output comes from
+// the device pool at the call and the `.out` kernel is enqueued. Returns an undefined tensor if
+// the call does not qualify.
+template <const char* Name, class OutCall>
+at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
+  const at::Tensor& big = self.dim() >= other.dim() ? self : other;
+  if (!may_enqueue() || !enqueueable(big) || !same_kind(big, self) || !same_kind(big, other) ||
+      !plain(self) || !plain(other)) {
+    return at::Tensor();
+  }
+  auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
+  at::Tensor a = zc->in(self), b = zc->in(other);
+  at::Tensor out = pooled(*zc, big.sizes(), big.scalar_type());
+  at::Tensor o = zc->in_output(out);
+  zc->release_tensors();
+  enqueue_kernel(zc->device(), Name, [zc, a, b, o, out_call]() mutable {
+    zc->launch(Name);
+    out_call(o, a, b);
+  });
+  return out;
+}
+
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
+  if (at::Tensor r = enqueue_elementwise<Name>(self, other, [alpha](at::Tensor& o, const at::Tensor& a,
+                                                                     const at::Tensor& b) { Out(o, a, b, alpha); });
+      r.defined()) {
+    return r;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);
@@ -380,6 +438,11 @@ template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, con
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
+  if (at::Tensor r = enqueue_elementwise<Name>(self, other, [](at::Tensor& o, const at::Tensor& a,
+                                                               const at::Tensor& b) { Out(o, a, b); });
+      r.defined()) {
+    return r;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);

@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <unistd.h>
 
+#include "../runtime/engine.h"
 #include "../runtime/runtime.h"
 #include "trace_api.h"
 
@@ -618,7 +619,10 @@ uint64_t api_corr() { return rtt::current_correlation(); }
 int32_t api_tid() { return rtt::thread_id(); }
 int64_t api_now() { return rtt::now_ns(); }
 
-TraceApi g_api{kTraceApiVersion, &api_active, &api_corr, &api_tid, &api_now, &record_collective_c, &encode_tensor};
+void api_drain() { neuron::rt::engine::drain(); }
+
+TraceApi g_api{kTraceApiVersion, &api_active, &api_corr, &api_tid, &api_now, &record_collective_c, &encode_tensor,
+               &api_drain};
 
 }  // namespace
 

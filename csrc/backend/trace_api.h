@@ -21,8 +21,11 @@ struct TraceApi {
   void (*record_collective)(const char*, int, int64_t, uint64_t, int32_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, const char*, const std::vector<int64_t>*);
   void (*encode_tensor)(std::vector<int64_t>&, const at::Tensor&, int64_t flags);
+  // Wait for the kernels the execution engine queued (runtime/engine.h) before a collective
+  // reads device memory; throws the error of one that failed.
+  void (*drain)();
 };
 
-constexpr int kTraceApiVersion = 1;
+constexpr int kTraceApiVersion = 2;
 
 }  // namespace torchneuron

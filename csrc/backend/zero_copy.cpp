@@ -1,6 +1,8 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "zero_copy.h"
 
+#include "../runtime/engine.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
@@ -130,6 +132,9 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
     return t;
   }
   set_device(dev.index());
+  // A kernel that runs now must see what every queued kernel wrote (engine.h), and may read an
+  // alias before launch() (argument checks on values): the queue runs first.
+  if (C10_UNLIKELY(!queued_ && neuron::rt::engine::pending())) neuron::rt::engine::drain();
   c10::TensorImpl* src = t.unsafeGetTensorImpl();
   // The same tensor passed twice (ldexp_ -> ldexp.out(self, other, out=self)) must stay one
   // tensor for the kernel: TensorIterator recognises an output that is also an input by
@@ -279,6 +284,10 @@ at::Tensor ZeroCopy::map_out(const at::Tensor& cpu) {
   return adopt(cpu);
 }
 
+void ZeroCopy::release_tensors() {
+  for (auto& a : args_) a.device_tensor.reset();
+}
+
 void ZeroCopy::sync_inputs() {
   if (C10_UNLIKELY(trace_ != nullptr)) prof::end_execution(*trace_);
   for (auto& e : storages_) {
@@ -311,6 +320,8 @@ void ZeroCopy::sync_inputs() {
 
 void resize_storage_bytes(c10::StorageImpl* impl, size_t nbytes) {
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  // Queued kernels hold aliases of the old bytes: they run first.
+  if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();
   const size_t old = impl->nbytes();
   int device = impl->data_ptr().device().index();
   if (device < 0) device = neuron::rt::current_device();
@@ -342,6 +353,7 @@ void track_hot(const char* name) {
 }
 
 std::vector<std::pair<std::string, int64_t>> executed_ops(bool fallback_only) {
+  neuron::rt::engine::drain_quietly();  // count what was enqueued, not only what has run
   std::lock_guard<std::mutex> lock(g_track_mu);
   std::unordered_map<std::string, int64_t> merged;
   for (auto& [name, n] : g_fallback_counts) {

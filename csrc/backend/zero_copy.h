@@ -30,6 +30,9 @@ class ZeroCopy {
   ZeroCopy() {
     if (C10_UNLIKELY(neuron::rt::trace::active())) trace_ = prof::begin_launch();
   }
+  // For a kernel queued on the execution engine (enqueue.h): in() does not run the queue.
+  struct Queued {};
+  explicit ZeroCopy(Queued) : queued_(true) {}
   ~ZeroCopy() {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::finish(std::move(trace_), device_);
     if (!args_.empty()) recycle_aliases();
@@ -48,7 +51,9 @@ class ZeroCopy {
   // ---- inputs ----
   // Note a tensor argument: checks devices (same neuron device; CPU only as 0-dim scalars
   // unless allow_cpu; never as outputs, trace_flags & kOutput, of an op on a neuron device) and
-  // returns the CPU alias for neuron tensors, the tensor itself otherwise.
+  // returns the CPU alias for neuron tensors, the tensor itself otherwise. Kernels may read an
+  // alias before launch() (argument checks on values), so the first neuron tensor runs the
+  // execution engine's queue (unless this ZeroCopy is for a queued kernel).
   // trace_flags: how the profiler records the argument (prof::kOutput for out= buffers).
   at::Tensor in(const at::Tensor& t, bool allow_cpu = false, int64_t trace_flags = 0);
   // A device buffer the kernel writes (a preallocated output): aliased like in(), recorded as
@@ -71,6 +76,14 @@ class ZeroCopy {
 
   bool any_neuron() const { return device_ >= 0; }
 
+  // For a kernel queued on the execution engine (enqueue.h), after the last in(): drop the
+  // references to the device tensors, keeping only the aliases (raw views of the bytes). A
+  // tensor the user drops is then freed at once, as on CUDA: the caching allocator's block is
+  // written again only by later kernels, and memory that could go away (adopted, mapped from
+  // another process) is released behind the queue (engine.h, after_queue). sync_inputs() must
+  // not be called afterwards: a queued kernel changes no tensor's metadata.
+  void release_tensors();
+
  private:
   struct Entry {
     c10::StorageImpl* device_storage;
@@ -90,6 +103,7 @@ class ZeroCopy {
   [[noreturn]] void output_mismatch(int device);
 
   int device_ = -1;
+  bool queued_ = false;    // ZeroCopy(Queued{})
   bool cpu_seen_ = false;  // a non-scalar CPU tensor among the arguments
   const c10::TensorImpl* cpu_output_ = nullptr;  // a 0-dim CPU tensor the op writes
   bool cpu_output_is_out_ = false;                // ... as out= (else mutated in place)

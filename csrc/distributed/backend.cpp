@@ -153,6 +153,10 @@ class FlightRecorder {
   size_t capacity_;
 };
 
+// torchneuron._C's device API for this extension (backend/trace_api.h): the profiler's entry
+// points and the execution engine's drain. Null until registered.
+const torchneuron::TraceApi* g_trace = nullptr;
+
 // ---------------------------------------------------------------------------------------------
 // Tensors: neuron -> zero-copy CPU alias. The deleter holds the Storage, so the alias keeps the
 // neuron memory alive for as long as the transport uses it.
@@ -172,6 +176,7 @@ at::Tensor host_alias(const at::Tensor& t, bool fp8_as_bytes) {
                 "before reducing, or use a data-movement collective");
     dtype = at::kByte;
   }
+  if (g_trace != nullptr) g_trace->drain();  // queued kernels may still be writing it
   c10::Storage storage = t.storage();
   return at::from_blob(
       t.data_ptr(), t.sizes(), t.strides(), [storage](void*) {},
@@ -242,8 +247,7 @@ void collect_devices(const at::Tensor& t, std::vector<c10::Device>& devs) {
 
 // ---------------------------------------------------------------------------------------------
 // Profiler: a collective is one device activity on the device's communication queue, from
-// issue to completion (recorded through torchneuron._C's trace API; null until registered).
-const torchneuron::TraceApi* g_trace = nullptr;
+// issue to completion (recorded through torchneuron._C's trace API, g_trace).
 
 const char* cc_kernel_name(OpType t) {
   // NCCL-style names: trace tools (Holistic Trace Analysis) classify "nccl*Kernel*" kernels as

@@ -1,4 +1,5 @@
 #include "runtime.h"
+#include "engine.h"
 
 #include "trace.h"
 
@@ -339,23 +340,27 @@ void observe_stream(int device, int64_t stream_id) noexcept {
 }
 
 bool query_stream(int device, int64_t stream_id) noexcept {
+  if (!engine::poll(engine::last(device, stream_id))) return false;
   observe_stream(device, stream_id);  // idle: the host now knows every mark has passed
   return true;
 }
 
-// Synchronous execution: nothing to wait for. The profiler still sees the synchronization
-// points (their blocked time is measured; the estimated timeline replays them as stalls).
-void synchronize_stream(int device, int64_t stream_id) noexcept {
+// Without queued work there is nothing to wait for. The profiler still sees the
+// synchronization points (their blocked time is measured; the estimated timeline replays
+// them as stalls).
+void synchronize_stream(int device, int64_t stream_id) {
+  const int64_t t = trace::active() ? trace::now_ns() : 0;
+  engine::wait(engine::last(device, stream_id));
   observe_stream(device, stream_id);
   if (!trace::active()) return;
-  const int64_t t = trace::now_ns();
   trace::record_sync("neuronStreamSynchronize", device, stream_id, t, trace::now_ns());
 }
 
-void synchronize_device(int device) noexcept {
+void synchronize_device(int device) {
+  const int64_t t = trace::active() ? trace::now_ns() : 0;
+  engine::drain();  // one queue for all devices: waiting for this one's work waits for all
   for (int64_t id = 0; id < kStreamIds; ++id) observe_stream(device, id);
   if (!trace::active()) return;
-  const int64_t t = trace::now_ns();
   trace::record_sync("neuronDeviceSynchronize", device, -1, t, trace::now_ns());
 }
 
@@ -390,21 +395,27 @@ void record_event(Event* event, int device, int64_t stream_id) noexcept {
   event->stream_id = stream_id;
   event->recorded = true;
   event->time_ns = now_ns();
+  // Behind queued work, the event completes (and takes its time) when that work has run.
+  const uint64_t seq = engine::last(device, stream_id);
+  event->seq = engine::completed(seq) ? 0 : seq;
   event->mark = mark_stream(device, stream_id);
   if (trace::active()) trace_event(trace::Kind::EventRecord, "neuronEventRecord", event, device, stream_id);
 }
 
-void synchronize_event(const Event* event) noexcept {
+void synchronize_event(const Event* event) {
   if (event == nullptr || !event->recorded) return;
+  const int64_t t = trace::active() ? trace::now_ns() : 0;
+  engine::wait(event->seq);
   observe(event->device, event->stream_id, event->mark);
   if (!trace::active()) return;
-  const int64_t t = trace::now_ns();
   trace::record_sync("neuronEventSynchronize", event->device, event->stream_id, t, trace::now_ns());
 }
 
 bool query_event(const Event* event) noexcept {
-  if (event != nullptr && event->recorded) observe(event->device, event->stream_id, event->mark);
-  return true;  // recorded or never recorded: both report completion, as CUDA's do
+  if (event == nullptr || !event->recorded) return true;  // never recorded: complete, as CUDA's
+  if (!engine::poll(event->seq)) return false;
+  observe(event->device, event->stream_id, event->mark);
+  return true;
 }
 
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept {
@@ -426,7 +437,17 @@ double elapsed_ms(const Event& start, const Event& end) {
                                 std::to_string(start.device) + " and neuron:" +
                                 std::to_string(end.device) + ") to measure elapsed time.");
   }
-  return static_cast<double>(end.time_ns - start.time_ns) / 1e6;
+  auto device_time = [](const Event& e) {
+    if (e.seq == 0) return e.time_ns;
+    if (!engine::completed(e.seq)) {
+      throw std::invalid_argument(
+          "Both events must have completed to measure elapsed time (work queued before a record "
+          "is still running): synchronize the events or the stream first.");
+    }
+    const int64_t t = engine::completion_time(e.seq);
+    return t != 0 ? t : e.time_ns;  // too old for the engine's record: the record time
+  };
+  return static_cast<double>(device_time(end) - device_time(start)) / 1e6;
 }
 
 }  // namespace neuron::rt

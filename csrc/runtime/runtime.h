@@ -2,10 +2,10 @@
 //
 // It knows nothing of PyTorch (no ATen, no c10 types): devices are logical NeuronCores whose
 // "HBM" is host memory with a capacity, streams are ordered queues, events are timestamps.
-// Execution is synchronous: work submitted to a stream has completed when the call returns,
-// so every ordering primitive (wait, query, synchronize) is satisfied immediately, while
-// event timing is real. A real runtime could replace this file without touching the layers
-// above it.
+// Execution is synchronous unless the execution engine (engine.h) queued work: then a stream
+// or event is complete when the work enqueued on it before has run, and query / synchronize
+// observe or wait for that. A real runtime could replace this file without touching the
+// layers above it.
 #pragma once
 
 #include <cstddef>
@@ -74,11 +74,12 @@ int64_t pool_stream_id(int device, int priority) noexcept;  // round-robin over 
 int stream_priority(int64_t stream_id) noexcept;
 int64_t current_stream(int device) noexcept;
 void set_current_stream(int device, int64_t stream_id) noexcept;
-// Synchronous execution: a stream is always idle once control returns to the caller.
-// query and synchronize also let the host *observe* that (see below).
+// A stream is idle once the work the engine queued on it has run (always, without the
+// engine). query and synchronize also let the host *observe* that (see below). The
+// synchronizations throw the error of a kernel that failed asynchronously (engine.h).
 bool query_stream(int device, int64_t stream_id) noexcept;
-void synchronize_stream(int device, int64_t stream_id) noexcept;
-void synchronize_device(int device) noexcept;
+void synchronize_stream(int device, int64_t stream_id);
+void synchronize_device(int device);
 
 // --- host-observed progress ------------------------------------------------------------
 // Work is complete when submitted, but memory reuse across streams must follow the rules of
@@ -102,16 +103,19 @@ struct Event {
   bool timing = false;
   int64_t time_ns = 0;  // steady-clock time at which all prior work on the stream completed
   uint64_t mark = 0;    // the stream's mark at the record (host-observed progress)
+  uint64_t seq = 0;     // the engine's work the event waits for (0: none was pending)
 };
 void record_event(Event* event, int device, int64_t stream_id) noexcept;
-// Host waits for the event (complete already: execution is synchronous; traced as a sync).
-void synchronize_event(const Event* event) noexcept;
-// Whether the event has completed (always: execution is synchronous); the host observes it.
+// Host waits for the event (traced as a sync); throws an asynchronous kernel error.
+void synchronize_event(const Event* event);
+// Whether the event has completed (the work queued before its record has run); if so the
+// host observes it.
 bool query_event(const Event* event) noexcept;
 // Future work on (device, stream_id) waits for the event (traced for the profiler's timeline).
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept;
-// Milliseconds from start to end; throws std::invalid_argument if either is unusable
-// (not timing, not recorded, or recorded on different devices).
+// Milliseconds from start to end, measured when the work before each record completed
+// (device-side time); throws std::invalid_argument if either is unusable (not timing, not
+// recorded, not completed yet, or recorded on different devices).
 double elapsed_ms(const Event& start, const Event& end);
 int64_t now_ns() noexcept;
 

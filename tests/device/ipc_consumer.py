@@ -40,6 +40,7 @@ def _read(held, conn, key):
 
 def _add_(held, conn, key, value):
     held[key].add_(value)
+    torch.neuron.synchronize()  # the producer reads it next (as on CUDA, with the engine on)
 
 
 def _release(held, conn, key):

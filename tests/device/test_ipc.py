@@ -116,6 +116,7 @@ def test_producer_writes_are_seen_by_the_consumer(consumer, key):
     x = torch.zeros(8, device="neuron")
     consumer.call("hold", key, x)
     x[2:5] = 7.0
+    torch.neuron.synchronize()  # the consumer reads it next (as on CUDA, with the engine on)
     torch.testing.assert_close(consumer.call("read", key)[1], x.cpu())
     consumer.call("release", key)
 

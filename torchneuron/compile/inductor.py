@@ -143,6 +143,9 @@ class _NeuronWrapperMixin:
         if not triton and device.type == "neuron":
             # C++ kernel over raw pointers: a plain call, as for CPU. While torch.profiler
             # records neuron activities the call is a device activity (one C call otherwise).
+            # It reads device memory directly, so kernels the execution engine queued (eager
+            # ops before the graph, extern in-place ops inside it) run first.
+            self.writeline("_nrt_sync()")
             info = _kernel_info.get(kernel_name)
             if info is not None:
                 outs = tuple(i for i, a in enumerate(call_args) if str(a) in info["outputs"])
@@ -185,6 +188,7 @@ class NeuronPythonWrapperCodegen(_NeuronWrapperMixin, PythonWrapperCodegen):
         super().write_header()
         self.imports.writeline("from torchneuron.profiler.compiled import launch as _nrt_launch")
         self.imports.writeline("from torchneuron._C import _trace_active as _nrt_active")
+        self.imports.writeline("from torchneuron._C import _engine_drain as _nrt_sync")
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):

@@ -15,7 +15,7 @@ import torch
 
 from .. import _C
 from .. import platform as _platform
-from . import amp, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from . import amp, engine, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
 from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
@@ -39,7 +39,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
     "mem_get_info", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
-    "streams", "ipc_collect",
+    "streams", "ipc_collect", "engine",
 ]
 
 _init_lock = threading.Lock()

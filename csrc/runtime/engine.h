@@ -1,0 +1,97 @@
+// The execution engine: asynchronous streams (issue 13, first part).
+//
+// With the engine on, an op whose output metadata is known at the call (preallocated outputs:
+// in-place and out= ops, elementwise ops over same-shaped operands) does not run its kernel: it
+// enqueues it and returns, so the host (Python) runs ahead of the device as on a real
+// accelerator. The queue runs in enqueue order where PyTorch semantics force the host to wait
+// (engine.cpp says why on the waiting thread rather than an executor thread of its own). Every
+// other op is a synchronization point: it runs the queue first, then runs as before. So
+// ordering and results are those of synchronous execution; what changes is when kernels run,
+// and where a kernel's error surfaces: at the next synchronization point, naming the op and
+// where it was enqueued.
+//
+// Like the runtime, this knows nothing of PyTorch: work is a closure, and "where it was
+// enqueued" is a closure that describes it (a Python stack, captured by the layer above).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "trace.h"
+
+namespace neuron::rt::engine {
+
+// Inline state for the checks every op makes (one load each when the engine is off).
+namespace detail {
+extern std::atomic<bool> g_on;
+extern std::atomic<uint64_t> g_enqueued;   // last sequence number enqueued
+extern std::atomic<uint64_t> g_completed;  // last sequence number run
+bool running() noexcept;                   // this thread is running queued kernels
+}  // namespace detail
+
+using Work = std::function<void()>;
+using Describe = std::function<std::string()>;
+
+// Whether ops may be enqueued now: the engine is on (TORCHNEURON_ASYNC_EXECUTION=1 and not
+// NEURON_LAUNCH_BLOCKING=1, or set_enabled), the profiler is not recording device activity,
+// and the caller is not running queued kernels (a kernel's own ops run inline).
+inline bool configured() noexcept {  // on by configuration (ignores the profiler and the thread)
+  return detail::g_on.load(std::memory_order_relaxed);
+}
+inline bool enabled() noexcept { return configured() && !trace::active() && !detail::running(); }
+void set_enabled(bool on) noexcept;
+inline bool on_executor() noexcept { return detail::running(); }  // running queued kernels
+
+// Whether enqueued work has not completed yet (one atomic load: the cheap test every
+// synchronous kernel makes before it touches device memory).
+inline bool pending() noexcept {
+  return detail::g_completed.load(std::memory_order_acquire) != detail::g_enqueued.load(std::memory_order_acquire);
+}
+
+// Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
+// and `where` name the work in an error report.
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where);
+
+// The sequence number of the last work enqueued on (device, stream), or on any stream.
+uint64_t last(int device, int64_t stream) noexcept;
+uint64_t last() noexcept;
+bool completed(uint64_t seq) noexcept;
+// Whether `seq` had completed; if not, lets the queue run up to it (a polling loop finishes;
+// an error stays for the next wait) and returns false.
+bool poll(uint64_t seq) noexcept;
+
+// Host waits: for work up to `seq`, for everything. Then throws the first error a kernel
+// raised since the last report, if any (std::runtime_error naming the op, the error and the
+// enqueueing stack); the engine stays usable.
+void wait(uint64_t seq);
+void drain();
+// Drain without reporting (destructors, noexcept paths); the error stays for the next wait.
+void drain_quietly() noexcept;
+
+// Run `fn` once every kernel queued so far has run (now, if none is queued): the release of
+// memory that queued kernels may still use (memory the device adopted from the host allocator,
+// memory mapped from another process). The caching allocator's own blocks need no such care:
+// a freed block is only written again by a later kernel (queued behind, or run after the queue)
+// and returned to the runtime only after the queue ran.
+void after_queue(Work fn);
+
+// The steady-clock time at which work `seq` completed (0 if unknown: not completed, or too old).
+// Events recorded behind queued work take their time from here (device-side timing).
+int64_t completion_time(uint64_t seq) noexcept;
+
+// How a host thread blocks while another runs the queue: the layer above wraps the wait so
+// that a thread holding the Python interpreter's lock releases it meanwhile (a kernel's
+// teardown may need it, e.g. a memory-history or sanitizer callback). Default: wait as is.
+using BlockingWait = void (*)(const std::function<void()>& wait);
+void set_blocking_wait(BlockingWait wrapper) noexcept;
+
+struct Stats {
+  uint64_t enqueued = 0;  // work items queued since start
+  uint64_t executed = 0;  // ... and run
+  uint64_t drains = 0;    // host waits that found work pending
+};
+Stats stats() noexcept;
+
+}  // namespace neuron::rt::engine

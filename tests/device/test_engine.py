@@ -1,0 +1,332 @@
+"""The execution engine (torch.neuron.engine): queued kernels, host run-ahead, synchronization
+points, asynchronous errors. Results are compared with CPU PyTorch."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+engine = torch.neuron.engine
+BIG = 1 << 22  # elements: a few milliseconds per pass, so queued work is observable
+
+
+@pytest.fixture(autouse=True)
+def engine_on():
+    was = engine.is_enabled()
+    engine.set_enabled(True)
+    yield
+    try:
+        engine.synchronize()
+    finally:
+        engine.set_enabled(was)
+
+
+def slow_work(x: torch.Tensor, passes: int = 20) -> None:
+    for _ in range(passes):
+        x.mul_(1.0001)
+
+
+def pending() -> bool:
+    return torch.neuron.engine.stats()["enqueued"] != torch.neuron.engine.stats()["executed"]
+
+
+# ---- run-ahead -----------------------------------------------------------------------------
+
+def test_an_in_place_op_returns_before_its_kernel_ran():
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x)
+    assert not torch.neuron.current_stream().query()
+    torch.neuron.synchronize()
+    assert torch.neuron.current_stream().query()
+    torch.testing.assert_close(x.cpu(), torch.full((BIG,), 1.0001) ** 20, rtol=0, atol=0)
+
+
+def test_enqueued_kernels_are_counted():
+    x = torch.ones(16, device="neuron")
+    before = engine.stats()["enqueued"]
+    x.add_(1)
+    x.mul_(x)
+    _ = x + x
+    assert engine.stats()["enqueued"] - before == 3
+
+
+def test_ops_outside_the_engine_run_synchronously_after_the_queue():
+    # sum has no preallocated output: it waits for the queued add_, then sees its result
+    x = torch.ones(BIG, device="neuron")
+    slow_work(x, 5)
+    x.add_(1)
+    assert x.sum().item() == pytest.approx(BIG * (1.0001 ** 5 + 1), rel=1e-5)
+
+
+def test_a_kernel_that_checks_values_before_it_launches_sees_queued_writes():
+    p = torch.full((1024,), 3.0, device="neuron")   # not a probability ...
+    slow_work(torch.ones(BIG, device="neuron"), 3)
+    p.mul_(0.1)                                     # ... until this queued kernel has run
+    assert 0 < torch.bernoulli(p).mean().item() < 1
+
+
+# ---- results: the same as synchronous execution ---------------------------------------------
+
+def test_a_mixed_sequence_matches_cpu_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 33, generator=gen), torch.randn(64, 33, generator=gen)
+    out_cpu = torch.empty(64, 33)
+    na, nb = a.to("neuron"), b.to("neuron")
+    out_n = torch.empty(64, 33, device="neuron")
+
+    def steps(x, y, out):
+        x = x * y + y             # hot functional ops, pooled outputs
+        x.add_(y, alpha=0.5)      # hot in-place
+        x.clamp_(-2, 2)           # boxed in-place
+        torch.exp(x, out=out)     # boxed out=
+        torch._foreach_mul_([x, y], 1.5)
+        z = torch.sin(out).T.contiguous()  # structured functional, a view, a copy
+        return x, y, out, z
+
+    want = steps(a, b, out_cpu)
+    got = steps(na, nb, out_n)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+
+
+def test_an_out_the_kernel_must_resize_is_not_queued():
+    # logical_and's functional form passes an empty out for its kernel to resize
+    x = torch.tensor([True, False])
+    n = x.to("neuron")
+    got = torch.logical_and(n[0], n[1])
+    assert got.shape == torch.Size([]) and got.item() is False
+    torch.testing.assert_close(torch.logical_and(n, n).cpu(), torch.logical_and(x, x))
+
+
+def test_bf16_queued_ops_match_cpu():
+    a = torch.randn(256, dtype=torch.bfloat16)
+    n = a.to("neuron")
+    for t in (a, n):
+        t.mul_(t).add_(1).div_(3)
+    torch.testing.assert_close(n.cpu(), a, rtol=0, atol=0)
+
+
+def test_metadata_changes_after_the_call_do_not_reach_a_queued_kernel():
+    x = torch.arange(12.0).reshape(3, 4)
+    n = x.to("neuron")
+    slow = torch.ones(BIG, device="neuron")
+    slow_work(slow)               # keeps the queue busy so the next kernels wait
+    y = n + n                     # queued over n's current shape and strides
+    n.t_()                        # in-place metadata change on the host
+    n.set_(torch.zeros(5, device="neuron"))
+    torch.testing.assert_close(y.cpu(), x + x, rtol=0, atol=0)
+
+
+def test_resizing_storage_waits_for_queued_writes():
+    n = torch.zeros(4, device="neuron")
+    slow = torch.ones(BIG, device="neuron")
+    slow_work(slow)
+    n.add_(7)
+    n.resize_(1 << 16)            # grows the storage: the queued add_ must land first
+    assert n[:4].cpu().tolist() == [7.0, 7.0, 7.0, 7.0]
+
+
+# ---- synchronization points ---------------------------------------------------------------
+
+SYNC_POINTS = {
+    "item": lambda t: t[0].item(),
+    "cpu": lambda t: t.cpu(),
+    "tolist": lambda t: t[:3].tolist(),
+    "print": lambda t: repr(t),
+    "nonzero": lambda t: t.nonzero(),
+    "boolean_mask": lambda t: t[t > 0],
+    "device_synchronize": lambda t: torch.neuron.synchronize(),
+    "stream_synchronize": lambda t: torch.neuron.current_stream().synchronize(),
+    "event_synchronize": lambda t: torch.neuron.current_stream().record_event().synchronize(),
+    "accelerator_synchronize": lambda t: torch.accelerator.synchronize(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_POINTS))
+def test_synchronization_point_waits_for_queued_work(name):
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x)
+    assert pending()
+    SYNC_POINTS[name](x)
+    assert not pending()
+
+
+def test_event_query_is_false_until_the_work_before_it_ran():
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x)
+    ev = torch.neuron.current_stream().record_event()
+    assert not ev.query()
+    ev.synchronize()
+    assert ev.query()
+
+
+def test_elapsed_time_measures_the_device_not_the_enqueue():
+    x = torch.ones(BIG, device="neuron")
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    torch.neuron.synchronize()
+    t0 = time.perf_counter()
+    start.record()
+    slow_work(x, 30)
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    end.synchronize()
+    assert end.elapsed_time(start) < 0 < start.elapsed_time(end)
+    assert start.elapsed_time(end) > host_ms
+
+
+def test_elapsed_time_of_an_incomplete_event_raises():
+    x = torch.ones(BIG, device="neuron")
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    torch.neuron.synchronize()
+    start.record()
+    slow_work(x, 30)
+    end.record()
+    with pytest.raises(RuntimeError, match="completed"):
+        start.elapsed_time(end)
+
+
+def test_work_on_two_streams_is_ordered_by_wait_stream():
+    side = torch.neuron.Stream()
+    a = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    with torch.neuron.stream(side):
+        slow_work(a, 10)
+    torch.neuron.current_stream().wait_stream(side)
+    b = a + a
+    torch.testing.assert_close(b.cpu(), torch.full((BIG,), 2 * 1.0001 ** 10))
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def test_an_asynchronous_error_surfaces_at_the_next_synchronization_with_its_stack():
+    w = torch.arange(4, device="neuron")
+    zero = torch.tensor([1, 2, 0, 3], device="neuron")
+    w.remainder_(zero)  # integer division by zero: only the kernel sees the data
+    line = sys._getframe().f_lineno - 1
+    with pytest.raises(RuntimeError) as err:
+        torch.neuron.synchronize()
+    msg = str(err.value)
+    assert "remainder" in msg and "ZeroDivisionError" in msg
+    assert f'{__file__}", line {line}' in msg
+    # reported once; the device stays usable
+    torch.neuron.synchronize()
+    assert (torch.ones(3, device="neuron") * 2).sum().item() == 6.0
+
+
+def test_shape_errors_raise_at_the_call_not_later():
+    a, b = torch.ones(4, 5, device="neuron"), torch.ones(3, device="neuron")
+    out = torch.empty(2, 2, device="neuron", dtype=torch.int64)
+    torch.neuron.synchronize()
+    with pytest.raises(RuntimeError, match="size"):
+        a.add_(b)
+    with pytest.raises(RuntimeError):
+        torch.exp(a, out=out)
+    with pytest.raises(RuntimeError, match="size"):
+        torch.add(a, b, out=torch.empty(4, 5, device="neuron"))
+    torch.neuron.synchronize()  # nothing failed later
+
+
+def test_device_mismatch_raises_at_the_call():
+    a = torch.ones(4, device="neuron")
+    torch.neuron.synchronize()
+    with pytest.raises(RuntimeError, match="same device"):
+        a.add_(torch.ones(4))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.exp(torch.ones(4), out=a)
+    assert not pending()
+
+
+def test_a_collective_reads_what_queued_kernels_wrote():
+    import torch.distributed as dist
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.zeros(BIG, device="neuron")
+        slow_work(torch.ones(BIG, device="neuron"), 3)
+        x.add_(1)
+        out = torch.empty(BIG, device="neuron")
+        dist.all_gather_into_tensor(out, x)
+        assert out.sum().item() == BIG
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+def test_a_tensor_dropped_while_its_kernel_is_queued_is_freed_at_once():
+    # CUDA's stream-ordered free: the block returns to the pool now; only later kernels write it
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+    x = torch.ones(BIG, device="neuron")
+    slow_work(x)
+    del x
+    assert pending()
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_memory_the_device_adopted_outlives_the_queued_kernels_that_use_it():
+    # flip's result is CPU memory the device adopted (freed by the host allocator, not the
+    # pool); 64 MiB, so the host allocator returns it to the OS at once when freed
+    src = torch.arange(1 << 23, dtype=torch.float64)
+    x = src.to("neuron").flip(0)
+    slow = torch.ones(BIG, device="neuron")
+    slow_work(slow, 5)
+    y = torch.empty_like(x)
+    torch.mul(x, 2, out=y)      # queued, reads x
+    del x                       # its memory must survive until the mul ran
+    torch.testing.assert_close(y.cpu(), src.flip(0) * 2, rtol=0, atol=0)
+
+
+def test_an_output_block_is_reused_only_after_the_kernel_that_wrote_it():
+    ref = torch.ones(BIG)
+    for _ in range(3):
+        x = torch.ones(BIG, device="neuron")
+        slow_work(x, 3)
+        y = x + x
+        del x                     # the block may be reused by the next iteration's x
+        torch.testing.assert_close(y.cpu(), 2 * ref * 1.0001 ** 3)
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+ASYNC_ERROR = """
+import torch
+w = torch.arange(4, device="neuron")
+zero = torch.tensor([1, 2, 0, 3], device="neuron")
+try:
+    w.remainder_(zero)
+    print("returned")
+    torch.neuron.synchronize()
+except RuntimeError as e:
+    print("raised", "ZeroDivisionError" in str(e))
+print("enabled", torch.neuron.engine.is_enabled())
+"""
+
+
+def test_environment_turns_the_engine_on():
+    out = _run(ASYNC_ERROR, TORCHNEURON_ASYNC_EXECUTION="1", NEURON_LAUNCH_BLOCKING="0").stdout.split()
+    assert out == ["returned", "raised", "True", "enabled", "True"]
+
+
+def test_launch_blocking_raises_at_the_op():
+    out = _run(ASYNC_ERROR, TORCHNEURON_ASYNC_EXECUTION="1", NEURON_LAUNCH_BLOCKING="1").stdout.split()
+    assert out == ["raised", "True", "enabled", "False"]
+
+
+def test_profiler_runs_kernels_synchronously():
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["enqueued"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.PrivateUse1]):
+        slow_work(x, 2)
+    assert engine.stats()["enqueued"] == before

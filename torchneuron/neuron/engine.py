@@ -1,0 +1,44 @@
+"""torch.neuron.engine: the execution engine (asynchronous streams).
+
+With the engine on, an op whose outputs exist at the call (in-place and ``out=`` ops, and
+elementwise ops over same-shaped operands of one floating dtype) queues its kernel and returns,
+so Python runs ahead of the device as on a real accelerator. The queue runs, in order, where the
+host must wait: every other op, every host read of device memory (``.item()``, ``.cpu()``,
+printing, data-dependent shapes), ``synchronize``, ``Event.synchronize``; ``Stream.query`` and
+``Event.query`` report "not ready" while kernels are queued and let the queue run. It also runs
+once 1,024 kernels are queued. A kernel that fails asynchronously raises at the next
+synchronization point, naming the op and the Python stack that enqueued it.
+
+Off by default in this release: ``TORCHNEURON_ASYNC_EXECUTION=1`` (or :func:`set_enabled`)
+turns it on; ``NEURON_LAUNCH_BLOCKING=1`` keeps every kernel synchronous, with errors raised at
+the op that caused them. See docs/architecture.md, *Execution engine*.
+"""
+
+from __future__ import annotations
+
+from .. import _C
+
+__all__ = ["is_enabled", "set_enabled", "synchronize", "stats"]
+
+
+def is_enabled() -> bool:
+    """Whether ops may queue their kernels (the configuration; the profiler, while it records
+    device activity, still runs every kernel synchronously)."""
+    return _C._engine_configured()
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn asynchronous execution on or off for the process. Turning it off first waits for
+    the queued kernels (an error one of them raised stays for the next synchronization)."""
+    _C._engine_set_enabled(bool(enabled))
+
+
+def synchronize() -> None:
+    """Wait for every queued kernel on every device; raise the error of one that failed."""
+    _C._engine_drain()
+
+
+def stats() -> dict:
+    """Counters since start: ``enqueued`` and ``executed`` kernels, and ``drains`` (host waits
+    that found queued work)."""
+    return dict(_C._engine_stats())
