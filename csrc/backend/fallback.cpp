@@ -278,8 +278,9 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
   bool out_form = false;
   int device = -1;
   const at::Tensor* ref = nullptr;  // the first written tensor: shape and dtype to match
-  std::vector<at::Tensor> written, read, wrapped;
+  std::vector<at::Tensor> written, read, wrapped, singles;  // singles: tensors not in a list
   std::vector<c10::List<at::Tensor>> lists;
+  std::vector<bool> list_written;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = (*stack)[begin + i];
     const auto& arg = schema.arguments()[i];
@@ -289,8 +290,12 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
       if (!plain_neuron(t, &device)) return false;
-      if (t.is_cpu()) wrapped.push_back(t);
-      else (write ? written : read).push_back(t);
+      if (t.is_cpu()) {
+        wrapped.push_back(t);
+      } else {
+        (write ? written : read).push_back(t);
+        singles.push_back(t);
+      }
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       for (const at::Tensor& t : list) {
@@ -298,6 +303,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
         (write ? written : read).push_back(t);
       }
       lists.push_back(std::move(list));
+      list_written.push_back(write);
     } else if (v.isList() || v.isDevice() || v.isGenerator()) {
       if (v.isList() && !v.isTensorList() && is_optional_tensor_list(arg)) return false;  // indices
     }
@@ -314,6 +320,9 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
   for (const at::Tensor& w : wrapped) {
     if (at::result_type(*ref, w) != ref->scalar_type()) return false;
   }
+  auto partial = [](const at::Tensor& w, const at::Tensor& r) {
+    return !r.is_same(w) && at::get_overlap_status(w, r) == at::MemOverlapStatus::Partial;
+  };
   // Shapes: lists element by element (all lists of one length), single tensors 0-dim or the
   // written argument's shape.
   if (!lists.empty()) {
@@ -321,21 +330,24 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     for (const auto& l : lists) {
       if (l.size() != n) return false;
     }
+    // Element j of every list is one call of the per-tensor op: one shape, and (as each such
+    // call checks) no written element partially overlapping another element of its call.
     for (size_t j = 0; j < n; ++j) {
       const at::Tensor first = lists.front().get(j);
-      for (const auto& l : lists) {
-        if (l.get(j).sizes() != first.sizes()) return false;
+      for (size_t k = 0; k < lists.size(); ++k) {
+        const at::Tensor e = lists[k].get(j);
+        if (e.sizes() != first.sizes()) return false;
+        if (!list_written[k]) continue;
+        if (at::has_internal_overlap(e) == at::MemOverlap::Yes) return false;
+        for (size_t m = 0; m < lists.size(); ++m) {
+          const at::Tensor o = lists[m].get(j);
+          if (m != k && partial(e, o)) return false;
+        }
       }
     }
-    for (const at::Tensor& t : read) {
-      if (t.dim() != 0 && std::none_of(lists.begin(), lists.end(), [&](const c10::List<at::Tensor>& l) {
-            for (const at::Tensor& e : l) {
-              if (e.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
-            }
-            return false;
-          })) {
-        return false;
-      }
+    // Tensors outside the lists broadcast to every element: 0-dim only.
+    for (const at::Tensor& t : singles) {
+      if (t.dim() != 0) return false;
     }
   } else {
     for (const auto* group : {&written, &read}) {
@@ -353,12 +365,19 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       if ((w.dim() == 0) == any_full) return false;
     }
   }
+  // No written tensor may overlap itself or partially overlap another argument of its call
+  // (CPU kernels raise). List elements were checked call by call above.
   for (const at::Tensor& w : written) {
-    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return false;
-    for (const at::Tensor& r : read) {
-      if (r.unsafeGetTensorImpl() != w.unsafeGetTensorImpl() &&
-          at::get_overlap_status(w, r) == at::MemOverlapStatus::Partial) {
-        return false;
+    if (lists.empty()) {
+      if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return false;
+      for (const auto* group : {&written, &read}) {
+        for (const at::Tensor& r : *group) {
+          if (partial(w, r)) return false;
+        }
+      }
+    } else {
+      for (const at::Tensor& r : singles) {
+        if (partial(w, r)) return false;
       }
     }
   }

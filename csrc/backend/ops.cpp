@@ -325,13 +325,15 @@ template <class R, class... A> struct Hot<R(A...)> {
 // A hot op enqueues its kernel only when no error can depend on the data or surface late: every
 // tensor argument is a neuron tensor of the op's device and dtype (no casts, no host values the
 // caller could change before the kernel reads them), floating point, and same-shaped or 0-dim.
-// (A Python number reaches the op as a CPU "wrapped number": no one else can change it.)
+// (A Python number reaches the op as a CPU "wrapped number": no one else can change it.) An
+// argument partially overlapping `ref` (an element of it, say) makes CPU kernels raise: not here.
 inline bool same_kind(const at::Tensor& ref, const at::Tensor& t) {
   if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
     return at::result_type(ref, t) == ref.scalar_type();
   }
   return t.is_privateuseone() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
-         (t.dim() == 0 || t.sizes() == ref.sizes());
+         (t.dim() == 0 || t.sizes() == ref.sizes()) &&
+         (t.is_same(ref) || at::get_overlap_status(ref, t) != at::MemOverlapStatus::Partial);
 }
 template <class V> bool same_kind(const at::Tensor&, const V&) { return true; }  // scalars, ints
 inline bool enqueueable(const at::Tensor& ref) {

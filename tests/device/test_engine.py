@@ -102,6 +102,49 @@ def test_an_out_the_kernel_must_resize_is_not_queued():
     torch.testing.assert_close(torch.logical_and(n, n).cpu(), torch.logical_and(x, x))
 
 
+def test_foreach_ops_are_queued_and_match_cpu():
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, generator=gen) for n in (3, 17, 64)]
+    ys = [torch.randn(n, generator=gen) for n in (3, 17, 64)]
+    nxs, nys = [x.to("neuron") for x in xs], [y.to("neuron") for y in ys]
+    torch.neuron.synchronize()
+    before = engine.stats()["enqueued"]
+    for a, b in ((xs, ys), (nxs, nys)):
+        torch._foreach_add_(a, b, alpha=0.5)   # one in-place kernel per tensor (the slow path)
+        torch._foreach_addcmul_(a, b, b, 0.1)
+    assert engine.stats()["enqueued"] - before == 6
+    for x, nx in zip(xs, nxs):
+        torch.testing.assert_close(nx.cpu(), x, rtol=0, atol=0)
+
+
+def test_a_list_op_is_one_queued_kernel_and_matches_cpu():
+    # GradScaler's unscale: Tensor(a!)[] and a written 0-dim found_inf, one kernel for the list
+    grads = [torch.tensor([1.0, 2.0]), torch.tensor([[4.0, float("inf")]]), torch.tensor(8.0)]
+    found, inv = torch.tensor(0.0), torch.tensor(0.5)  # 0-dim: [1]-shaped ones run synchronously
+    ngrads = [g.to("neuron") for g in grads]
+    nfound, ninv = found.to("neuron"), inv.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["enqueued"]
+    torch._amp_foreach_non_finite_check_and_unscale_(ngrads, nfound, ninv)
+    assert engine.stats()["enqueued"] - before == 1
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+    assert nfound.item() == found.item() == 1.0
+    for g, ng in zip(grads, ngrads):
+        torch.testing.assert_close(ng.cpu(), g, rtol=0, atol=0)
+
+
+def test_a_write_overlapping_its_input_raises_at_the_call_as_on_cpu():
+    a = torch.arange(6.0)
+    with pytest.raises(RuntimeError) as cpu_err:
+        a.add_(a[0])
+    n = a.to("neuron")
+    torch.neuron.synchronize()
+    with pytest.raises(RuntimeError) as err:
+        n.add_(n[0])
+    assert str(err.value).split("\n")[0] == str(cpu_err.value).split("\n")[0]
+    assert not pending()
+
+
 def test_bf16_queued_ops_match_cpu():
     a = torch.randn(256, dtype=torch.bfloat16)
     n = a.to("neuron")
