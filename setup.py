@@ -79,7 +79,7 @@ def _own_dir_and_precompiled_header(compile_objects):
 _UNITY_GROUPS = {
     # Python.h (via pybind) first, as Python requires; longest group first so ninja starts it first
     "python_bindings": ["csrc/module.cpp", "csrc/backend/cpu_kernel_call.cpp", "csrc/backend/enqueue.cpp",
-                        "csrc/backend/memory_history.cpp", "csrc/backend/profiler.cpp"],
+                        "csrc/backend/memory_history.cpp", "csrc/backend/profiler.cpp", "csrc/backend/fusion.cpp"],
     "runtime": ["csrc/runtime/runtime.cpp", "csrc/runtime/engine.cpp", "csrc/runtime/trace.cpp", "csrc/backend/allocator.cpp",
                 "csrc/backend/guard.cpp", "csrc/backend/generator.cpp", "csrc/backend/hooks.cpp",
                 "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp"],

@@ -9,6 +9,7 @@
 
 #include "backend/allocator.h"
 #include "backend/fp8.h"
+#include "backend/fusion.h"
 #include "backend/gemm.h"
 #include "backend/generator.h"
 #include "backend/gpu_trace.h"
@@ -141,8 +142,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_engine_pending", &neuron::rt::engine::pending);
   m.def("_engine_stats", []() {
     const auto s = neuron::rt::engine::stats();
+    const auto f = torchneuron::fusion::stats();
     return py::dict(py::arg("enqueued") = s.enqueued, py::arg("executed") = s.executed,
-                    py::arg("drains") = s.drains);
+                    py::arg("drains") = s.drains, py::arg("fused") = s.fused, py::arg("regions") = s.regions,
+                    py::arg("kernels_compiled") = f.compiled, py::arg("kernels_failed") = f.failed,
+                    py::arg("kernels_requested") = f.requested);
+  });
+  // Adaptive Eager (backend/fusion.h; torchneuron/compile/eager_fusion.py compiles).
+  m.def("_fusion_set_enabled", &torchneuron::fusion::set_enabled, py::arg("on"));
+  m.def("_fusion_enabled", &torchneuron::fusion::enabled);
+  m.def("_fusion_install", [](const py::bytes& signature, uintptr_t kernel) {
+    torchneuron::fusion::install(std::string(signature), kernel);
   });
   torchneuron::bind_cpu_kernel_call(m);
   // Interprocess sharing (torchneuron/neuron/ipc.py).

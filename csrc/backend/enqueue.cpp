@@ -48,7 +48,7 @@ void wait_without_gil(const std::function<void()>& wait) {
 
 }  // namespace
 
-void enqueue_kernel(int device, const char* name, std::function<void()> work) {
+void enqueue_kernel(int device, const char* name, std::function<void()> work, neuron::rt::engine::Record record) {
   static const bool installed = (torch::installCapturedTracebackPython(),
                                  neuron::rt::engine::set_blocking_wait(&wait_without_gil), true);
   (void)installed;
@@ -68,7 +68,7 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work) {
     }
   };
   neuron::rt::engine::enqueue(device, neuron::rt::current_stream(device), name, std::move(run),
-                              [tb = std::move(tb)] { return describe(tb); });
+                              [tb = std::move(tb)] { return describe(tb); }, std::move(record));
 }
 
 }  // namespace torchneuron

@@ -17,7 +17,9 @@ namespace torchneuron {
 inline bool may_enqueue() noexcept { return neuron::rt::engine::enabled(); }
 
 // Queue `work` on the current stream of `device`, with the caller's Python stack for an error
-// report. `name` must outlive the work (a literal or a dispatcher-owned name).
-void enqueue_kernel(int device, const char* name, std::function<void()> work);
+// report. `name` must outlive the work (a literal or a dispatcher-owned name). `record`, if any,
+// lets the kernel run fused with its neighbours (fusion.h).
+void enqueue_kernel(int device, const char* name, std::function<void()> work,
+                    neuron::rt::engine::Record record = nullptr);
 
 }  // namespace torchneuron

@@ -16,6 +16,7 @@
 
 #include "../runtime/runtime.h"
 #include "enqueue.h"
+#include "fusion.h"
 #include "fallback.h"
 #include "sparse.h"
 #include "zero_copy.h"
@@ -394,11 +395,14 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     TORCH_INTERNAL_ASSERT(i < originals.size(), schema.operator_name(), ": return ", r, " aliases no argument");
     stack->push_back(originals[i]);
   }
-  enqueue_kernel(d->zc.device(), schema.operator_name().name.c_str(), [d, op] {
-    d->zc.launch(op.schema().operator_name());
-    torch::jit::Stack args = std::move(d->args);
-    run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
-  });
+  enqueue_kernel(
+      d->zc.device(), schema.operator_name().name.c_str(),
+      [d, op] {
+        d->zc.launch(op.schema().operator_name());
+        torch::jit::Stack args = std::move(d->args);
+        run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
+      },
+      fusion::enabled() ? fusion::boxed(op, originals) : nullptr);
   return true;
 }
 

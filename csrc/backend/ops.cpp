@@ -18,6 +18,7 @@
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
+#include <ATen/ops/sqrt_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
 #include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
@@ -42,6 +43,7 @@
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "enqueue.h"
+#include "fusion.h"
 #include "fallback.h"
 #include "fp8.h"
 #include "gpu_trace.h"
@@ -340,6 +342,15 @@ inline bool enqueueable(const at::Tensor& ref) {
   return ref.is_privateuseone() && c10::isFloatingType(ref.scalar_type()) && !ref.is_conj() && !ref.is_neg();
 }
 
+// Records for fusion (fusion.h) of the in-place hot ops: add_/sub_ (other, alpha), mul_/div_.
+inline neuron::rt::engine::Record hot_record(const char* name, const at::Tensor& self, const at::Tensor& other) {
+  return fusion::binary(name, self, self, other, nullptr);
+}
+inline neuron::rt::engine::Record hot_record(const char* name, const at::Tensor& self, const at::Tensor& other,
+                                             const at::Scalar& alpha) {
+  return fusion::binary(name, self, self, other, &alpha);
+}
+
 // In-place wrapper for ops shaped (Tensor& self, rest...).
 template <class... Rest> struct HotInplace {
   template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
@@ -354,10 +365,13 @@ template <class... Rest> struct HotInplace {
       at::Tensor s = zc->in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
       auto cpu = std::make_shared<std::tuple<at::Tensor, std::decay_t<Rest>...>>(s, map_in(*zc, rest)...);
       zc->release_tensors();
-      enqueue_kernel(zc->device(), Name, [zc, cpu] {
-        zc->launch(Name);
-        std::apply([](at::Tensor& a, auto&... r) { F(a, r...); }, *cpu);
-      });
+      enqueue_kernel(
+          zc->device(), Name,
+          [zc, cpu] {
+            zc->launch(Name);
+            std::apply([](at::Tensor& a, auto&... r) { F(a, r...); }, *cpu);
+          },
+          fusion::enabled() ? hot_record(Name, self, rest...) : nullptr);
       return self;
     }
     ZeroCopy zc;
@@ -402,7 +416,8 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
 // the device pool at the call and the `.out` kernel is enqueued. Returns an undefined tensor if
 // the call does not qualify.
 template <const char* Name, class OutCall>
-at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
+at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, const at::Scalar* alpha,
+                               OutCall out_call) {
   const at::Tensor& big = self.dim() >= other.dim() ? self : other;
   if (!may_enqueue() || !enqueueable(big) || !same_kind(big, self) || !same_kind(big, other) ||
       !plain(self) || !plain(other)) {
@@ -413,18 +428,40 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
   at::Tensor out = pooled(*zc, big.sizes(), big.scalar_type());
   at::Tensor o = zc->in_output(out);
   zc->release_tensors();
-  enqueue_kernel(zc->device(), Name, [zc, a, b, o, out_call]() mutable {
-    zc->launch(Name);
-    out_call(o, a, b);
-  });
+  enqueue_kernel(
+      zc->device(), Name,
+      [zc, a, b, o, out_call]() mutable {
+        zc->launch(Name);
+        out_call(o, a, b);
+      },
+      fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr);
   return out;
+}
+
+// Functional unary ops of floating inputs (sqrt, so that the optimizers' _foreach_sqrt does
+// not synchronize): like enqueue_elementwise, else the boxed fallback as before.
+template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&)>
+at::Tensor unary_floating(const at::Tensor& self) {
+  if (may_enqueue() && enqueueable(self) && plain(self) && self.scalar_type() != c10::ScalarType::ComplexHalf) {
+    auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
+    at::Tensor a = zc->in(self);
+    at::Tensor out = pooled(*zc, self.sizes(), self.scalar_type());
+    at::Tensor o = zc->in_output(out);
+    zc->release_tensors();
+    enqueue_kernel(zc->device(), Name, [zc, a, o]() mutable {
+      zc->launch(Name);
+      Out(o, a);
+    });
+    return out;
+  }
+  return via_fallback<Name>(self).back().toTensor();
 }
 
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
-  if (at::Tensor r = enqueue_elementwise<Name>(self, other, [alpha](at::Tensor& o, const at::Tensor& a,
+  if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, [alpha](at::Tensor& o, const at::Tensor& a,
                                                                      const at::Tensor& b) { Out(o, a, b, alpha); });
       r.defined()) {
     return r;
@@ -440,7 +477,7 @@ template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, con
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
-  if (at::Tensor r = enqueue_elementwise<Name>(self, other, [](at::Tensor& o, const at::Tensor& a,
+  if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, [](at::Tensor& o, const at::Tensor& a,
                                                                const at::Tensor& b) { Out(o, a, b); });
       r.defined()) {
     return r;
@@ -476,6 +513,7 @@ HOT_NAME(kSub, "aten::sub.Tensor")
 HOT_NAME(kMul, "aten::mul.Tensor")
 HOT_NAME(kDiv, "aten::div.Tensor")
 HOT_NAME(kAdd_, "aten::add_.Tensor")
+HOT_NAME(kSqrt, "aten::sqrt")
 HOT_NAME(kSub_, "aten::sub_.Tensor")
 HOT_NAME(kMul_, "aten::mul_.Tensor")
 HOT_NAME(kDiv_, "aten::div_.Tensor")
@@ -524,6 +562,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sub_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::sub_, kSub_>)));
   m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
   m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
+  m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out>)));
   m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<

@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -45,6 +46,7 @@ struct Item {
   const char* name;
   Work work;
   Describe where;
+  Record record;  // for the fuser (engine.h, Adaptive Eager)
 };
 
 bool env_on() {
@@ -66,6 +68,8 @@ struct Engine {
   Describe error_where;                        // ... and where its op was enqueued
   std::array<std::atomic<int64_t>, kTimes> times{};
   std::atomic<uint64_t> drains{0};
+  std::atomic<uint64_t> fused{0};
+  std::atomic<uint64_t> regions{0};
 };
 
 // Never destroyed: tensors held by queued kernels may outlive static destructors. A child
@@ -86,8 +90,56 @@ Engine& engine() {
 
 thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
+std::atomic<Fuser> g_fuser{nullptr};
+std::atomic<size_t> g_max_records{0};
 
 int64_t key(int device, int64_t stream) noexcept { return (static_cast<int64_t>(device) << 32) ^ stream; }
+
+// Offer the fuser the run of record-carrying kernels at the front of the queue (up to `seq`:
+// a wait never runs kernels queued after what it waits for). Returns how many kernels to run
+// on their own next (0: a fused region ran).
+size_t try_fuse(Engine& e, uint64_t seq) {
+  Fuser fuser = g_fuser.load(std::memory_order_acquire);
+  if (fuser == nullptr) return 1;
+  std::vector<Record> held;  // keeps the records alive while the fuser reads them
+  std::vector<const void*> records;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (e.queue.empty()) return 1;  // the caller finds it empty too, and stops
+    const size_t limit = g_max_records.load(std::memory_order_relaxed);
+    for (const Item& item : e.queue) {
+      if (!item.record || item.seq > seq || records.size() >= limit) break;
+      held.push_back(item.record);
+      records.push_back(item.record.get());
+    }
+  }
+  if (records.size() < 2) return 1;
+  Decision d;
+  try {
+    d = fuser(records);
+  } catch (...) {
+    d = Decision{0, 1};
+  }
+  if (d.fused == 0) return std::max<size_t>(d.unfused, 1);
+  // Only this thread pops (it holds run_mu), so the first `fused` items are the ones offered.
+  std::deque<Item> done;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    for (size_t i = 0; i < d.fused; ++i) {
+      done.push_back(std::move(e.queue.front()));
+      e.queue.pop_front();
+    }
+  }
+  const int64_t t = now_ns();
+  for (Item& item : done) e.times[item.seq % kTimes].store(t, std::memory_order_relaxed);
+  const uint64_t last_seq = done.back().seq;
+  done.clear();  // releases the kernels' aliases before the region counts as complete
+  held.clear();
+  e.fused.fetch_add(d.fused, std::memory_order_relaxed);
+  e.regions.fetch_add(1, std::memory_order_relaxed);
+  detail::g_completed.store(last_seq, std::memory_order_release);
+  return 0;
+}
 
 // Run queued kernels on this thread until `seq` has completed (another thread may be running
 // them: then wait for it). Kernel errors are kept for the next report.
@@ -100,7 +152,11 @@ void run_until(Engine& e, uint64_t seq) {
     else run_lock.lock();
   }
   t_running = true;
+  size_t unfused = 0;  // kernels the fuser asked to run on their own before it is asked again
   while (detail::g_completed.load(std::memory_order_acquire) < seq) {
+    if (unfused == 0) unfused = try_fuse(e, seq);
+    if (unfused == 0) continue;  // a fused region ran
+    --unfused;
     Item item;
     {
       std::lock_guard<std::mutex> lock(e.mu);
@@ -119,6 +175,7 @@ void run_until(Engine& e, uint64_t seq) {
     // Release what the work held (tensors: their memory returns to the allocator) before it
     // counts as complete, so memory stats are exact after a synchronization.
     item.work = nullptr;
+    item.record = nullptr;
     e.times[item.seq % kTimes].store(now_ns(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(e.mu);
     if (!failure.empty() && e.error.empty()) {
@@ -166,7 +223,7 @@ void set_enabled(bool on) noexcept {
   detail::g_on.store(on);
 }
 
-uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where) {
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where, Record record) {
   Engine& e = engine();
   uint64_t seq;
   size_t queued;
@@ -174,7 +231,7 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
     std::lock_guard<std::mutex> lock(e.mu);
     seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;  // written under mu only
     e.last[key(device, stream)] = seq;
-    e.queue.push_back(Item{seq, name, std::move(work), std::move(where)});
+    e.queue.push_back(Item{seq, name, std::move(work), std::move(where), std::move(record)});
     queued = e.queue.size();
     detail::g_enqueued.store(seq, std::memory_order_release);
   }
@@ -238,6 +295,11 @@ int64_t completion_time(uint64_t seq) noexcept {
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
 
+void set_fuser(Fuser fuser, size_t max_records) noexcept {
+  g_max_records.store(max_records, std::memory_order_relaxed);
+  g_fuser.store(fuser, std::memory_order_release);
+}
+
 void set_blocking_wait(BlockingWait wrapper) noexcept { g_blocking_wait.store(wrapper, std::memory_order_release); }
 
 Stats stats() noexcept {
@@ -246,6 +308,8 @@ Stats stats() noexcept {
   s.enqueued = detail::g_enqueued.load();
   s.executed = detail::g_completed.load();
   s.drains = e.drains.load();
+  s.fused = e.fused.load();
+  s.regions = e.regions.load();
   return s;
 }
 

@@ -17,7 +17,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "trace.h"
 
@@ -33,6 +35,9 @@ bool running() noexcept;                   // this thread is running queued kern
 
 using Work = std::function<void()>;
 using Describe = std::function<std::string()>;
+// What a fuser needs to know of a kernel (opaque here: the layer above defines it). Work that
+// carries one may run as part of a fused kernel instead of on its own (Adaptive Eager).
+using Record = std::shared_ptr<const void>;
 
 // Whether ops may be enqueued now: the engine is on (TORCHNEURON_ASYNC_EXECUTION=1 and not
 // NEURON_LAUNCH_BLOCKING=1, or set_enabled), the profiler is not recording device activity,
@@ -52,7 +57,20 @@ inline bool pending() noexcept {
 
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
 // and `where` name the work in an error report.
-uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where);
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where,
+                 Record record = nullptr);
+
+// Adaptive Eager: when the queue runs and its next kernels carry records, the fuser is offered
+// the records of that run of kernels (in order, at most a limit the fuser chose). It either ran
+// the first `fused` of them as one (their own work is then dropped unrun), or asks that the
+// first `unfused` run on their own before it is asked again. Never both; an exception from the
+// fuser counts as {0, 1}.
+struct Decision {
+  size_t fused = 0;
+  size_t unfused = 0;
+};
+using Fuser = Decision (*)(const std::vector<const void*>& records);
+void set_fuser(Fuser fuser, size_t max_records) noexcept;
 
 // The sequence number of the last work enqueued on (device, stream), or on any stream.
 uint64_t last(int device, int64_t stream) noexcept;
@@ -91,6 +109,8 @@ struct Stats {
   uint64_t enqueued = 0;  // work items queued since start
   uint64_t executed = 0;  // ... and run
   uint64_t drains = 0;    // host waits that found work pending
+  uint64_t fused = 0;     // work items run as part of a fused kernel
+  uint64_t regions = 0;   // fused kernels (regions) run
 };
 Stats stats() noexcept;
 

@@ -12,13 +12,17 @@ synchronization point, naming the op and the Python stack that enqueued it.
 Off by default in this release: ``TORCHNEURON_ASYNC_EXECUTION=1`` (or :func:`set_enabled`)
 turns it on; ``NEURON_LAUNCH_BLOCKING=1`` keeps every kernel synchronous, with errors raised at
 the op that caused them. See docs/architecture.md, *Execution engine*.
+
+Adaptive Eager (:func:`set_fusion_enabled`, ``TORCH_NEURONX_ENABLE_CONCATENATION=1``) runs runs of
+queued float32 elementwise kernels as one generated kernel, bit-identical to running them one by
+one.
 """
 
 from __future__ import annotations
 
 from .. import _C
 
-__all__ = ["is_enabled", "set_enabled", "synchronize", "stats"]
+__all__ = ["is_enabled", "set_enabled", "synchronize", "stats", "is_fusion_enabled", "set_fusion_enabled"]
 
 
 def is_enabled() -> bool:
@@ -38,7 +42,24 @@ def synchronize() -> None:
     _C._engine_drain()
 
 
+def is_fusion_enabled() -> bool:
+    """Whether Adaptive Eager fuses queued elementwise kernels (``TORCH_NEURONX_ENABLE_CONCATENATION=1``
+    or :func:`set_fusion_enabled`). Off by default in this release; it acts only while the
+    engine is on, and never under ``torch.use_deterministic_algorithms(True)``."""
+    return _C._fusion_enabled()
+
+
+def set_fusion_enabled(enabled: bool) -> None:
+    """Turn Adaptive Eager on or off. Fused results are bit-identical to unfused ones: a run of
+    queued float32 elementwise kernels (add, sub, mul, div, addcmul, addcdiv, lerp; in place,
+    ``out=`` or same-shaped functional) runs as one generated kernel once the same run was seen
+    twice and its kernel compiled in the background. See docs/architecture.md, *Adaptive Eager*."""
+    _C._fusion_set_enabled(bool(enabled))
+
+
 def stats() -> dict:
-    """Counters since start: ``enqueued`` and ``executed`` kernels, and ``drains`` (host waits
-    that found queued work)."""
+    """Counters since start: ``enqueued`` and ``executed`` kernels, ``drains`` (host waits that
+    found queued work); Adaptive Eager's ``fused`` kernels, in ``regions`` (one generated kernel
+    call per element count), and its generated kernels ``kernels_requested``, ``kernels_compiled``
+    and ``kernels_failed`` (which run unfused for good)."""
     return dict(_C._engine_stats())

@@ -1,0 +1,345 @@
+// Adaptive Eager: records of queued kernels, and the fuser the engine calls (fusion.h).
+#include "fusion.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/ScalarOps.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addcdiv_cpu_dispatch.h>
+#include <ATen/ops/addcmul_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/lerp_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace torchneuron::fusion {
+
+namespace {
+
+constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3};    // buffers: out, then inputs
+constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1};  // Python numbers, in order
+constexpr size_t kMaxSlots = 255;  // buffers per group (one byte each in a signature)
+constexpr int kCompileAfter = 2;   // a signature seen this often is compiled (adaptive)
+
+struct Record {
+  Kind kind;
+  int64_t numel;
+  std::array<void*, 4> ptr{};  // [0] is written
+  std::array<float, 2> scalar{};
+};
+
+using KernelFn = void (*)(void* const* buffers, const float* scalars, int64_t numel, int64_t* remainders);
+
+struct Entry {
+  int seen = 0;
+  bool requested = false;
+  bool failed = false;
+  KernelFn fn = nullptr;
+};
+
+std::mutex g_mu;  // the kernel cache: the fuser reads it, the compiling thread installs
+std::unordered_map<std::string, Entry>* g_cache = new std::unordered_map<std::string, Entry>();
+Stats g_stats;
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strcmp(v, "0") != 0;
+}
+
+size_t env_limit() {
+  const char* v = std::getenv("TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT");
+  if (v == nullptr || *v == '\0') return 1024;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return (end != v && *end == '\0' && n >= 2) ? static_cast<size_t>(n) : 1024;
+}
+
+// One Python number as the ATen CPU kernel reads it (a float32 kernel converts a wrapped
+// number or a Scalar to float directly from its own type).
+bool scalar_of(const at::Tensor& wrapped, float* out) {
+  switch (wrapped.scalar_type()) {
+    case c10::ScalarType::Double: *out = static_cast<float>(*static_cast<const double*>(wrapped.const_data_ptr())); return true;
+    case c10::ScalarType::Long: *out = static_cast<float>(*static_cast<const int64_t*>(wrapped.const_data_ptr())); return true;
+    case c10::ScalarType::Bool: *out = *static_cast<const bool*>(wrapped.const_data_ptr()) ? 1.f : 0.f; return true;
+    case c10::ScalarType::Float: *out = *static_cast<const float*>(wrapped.const_data_ptr()); return true;
+    default: return false;
+  }
+}
+
+bool scalar_of(const at::Scalar& s, float* out) {
+  if (s.isComplex()) return false;
+  *out = s.to<float>();
+  return true;
+}
+
+bool is_number(const at::Tensor& t) { return t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number(); }
+
+bool plain_float(const at::Tensor& t, int64_t numel) {
+  return t.defined() && !t.is_cpu() && t.scalar_type() == c10::ScalarType::Float && t.numel() == numel &&
+         t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
+}
+
+// A record over `tensors` (tensors[0] written); null unless all are plain float32 of one count.
+neuron::rt::engine::Record make(Kind kind, std::initializer_list<const at::Tensor*> tensors,
+                                std::initializer_list<float> scalars) {
+  const at::Tensor& out = **tensors.begin();
+  if (!out.defined() || out.numel() == 0) return nullptr;
+  auto r = std::make_shared<Record>();
+  r->kind = kind;
+  r->numel = out.numel();
+  size_t i = 0;
+  for (const at::Tensor* t : tensors) {
+    if (!plain_float(*t, r->numel)) return nullptr;
+    r->ptr[i++] = const_cast<void*>(t->const_data_ptr());
+  }
+  i = 0;
+  for (float s : scalars) r->scalar[i++] = s;
+  return r;
+}
+
+py::object& compiler() {
+  static py::object* mod = new py::object(py::module::import("torchneuron.compile.eager_fusion"));
+  return *mod;
+}
+
+// One group of a region: the kernels over buffers of one element count, in queue order.
+struct Group {
+  int64_t numel = 0;
+  c10::SmallVector<void*, 16> buffers;
+  std::string signature;  // [buffers][kind, slots...]...
+  c10::SmallVector<float, 16> scalars;
+};
+
+// The scalar remainder [begin, end) of one thread's range, op by op through ATen's own kernels
+// (the calls the unfused kernels made: same overloads, Python numbers as wrapped doubles, which
+// convert to the same floats).
+void run_remainder(const Group& g, int64_t begin, int64_t end) {
+  const int64_t len = end - begin;
+  auto view = [&](uint8_t slot) {
+    return at::from_blob(static_cast<float*>(g.buffers[slot]) + begin, {len},
+                         at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  };
+  auto number = [](float v) { return at::scalar_to_tensor(at::Scalar(static_cast<double>(v))); };
+  size_t at_op = 1, at_scalar = 0;  // signature[0] is the buffer count
+  while (at_op < g.signature.size()) {
+    const auto kind = static_cast<Kind>(g.signature[at_op]);
+    std::array<at::Tensor, 4> t;
+    for (uint8_t i = 0; i < kArity[kind]; ++i) t[i] = view(static_cast<uint8_t>(g.signature[at_op + 1 + i]));
+    const float* s = g.scalars.data() + at_scalar;
+    at::Tensor wrapped;
+    switch (kind) {
+      case kAdd: at::cpu::add_out(t[0], t[1], t[2], static_cast<double>(s[0])); break;
+      case kAddScalar:
+        wrapped = number(s[0]);
+        wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+        at::cpu::add_out(t[0], t[1], wrapped, static_cast<double>(s[1]));
+        break;
+      case kMul: at::cpu::mul_out(t[0], t[1], t[2]); break;
+      case kMulScalar:
+      case kDivScalar:
+        wrapped = number(s[0]);
+        wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+        if (kind == kMulScalar) at::cpu::mul_out(t[0], t[1], wrapped);
+        else at::cpu::div_out(t[0], t[1], wrapped);
+        break;
+      case kDiv: at::cpu::div_out(t[0], t[1], t[2]); break;
+      case kAddcmul: at::cpu::addcmul_out(t[0], t[1], t[2], t[3], static_cast<double>(s[0])); break;
+      case kAddcdiv: at::cpu::addcdiv_out(t[0], t[1], t[2], t[3], static_cast<double>(s[0])); break;
+      case kLerpScalar: at::cpu::lerp_out(t[0], t[1], t[2], static_cast<double>(s[0])); break;
+    }
+    at_op += 1 + kArity[kind];
+    at_scalar += kScalars[kind];
+  }
+}
+
+void run_group(KernelFn kernel, const Group& g) {
+  c10::SmallVector<int64_t, 16> remainders(2 * static_cast<size_t>(at::get_num_threads()) + 2, 0);
+  kernel(const_cast<void* const*>(g.buffers.data()), g.scalars.data(), g.numel, remainders.data());
+  for (size_t t = 0; t + 1 < remainders.size(); t += 2) {
+    if (remainders[t + 1] > remainders[t]) run_remainder(g, remainders[t], remainders[t + 1]);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+// Off by default until it wins on bench/engine.py (docs/benchmarks.md, Execution engine).
+bool g_on = env_flag("TORCH_NEURONX_ENABLE_CONCATENATION", false);
+}
+
+void set_enabled(bool on) noexcept { detail::g_on = on; }
+
+neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                  const at::Tensor& other, const at::Scalar* alpha) {
+  // name is "aten::<op>.Tensor" or "aten::<op>_.Tensor": the op is the letters after "aten::".
+  const char* op = name + 6;
+  const bool add = std::strncmp(op, "add", 3) == 0, sub = std::strncmp(op, "sub", 3) == 0;
+  const bool mul = std::strncmp(op, "mul", 3) == 0, div = std::strncmp(op, "div", 3) == 0;
+  float a = 1.f, s = 0.f;
+  if (add || sub) {
+    // ATen's sub is add with -alpha (negated as a Scalar, then read as float).
+    if (alpha != nullptr && !scalar_of(sub ? -*alpha : *alpha, &a)) return nullptr;
+    if (alpha == nullptr && sub) a = -1.f;
+    if (is_number(other)) return scalar_of(other, &s) ? make(kAddScalar, {&out, &self}, {s, a}) : nullptr;
+    return make(kAdd, {&out, &self, &other}, {a});
+  }
+  if (mul || div) {
+    if (is_number(other)) {
+      return scalar_of(other, &s) ? make(mul ? kMulScalar : kDivScalar, {&out, &self}, {s}) : nullptr;
+    }
+    return make(mul ? kMul : kDiv, {&out, &self, &other}, {});
+  }
+  return nullptr;
+}
+
+neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  const auto& name = op.schema().operator_name();
+  if (name.name.size() < 8) return nullptr;
+  const std::string& n = name.name;
+  const std::string& o = name.overload_name;
+  auto tensor = [&](size_t i) -> const at::Tensor& { return args.at(i).toTensor(); };
+  auto value = [&](size_t i, float* out) { return args.at(i).isScalar() && scalar_of(args.at(i).toScalar(), out); };
+  float v = 0.f;
+  if ((n == "aten::addcmul_" || n == "aten::addcdiv_") && o.empty() && args.size() == 4 && value(3, &v)) {
+    return make(n == "aten::addcmul_" ? kAddcmul : kAddcdiv, {&tensor(0), &tensor(0), &tensor(1), &tensor(2)}, {v});
+  }
+  if ((n == "aten::addcmul" || n == "aten::addcdiv") && o == "out" && args.size() == 5 && value(3, &v)) {
+    return make(n == "aten::addcmul" ? kAddcmul : kAddcdiv, {&tensor(4), &tensor(0), &tensor(1), &tensor(2)}, {v});
+  }
+  if (n == "aten::lerp_" && o == "Scalar" && args.size() == 3 && value(2, &v)) {
+    return make(kLerpScalar, {&tensor(0), &tensor(0), &tensor(1)}, {v});
+  }
+  if (n == "aten::lerp" && o == "Scalar_out" && args.size() == 4 && value(2, &v)) {
+    return make(kLerpScalar, {&tensor(3), &tensor(0), &tensor(1)}, {v});
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
+// group's kernel is compiled.
+neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
+  if (!detail::g_on || at::globalContext().deterministicAlgorithms()) return {0, records.size()};
+  // Buffers seen so far, by first byte: [begin, end) and (group, slot).
+  struct Buf {
+    uintptr_t end;
+    uint32_t group;
+    uint32_t slot;
+  };
+  std::map<uintptr_t, Buf> bufs;
+  c10::SmallVector<Group, 4> groups;
+  size_t n = 0;
+  for (; n < records.size(); ++n) {
+    const Record& r = *static_cast<const Record*>(records[n]);
+    uint32_t g = 0;
+    while (g < groups.size() && groups[g].numel != r.numel) ++g;
+    const bool new_group = g == groups.size();
+    const size_t nbufs = new_group ? 0 : groups[g].buffers.size();
+    // Slots of this kernel's buffers; a buffer partially overlapping one seen before (or seen
+    // with another element count) ends the region here.
+    std::array<uint32_t, 4> slots{};
+    c10::SmallVector<void*, 4> fresh;
+    bool conflict = false;
+    const size_t bytes = static_cast<size_t>(r.numel) * sizeof(float);
+    for (uint8_t i = 0; i < kArity[r.kind] && !conflict; ++i) {
+      const auto begin = reinterpret_cast<uintptr_t>(r.ptr[i]);
+      auto it = bufs.find(begin);
+      if (it != bufs.end()) {
+        conflict = it->second.group != g || it->second.end != begin + bytes;
+        slots[i] = it->second.slot;
+        continue;
+      }
+      bool found = false;
+      for (size_t f = 0; f < fresh.size(); ++f) {
+        if (fresh[f] == r.ptr[i]) {
+          slots[i] = static_cast<uint32_t>(nbufs + f);
+          found = true;
+        }
+      }
+      if (found) continue;
+      auto next = bufs.lower_bound(begin);
+      if (next != bufs.end() && next->first < begin + bytes) conflict = true;
+      if (next != bufs.begin() && std::prev(next)->second.end > begin) conflict = true;
+      for (void* f : fresh) {  // two fresh buffers of one kernel overlapping each other
+        const auto fb = reinterpret_cast<uintptr_t>(f);
+        if (fb < begin + bytes && begin < fb + bytes) conflict = true;
+      }
+      slots[i] = static_cast<uint32_t>(nbufs + fresh.size());
+      fresh.push_back(r.ptr[i]);
+    }
+    if (conflict || nbufs + fresh.size() > kMaxSlots) break;
+    if (new_group) {
+      groups.emplace_back();
+      groups.back().numel = r.numel;
+    }
+    Group& grp = groups[g];
+    for (void* f : fresh) {
+      const auto begin = reinterpret_cast<uintptr_t>(f);
+      bufs.emplace(begin, Buf{begin + bytes, g, static_cast<uint32_t>(grp.buffers.size())});
+      grp.buffers.push_back(f);
+    }
+    grp.signature.push_back(static_cast<char>(r.kind));
+    for (uint8_t i = 0; i < kArity[r.kind]; ++i) grp.signature.push_back(static_cast<char>(slots[i]));
+    for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
+  }
+  if (n < 2) return {0, 1};
+
+  c10::SmallVector<KernelFn, 4> kernels;
+  c10::SmallVector<std::string, 4> to_compile;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (Group& grp : groups) {
+      grp.signature.insert(grp.signature.begin(), static_cast<char>(grp.buffers.size()));
+      Entry& e = (*g_cache)[grp.signature];
+      kernels.push_back(e.fn);
+      if (e.fn == nullptr && !e.failed && !e.requested && ++e.seen >= kCompileAfter) {
+        e.requested = true;
+        ++g_stats.requested;
+        to_compile.push_back(grp.signature);
+      }
+    }
+  }
+  if (!to_compile.empty()) {
+    py::gil_scoped_acquire gil;
+    for (const std::string& sig : to_compile) compiler().attr("request")(py::bytes(sig));
+  }
+  for (KernelFn k : kernels) {
+    if (k == nullptr) return {0, n};
+  }
+  for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
+  return {n, 0};
+}
+
+const bool g_installed = [] {
+  neuron::rt::engine::set_fuser(&fuse, env_limit());
+  return true;
+}();
+
+}  // namespace
+
+void install(const std::string& signature, uintptr_t kernel) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry& e = (*g_cache)[signature];
+  e.fn = reinterpret_cast<KernelFn>(kernel);
+  e.failed = kernel == 0;
+  ++(kernel == 0 ? g_stats.failed : g_stats.compiled);
+}
+
+Stats stats() noexcept {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats;
+}
+
+}  // namespace torchneuron::fusion

@@ -1,0 +1,67 @@
+// Adaptive Eager (issue 13): runs of queued elementwise kernels run as one generated kernel.
+//
+// A queued kernel that fusion understands carries a Record (what it computes, over which
+// bytes). When the queue runs, the engine offers the fuser the run of record-carrying kernels
+// at its front (runtime/engine.h). The fuser splits the run into groups by element count
+// (kernels of different groups touch disjoint memory, so they may run group by group), and
+// runs each group as one kernel generated for its op sequence by
+// torchneuron/compile/eager_fusion.py and cached by that sequence. Sequences are compiled in
+// the background once seen twice; until then, or if compiling fails, the kernels run on their
+// own. Generated kernels compute every element exactly as the ATen CPU kernel of each op does
+// (same vector and scalar formulas, same parallel split), so fused results are bit-identical
+// to unfused ones; docs/architecture.md, Adaptive Eager, says what that rules out.
+//
+// Scope: float32 contiguous tensors of one element count per kernel, and the ops of Kind. The
+// generated kernel runs the vector part of each thread's range; the scalar remainders (ATen's
+// compiled scalar loops round depending on address alignment) run through ATen's kernels here.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <string>
+
+#include "../runtime/engine.h"
+
+namespace torchneuron::fusion {
+
+// Must match KINDS in torchneuron/compile/eager_fusion.py.
+enum Kind : uint8_t {
+  kAdd,         // out = a + alpha * b                  (add, sub with -alpha)
+  kAddScalar,   // out = a + alpha * s                  (a Python number s)
+  kMul,         // out = a * b
+  kMulScalar,   // out = a * s
+  kDiv,         // out = a / b
+  kDivScalar,   // out = a / s
+  kAddcmul,     // out = a + value * b * c
+  kAddcdiv,     // out = a + value * b / c
+  kLerpScalar,  // out = lerp(a, b, weight)
+};
+
+namespace detail {
+extern bool g_on;  // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
+}
+// Whether queued kernels get records (a load; the fuser also checks determinism).
+inline bool enabled() noexcept { return detail::g_on; }
+void set_enabled(bool on) noexcept;
+
+// Records of the hot ops (ops.cpp). `name` is the op's qualified name ("aten::add_.Tensor");
+// `out` is the tensor written. Null when the call is outside fusion's scope.
+neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                  const at::Tensor& other, const at::Scalar* alpha);
+// Records of ops queued by the boxed fallback (fallback.cpp), from their arguments.
+neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args);
+
+// A kernel compiled for a group signature (eager_fusion.py), or 0 if compiling failed.
+void install(const std::string& signature, uintptr_t kernel);
+
+struct Stats {
+  uint64_t compiled = 0;  // group kernels installed
+  uint64_t failed = 0;    // group signatures that failed to compile (run unfused for good)
+  uint64_t requested = 0; // compilations requested
+};
+Stats stats() noexcept;
+
+}  // namespace torchneuron::fusion

@@ -1,0 +1,245 @@
+"""Adaptive Eager (torch.neuron.engine.set_fusion_enabled): runs of queued float32 elementwise
+kernels run as one generated kernel, bit-identical to running them one by one.
+
+Oracle: the same program with fusion off (engine on, kernels one by one, which
+tests/device/test_engine.py checks against CPU). Each fused case runs its program twice so the
+fuser sees each region twice and compiles it, waits for the compilation, and compares the third
+run. Sizes: 40003 elements split over two threads with scalar remainders of 2 and 1 (ATen's own
+kernels run those), 37 (one vector pair and a remainder), 256 (vectors only).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from support import run_python
+from torchneuron.compile import eager_fusion
+
+engine = torch.neuron.engine
+
+
+@pytest.fixture
+def fusing():
+    was, was_fusing = engine.is_enabled(), engine.is_fusion_enabled()
+    engine.set_enabled(True)
+    engine.set_fusion_enabled(True)
+    yield
+    torch.neuron.synchronize()
+    engine.set_enabled(was)
+    engine.set_fusion_enabled(was_fusing)
+
+
+def fused_and_unfused(program, make_inputs):
+    """Final tensors of `program` fused (third run, after compiling) and unfused."""
+    engine.set_fusion_enabled(False)
+    unfused = make_inputs()
+    program(unfused)
+    expected = [t.cpu() for t in unfused]
+    engine.set_fusion_enabled(True)
+    for _ in range(2):
+        program(make_inputs())
+        torch.neuron.synchronize()
+    eager_fusion.wait()
+    assert not eager_fusion.errors
+    before = engine.stats()["fused"]
+    fused = make_inputs()
+    program(fused)
+    torch.neuron.synchronize()
+    ran_fused = engine.stats()["fused"] - before
+    return [t.cpu() for t in fused], expected, ran_fused
+
+
+def random_program(seed: int, nbufs: int):
+    """A random sequence of every fusible op kind over `nbufs` buffers (in place, out= and
+    functional forms, Python numbers of both signs, lerp weights on both sides of 0.5)."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(40):
+        kind = rng.choice(["add_", "sub_", "add_s", "mul_", "mul_s", "div_", "div_s", "addcmul_",
+                           "addcdiv_", "lerp_", "add", "mul_out", "sub"])
+        a, b, c, d = (rng.randrange(nbufs) for _ in range(4))
+        v = rng.choice([-1.5, -0.3, 0.25, 0.7, 2.0, 3])
+        steps.append((kind, a, b, c, d, v))
+
+    def program(t):
+        for kind, a, b, c, d, v in steps:
+            if kind == "add_":
+                t[a].add_(t[b], alpha=v)
+            elif kind == "sub_":
+                t[a].sub_(t[b], alpha=v)
+            elif kind == "add_s":
+                t[a].add_(v)
+            elif kind == "mul_":
+                t[a].mul_(t[b])
+            elif kind == "mul_s":
+                t[a].mul_(v)
+            elif kind == "div_":
+                t[a].div_(t[b])
+            elif kind == "div_s":
+                t[a].div_(v)
+            elif kind == "addcmul_":
+                t[a].addcmul_(t[b], t[c], value=v)
+            elif kind == "addcdiv_":
+                t[a].addcdiv_(t[b], t[c], value=v)
+            elif kind == "lerp_":
+                t[a].lerp_(t[b], v / 4)
+            elif kind == "add":
+                t[d] = torch.add(t[a], t[b], alpha=v)
+            elif kind == "mul_out":
+                torch.mul(t[a], t[b], out=t[d]) if d not in (a, b) else t[d].mul_(t[a])
+            elif kind == "sub":
+                t[d] = t[a] - t[b]
+    return program
+
+
+@pytest.mark.parametrize("numel", [40003, 37])
+def test_random_sequences_fused_bit_identical_to_unfused(fusing, numel):
+    program = random_program(seed=numel, nbufs=5)
+
+    def make_inputs():
+        g = torch.Generator().manual_seed(1)
+        return [(torch.rand(numel, generator=g) + 0.5).to("neuron") for _ in range(5)]
+
+    fused, expected, ran_fused = fused_and_unfused(program, make_inputs)
+    assert ran_fused >= 30
+    for f, e in zip(fused, expected):
+        assert torch.equal(f.nan_to_num(), e.nan_to_num()) and torch.equal(f.isnan(), e.isnan())
+
+
+def test_adamw_foreach_step_fused_bit_identical_to_unfused(fusing):
+    sizes = [40003, 256, 37, 1]
+
+    def make_inputs():
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(n, generator=g).to("neuron") for n in sizes * 2]
+
+    def program(t):
+        params = [p.requires_grad_() for p in t[:4]]
+        for p, g in zip(params, t[4:]):
+            p.grad = g
+        opt = torch.optim.AdamW(params, lr=1e-2, foreach=True)
+        for _ in range(3):
+            opt.step()
+        for p in params:
+            p.requires_grad_(False)
+
+    fused, expected, ran_fused = fused_and_unfused(program, make_inputs)
+    assert ran_fused > 0
+    for f, e in zip(fused, expected):
+        assert torch.equal(f, e)
+
+
+def test_generated_kernel_follows_aten_vector_formula_per_op():
+    # One kernel holding one op of each kind, each over its own buffers, against the ATen CPU
+    # kernel over a vector-only size (no remainder): a wrong formula in KINDS (addcmul without
+    # its FMA, say) shows here, op by op.
+    import ctypes
+
+    ops = [  # (kind, scalars, ATen reference: out, inputs, scalars)
+        (0, [0.3], lambda o, x, s: torch.add(x[0], x[1], alpha=s[0], out=o)),
+        (1, [-1.7, 0.25], lambda o, x, s: torch.add(x[0], s[0], alpha=s[1], out=o)),
+        (2, [], lambda o, x, s: torch.mul(x[0], x[1], out=o)),
+        (3, [0.9], lambda o, x, s: torch.mul(x[0], s[0], out=o)),
+        (4, [], lambda o, x, s: torch.div(x[0], x[1], out=o)),
+        (5, [-0.6], lambda o, x, s: torch.div(x[0], s[0], out=o)),
+        (6, [0.7], lambda o, x, s: torch.addcmul(x[0], x[1], x[2], value=s[0], out=o)),
+        (7, [-0.45], lambda o, x, s: torch.addcdiv(x[0], x[1], x[2], value=s[0], out=o)),
+        (8, [0.75], lambda o, x, s: torch.lerp(x[0], x[1], s[0], out=o)),
+        (8, [0.2], lambda o, x, s: torch.lerp(x[0], x[1], s[0], out=o)),
+    ]
+    sig, slot, firsts, flat = [0], 0, [], []
+    for kind, scalars, _ in ops:
+        arity = eager_fusion.KINDS[kind][1]
+        sig += [kind] + list(range(slot, slot + arity))
+        firsts.append(slot)
+        flat += scalars
+        slot += arity
+    sig[0] = slot
+    kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
+        eager_fusion.compile_signature(bytes(sig)))
+    n = 4096
+    g = torch.Generator().manual_seed(2)
+    bufs = [torch.randn(n, generator=g) for _ in range(slot)]
+    expected = []
+    for (kind, scalars, ref), first in zip(ops, firsts):
+        out = torch.empty(n)
+        ref(out, bufs[first + 1:first + eager_fusion.KINDS[kind][1]], scalars)
+        expected.append(out)
+    remainders = (ctypes.c_int64 * 64)()
+    kernel((ctypes.c_void_p * slot)(*[b.data_ptr() for b in bufs]), (ctypes.c_float * len(flat))(*flat), n,
+           remainders)
+    for (kind, _, _), first, e in zip(ops, firsts, expected):
+        assert torch.equal(bufs[first], e), eager_fusion.KINDS[kind][0]
+
+
+def test_deterministic_algorithms_turn_fusion_off(fusing):
+    a, b = torch.rand(64, device="neuron"), torch.rand(64, device="neuron")
+    before = engine.stats()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(3):
+            a.mul_(b).add_(b, alpha=0.5)
+            torch.neuron.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    after = engine.stats()
+    assert after["fused"] == before["fused"]
+    assert after["kernels_requested"] == before["kernels_requested"]
+
+
+CONFIGURED = "import torch; print(torch.neuron.engine.is_fusion_enabled())"
+
+
+@pytest.mark.parametrize("value,on", [(None, False), ("1", True), ("0", False)])
+def test_fusion_configured_by_environment(value, on):
+    env = {"TORCH_NEURONX_ENABLE_CONCATENATION": value} if value is not None else {}
+    if value is None:
+        env["TORCH_NEURONX_ENABLE_CONCATENATION"] = ""  # unset: the default
+    r = run_python(CONFIGURED, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(on)
+
+
+def test_region_that_fails_to_compile_runs_unfused_and_is_not_retried(fusing, monkeypatch):
+    def fail(signature):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(eager_fusion, "compile_signature", fail)
+    a, b = torch.rand(48, device="neuron"), torch.rand(48, device="neuron")
+    a0 = a.cpu()
+    before = engine.stats()
+    for _ in range(4):
+        a.mul_(b).sub_(b, alpha=0.25).div_(3.0)
+        torch.neuron.synchronize()
+        eager_fusion.wait()
+    after = engine.stats()
+    assert after["kernels_requested"] - before["kernels_requested"] == 1  # once, never again
+    assert after["kernels_failed"] - before["kernels_failed"] == 1
+    assert after["fused"] == before["fused"]
+    assert any("no compiler today" in e for e in eager_fusion.errors)
+    eager_fusion.errors.clear()
+    expected = a0.clone()
+    bc = b.cpu()
+    for _ in range(4):
+        expected.mul_(bc).sub_(bc, alpha=0.25).div_(3.0)
+    assert torch.equal(a.cpu(), expected)
+
+
+def test_partially_overlapping_views_end_a_region(fusing, monkeypatch):
+    # x[1:] and x[:-1] share all but one element: one group holding both would merge two
+    # buffers' elements. The fuser must end the region between them.
+    seen = []
+    monkeypatch.setattr(eager_fusion, "request", lambda sig: seen.append(eager_fusion.parse(sig)))
+    x = torch.rand(65, device="neuron")
+    y, z = torch.rand(64, device="neuron"), torch.rand(64, device="neuron")
+    for _ in range(3):
+        x[1:].mul_(y)    # kind 2 (mul)
+        x[:-1].add_(y)   # kind 0 (add), partially overlapping the previous write
+        z.mul_(2.0)      # kind 3 (mul by a number)
+        torch.neuron.synchronize()
+    kinds = [[kind for kind, _ in ops] for _, ops in seen]
+    assert [0, 3] in kinds  # the region after the cut was fused
+    assert not any(2 in k and 0 in k for k in kinds)

@@ -1,0 +1,218 @@
+"""Adaptive Eager's kernel generator: one C++ kernel for a group of queued elementwise kernels.
+
+The execution engine's fuser (csrc/backend/fusion.h) hands over a group *signature*: how many
+float32 buffers of one element count the group touches, and its kernels in queue order, each
+an op kind over buffer slots (the first written). This module writes the C++ of one loop that
+runs the whole sequence per element, compiles it with Inductor's C++ toolchain (the compile
+backend's code cache: flags, vector ISA, on-disk cache) in a background thread, and installs
+the kernel's address in the fuser (``_C._fusion_install``).
+
+Bit-identical to the unfused kernels by construction, not by tolerance. The loop reproduces
+how ATen runs an elementwise kernel over contiguous float32: the range split across threads by
+``at::parallel_for`` with TensorIterator's grain size and, in each thread's range, whole pairs
+of vectors with the op's vector formula, then a scalar remainder (``vectorized_loop`` in
+ATen/native/cpu/Loops.h). The vector part is written here with ATen's own vector primitives
+(``at::vec::Vectorized``) in the formula of each op's ATen kernel; the remainders (fewer than
+two vectors per thread) are handed back to the fuser, which runs them through the ATen kernels
+themselves. So every element goes through the same arithmetic in the same order as unfused; only
+the trips through memory between ops disappear. What this rules out (docs/architecture.md,
+Adaptive Eager): reductions (a fused reduction would re-associate), other dtypes (bf16/fp16 ops
+round each result to 16 bits), ops ATen computes with MKL (sqrt, exp, ...), and Inductor's own
+pointwise codegen, which measured 1-ulp to many-ulp differences from ATen on add with alpha,
+lerp, addcmul, addcdiv, sqrt, exp and tanh (its vector math and FMA use differ).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import os
+import threading
+
+import torch
+
+__all__ = ["KINDS", "source", "compile_signature", "request", "wait"]
+
+# Op kinds, in the order of `enum Kind` in csrc/backend/fusion.h: (name, buffers, scalars,
+# vector formula). x0 is the first input; s0 the first Python number. The formulas are those of
+# ATen's float32 CPU kernels as built in the torch wheel (checked bit for bit by
+# tests/device/test_fusion.py): ufunc add (a + alpha*b as fmadd(b, alpha, a)), BinaryOpsKernel
+# (mul, div), PointwiseOpsKernel (addcmul, whose build contracts s*t1*t2 + self into one FMA;
+# addcdiv), LerpKernel (lerp_vec). Only vector formulas: ATen's scalar remainders are compiled
+# loops whose auto-vectorization (and so rounding) depends on the address alignment, so the
+# fuser runs the remainders through ATen's kernels themselves (fusion.cpp). sqrt is not here:
+# ATen computes it with MKL's vector math, which is not correctly rounded and not reproducible
+# outside MKL.
+KINDS = (
+    ("add", 3, 1, "at::vec::fmadd({x1}, Vec({s0}), {x0})"),
+    ("add_scalar", 2, 2, "at::vec::fmadd(Vec({s0}), Vec({s1}), {x0})"),
+    ("mul", 3, 0, "{x0} * {x1}"),
+    ("mul_scalar", 2, 1, "{x0} * Vec({s0})"),
+    ("div", 3, 0, "{x0} / {x1}"),
+    ("div_scalar", 2, 1, "{x0} / Vec({s0})"),
+    ("addcmul", 4, 1, "at::vec::fmadd(Vec({s0}) * {x1}, {x2}, {x0})"),
+    ("addcdiv", 4, 1, "{x0} + Vec({s0}) * {x1} / {x2}"),
+    ("lerp_scalar", 3, 1, "lerp_vec({x0}, {x1}, {s0})"),
+)
+
+_PRELUDE = r"""
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <cmath>
+#include <cstdint>
+
+using Vec = at::vec::Vectorized<float>;
+
+// LerpKernel.cpp's lerp_vec with a uniform weight.
+static inline Vec lerp_vec(Vec start, Vec end, float w) {
+  const Vec weight(w);
+  const auto mask = weight.abs() < Vec(0.5f);
+  const Vec coeff = Vec::blendv(weight - Vec(1.f), weight, mask);
+  const Vec base = Vec::blendv(end, start, mask);
+  return at::vec::fmadd(coeff, end - start, base);
+}
+
+extern "C" int vec_size() { return Vec::size(); }
+"""
+
+# TensorIterator's grain size (at::internal::GRAIN_SIZE): the same split as unfused kernels.
+_GRAIN = 32768
+
+
+def parse(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+    """(buffer count, [(kind, slots)]) of a group signature (fusion.cpp, Group::signature)."""
+    nbufs, ops, i = signature[0], [], 1
+    while i < len(signature):
+        kind = signature[i]
+        arity = KINDS[kind][1]
+        ops.append((kind, tuple(signature[i + 1:i + 1 + arity])))
+        i += 1 + arity
+    return nbufs, ops
+
+
+def _body(ops) -> list[str]:
+    """One vector's sequence: loads on first read, stores of the written slots at the end."""
+    current: dict[int, str] = {}
+    written: list[int] = []
+    lines: list[str] = []
+    scalar = 0
+    for n, (kind, slots) in enumerate(ops):
+        _, _, nscalars, formula = KINDS[kind]
+        names = {}
+        for j, slot in enumerate(slots[1:]):
+            if slot not in current:
+                current[slot] = f"l{slot}"
+                lines.append(f"const Vec l{slot} = Vec::loadu(b{slot} + i);")
+            names[f"x{j}"] = current[slot]
+        for j in range(nscalars):
+            names[f"s{j}"] = f"s[{scalar + j}]"
+        scalar += nscalars
+        out = f"t{n}"
+        lines.append(f"const Vec {out} = {formula.format(**names)};")
+        current[slots[0]] = out
+        if slots[0] not in written:
+            written.append(slots[0])
+    for slot in written:
+        lines.append(f"{current[slot]}.store(b{slot} + i);")
+    return lines
+
+
+def source(signature: bytes) -> str:
+    """The C++ of the kernel for `signature`:
+    ``void kernel(float* const* buffers, const float* scalars, int64_t n, int64_t* remainders)``.
+    It runs the vector part of each thread's range and leaves ``[begin, end)`` of the scalar
+    remainder of thread t's range in ``remainders[2t], remainders[2t+1]``."""
+    nbufs, ops = parse(signature)
+    bufs = "\n".join(f"  float* const b{k} = buffers[{k}];" for k in range(nbufs))
+    vec = "\n".join("        " + line for line in _body(ops))
+    doc = "; ".join(f"{KINDS[k][0]}{list(slots)}" for k, slots in ops)
+    return _PRELUDE + f"""
+// {doc}
+extern "C" void kernel(float* const* buffers, const float* s, int64_t n, int64_t* remainders) {{
+{bufs}
+  at::parallel_for(0, n, {_GRAIN}, [&](int64_t lo, int64_t hi) {{
+    // As ATen's vectorized_loop: whole pairs of vectors here, the remainder by ATen's kernels.
+    const int64_t vend = lo + (hi - lo) / (2 * Vec::size()) * (2 * Vec::size());
+    for (int64_t i = lo; i < vend; i += Vec::size()) {{
+{vec}
+    }}
+    const int t = at::get_thread_num();
+    remainders[2 * t] = vend;
+    remainders[2 * t + 1] = hi;
+  }});
+}}
+"""
+
+
+def _expected_vec_size() -> int | None:
+    return {"AVX2": 8, "AVX512": 16}.get(torch.backends.cpu.get_cpu_capability())
+
+
+_libs: list = []  # compiled libraries stay loaded (their kernels are installed in the fuser)
+
+
+def compile_signature(signature: bytes) -> int:
+    """Compile the kernel for `signature`; its address. Raises if it cannot match ATen."""
+    from torch._inductor.codecache import CppCodeCache
+
+    expected = _expected_vec_size()
+    if expected is None:
+        raise NotImplementedError(
+            f"Adaptive Eager matches ATen's AVX2 and AVX512 kernels only; this CPU runs ATen's "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels")
+    lib = CppCodeCache.load(source(signature))
+    if lib.vec_size() != expected:
+        raise RuntimeError(f"generated kernel vector width {lib.vec_size()} != ATen's {expected}")
+    _libs.append(lib)
+    return ctypes.cast(lib.kernel, ctypes.c_void_p).value
+
+
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: list[concurrent.futures.Future] = []
+_lock = threading.Lock()
+errors: list[str] = []  # why signatures failed to compile (their kernels run unfused)
+
+
+def _forget_executor() -> None:
+    """A forked child has no compiling thread (and the parent's lock may have been held): it
+    starts its own when it needs one."""
+    global _executor, _lock
+    _executor = None
+    _lock = threading.Lock()
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_forget_executor)
+
+
+def _compile_and_install(signature: bytes) -> None:
+    from .. import _C
+
+    try:
+        address = compile_signature(signature)
+    except Exception as e:  # noqa: BLE001 - any failure: the group runs unfused, for good
+        errors.append(f"{parse(signature)}: {type(e).__name__}: {e}")
+        address = 0
+    _C._fusion_install(signature, address)
+
+
+def request(signature: bytes) -> None:
+    """Compile `signature` in the background (called by the fuser, which runs the group unfused
+    until the kernel is installed)."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="neuron-fusion")
+        _pending.append(_executor.submit(_compile_and_install, signature))
+
+
+def wait() -> None:
+    """Wait for every requested compilation to finish (tests and benchmarks)."""
+    while True:
+        with _lock:
+            pending = [f for f in _pending if not f.done()]
+            _pending[:] = pending
+        if not pending:
+            return
+        concurrent.futures.wait(pending)
