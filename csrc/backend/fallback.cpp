@@ -278,7 +278,6 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
   const size_t num_args = schema.arguments().size();
   bool out_form = false;
   int device = -1;
-  const at::Tensor* ref = nullptr;  // the first written tensor: shape and dtype to match
   std::vector<at::Tensor> written, read, wrapped, singles;  // singles: tensors not in a list
   std::vector<c10::List<at::Tensor>> lists;
   std::vector<bool> list_written;
@@ -305,21 +304,21 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       }
       lists.push_back(std::move(list));
       list_written.push_back(write);
-    } else if (v.isList() || v.isDevice() || v.isGenerator()) {
-      if (v.isList() && !v.isTensorList() && is_optional_tensor_list(arg)) return false;  // indices
+    } else if (v.isList() && is_optional_tensor_list(arg)) {
+      return false;  // indices (devices and generators: writes_only_arguments refused them)
     }
   }
   if (device < 0 || written.empty()) return false;
   if (out_form && !op.hasTag(at::Tag::pointwise)) return false;
-  ref = &written.front();
+  const at::Tensor& ref = written.front();  // shape and dtype to match
   // One dtype; Python numbers must not promote it.
   for (const auto* group : {&written, &read}) {
     for (const at::Tensor& t : *group) {
-      if (t.scalar_type() != ref->scalar_type()) return false;
+      if (t.scalar_type() != ref.scalar_type()) return false;
     }
   }
   for (const at::Tensor& w : wrapped) {
-    if (at::result_type(*ref, w) != ref->scalar_type()) return false;
+    if (at::result_type(ref, w) != ref.scalar_type()) return false;
   }
   auto partial = [](const at::Tensor& w, const at::Tensor& r) {
     return !r.is_same(w) && at::get_overlap_status(w, r) == at::MemOverlapStatus::Partial;
@@ -353,7 +352,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
   } else {
     for (const auto* group : {&written, &read}) {
       for (const at::Tensor& t : *group) {
-        if (t.dim() != 0 && t.sizes() != ref->sizes()) return false;
+        if (t.dim() != 0 && t.sizes() != ref.sizes()) return false;
       }
     }
   }

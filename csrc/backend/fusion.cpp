@@ -50,6 +50,7 @@ struct Entry {
 std::mutex g_mu;  // the kernel cache: the fuser reads it, the compiling thread installs
 std::unordered_map<std::string, Entry>* g_cache = new std::unordered_map<std::string, Entry>();
 Stats g_stats;
+std::vector<std::string>* g_to_compile = new std::vector<std::string>();  // for flush()
 
 bool env_flag(const char* name, bool fallback) {
   const char* v = std::getenv(name);
@@ -297,7 +298,6 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   if (n < 2) return {0, 1};
 
   c10::SmallVector<KernelFn, 4> kernels;
-  c10::SmallVector<std::string, 4> to_compile;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     for (Group& grp : groups) {
@@ -307,13 +307,9 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
       if (e.fn == nullptr && !e.failed && !e.requested && ++e.seen >= kCompileAfter) {
         e.requested = true;
         ++g_stats.requested;
-        to_compile.push_back(grp.signature);
+        g_to_compile->push_back(grp.signature);
       }
     }
-  }
-  if (!to_compile.empty()) {
-    py::gil_scoped_acquire gil;
-    for (const std::string& sig : to_compile) compiler().attr("request")(py::bytes(sig));
   }
   for (KernelFn k : kernels) {
     if (k == nullptr) return {0, n};
@@ -322,8 +318,23 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   return {n, 0};
 }
 
+// After each run of the queue: the signatures that run asked for, compiled as one library (a
+// compile is ~4 s of header parsing, whatever it holds).
+void flush() {
+  std::vector<std::string> sigs;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_to_compile->empty()) return;
+    sigs.swap(*g_to_compile);
+  }
+  py::gil_scoped_acquire gil;
+  py::list batch;
+  for (const std::string& sig : sigs) batch.append(py::bytes(sig));
+  compiler().attr("request")(batch);
+}
+
 const bool g_installed = [] {
-  neuron::rt::engine::set_fuser(&fuse, env_limit());
+  neuron::rt::engine::set_fuser(&fuse, &flush, env_limit());
   return true;
 }();
 

@@ -91,6 +91,7 @@ Engine& engine() {
 thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
+std::atomic<void (*)()> g_flush{nullptr};
 std::atomic<size_t> g_max_records{0};
 
 int64_t key(int device, int64_t stream) noexcept { return (static_cast<int64_t>(device) << 32) ^ stream; }
@@ -185,6 +186,12 @@ void run_until(Engine& e, uint64_t seq) {
       e.error_where = std::move(item.where);  // described when reported
     }
     detail::g_completed.store(item.seq, std::memory_order_release);
+  }
+  if (auto flush = g_flush.load(std::memory_order_acquire)) {
+    try {
+      flush();
+    } catch (...) {
+    }
   }
   t_running = false;
 }
@@ -295,8 +302,9 @@ int64_t completion_time(uint64_t seq) noexcept {
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
 
-void set_fuser(Fuser fuser, size_t max_records) noexcept {
+void set_fuser(Fuser fuser, void (*flush)(), size_t max_records) noexcept {
   g_max_records.store(max_records, std::memory_order_relaxed);
+  g_flush.store(flush, std::memory_order_release);
   g_fuser.store(fuser, std::memory_order_release);
 }
 

@@ -70,7 +70,8 @@ struct Decision {
   size_t unfused = 0;
 };
 using Fuser = Decision (*)(const std::vector<const void*>& records);
-void set_fuser(Fuser fuser, size_t max_records) noexcept;
+// `flush` (optional) runs after each run of the queue: the fuser's batched follow-up work.
+void set_fuser(Fuser fuser, void (*flush)(), size_t max_records) noexcept;
 
 // The sequence number of the last work enqueued on (device, stream), or on any stream.
 uint64_t last(int device, int64_t stream) noexcept;

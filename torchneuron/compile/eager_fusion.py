@@ -31,7 +31,7 @@ import threading
 
 import torch
 
-__all__ = ["KINDS", "source", "compile_signature", "request", "wait"]
+__all__ = ["KINDS", "source", "compile_signatures", "compile_signature", "request", "wait"]
 
 # Op kinds, in the order of `enum Kind` in csrc/backend/fusion.h: (name, buffers, scalars,
 # vector formula). x0 is the first input; s0 the first Python number. The formulas are those of
@@ -118,18 +118,14 @@ def _body(ops) -> list[str]:
     return lines
 
 
-def source(signature: bytes) -> str:
-    """The C++ of the kernel for `signature`:
-    ``void kernel(float* const* buffers, const float* scalars, int64_t n, int64_t* remainders)``.
-    It runs the vector part of each thread's range and leaves ``[begin, end)`` of the scalar
-    remainder of thread t's range in ``remainders[2t], remainders[2t+1]``."""
+def _kernel(signature: bytes, name: str) -> str:
     nbufs, ops = parse(signature)
     bufs = "\n".join(f"  float* const b{k} = buffers[{k}];" for k in range(nbufs))
     vec = "\n".join("        " + line for line in _body(ops))
     doc = "; ".join(f"{KINDS[k][0]}{list(slots)}" for k, slots in ops)
-    return _PRELUDE + f"""
+    return f"""
 // {doc}
-extern "C" void kernel(float* const* buffers, const float* s, int64_t n, int64_t* remainders) {{
+extern "C" void {name}(float* const* buffers, const float* s, int64_t n, int64_t* remainders) {{
 {bufs}
   at::parallel_for(0, n, {_GRAIN}, [&](int64_t lo, int64_t hi) {{
     // As ATen's vectorized_loop: whole pairs of vectors here, the remainder by ATen's kernels.
@@ -145,6 +141,15 @@ extern "C" void kernel(float* const* buffers, const float* s, int64_t n, int64_t
 """
 
 
+def source(signatures: list[bytes]) -> str:
+    """The C++ of one library holding the kernel of each signature, ``kernel_<i>``:
+    ``void kernel_i(float* const* buffers, const float* scalars, int64_t n, int64_t* remainders)``.
+    Each runs the vector part of every thread's range and leaves ``[begin, end)`` of the scalar
+    remainder of thread t's range in ``remainders[2t], remainders[2t+1]``. (One library per
+    batch: a compile is ~4 s of header parsing, whatever the kernels.)"""
+    return _PRELUDE + "".join(_kernel(sig, f"kernel_{i}") for i, sig in enumerate(signatures))
+
+
 def _expected_vec_size() -> int | None:
     return {"AVX2": 8, "AVX512": 16}.get(torch.backends.cpu.get_cpu_capability())
 
@@ -152,8 +157,9 @@ def _expected_vec_size() -> int | None:
 _libs: list = []  # compiled libraries stay loaded (their kernels are installed in the fuser)
 
 
-def compile_signature(signature: bytes) -> int:
-    """Compile the kernel for `signature`; its address. Raises if it cannot match ATen."""
+def compile_signatures(signatures: list[bytes]) -> list[int]:
+    """Compile the kernels for `signatures` into one library; their addresses. Raises if they
+    cannot match ATen."""
     from torch._inductor.codecache import CppCodeCache
 
     expected = _expected_vec_size()
@@ -161,11 +167,16 @@ def compile_signature(signature: bytes) -> int:
         raise NotImplementedError(
             f"Adaptive Eager matches ATen's AVX2 and AVX512 kernels only; this CPU runs ATen's "
             f"{torch.backends.cpu.get_cpu_capability()} kernels")
-    lib = CppCodeCache.load(source(signature))
+    lib = CppCodeCache.load(source(signatures))
     if lib.vec_size() != expected:
         raise RuntimeError(f"generated kernel vector width {lib.vec_size()} != ATen's {expected}")
     _libs.append(lib)
-    return ctypes.cast(lib.kernel, ctypes.c_void_p).value
+    return [ctypes.cast(getattr(lib, f"kernel_{i}"), ctypes.c_void_p).value for i in range(len(signatures))]
+
+
+def compile_signature(signature: bytes) -> int:
+    """Compile the kernel for one signature; its address."""
+    return compile_signatures([signature])[0]
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -186,25 +197,31 @@ def _forget_executor() -> None:
 os.register_at_fork(after_in_child=_forget_executor)
 
 
-def _compile_and_install(signature: bytes) -> None:
+def _compile_and_install(signatures: list[bytes]) -> None:
     from .. import _C
 
     try:
-        address = compile_signature(signature)
-    except Exception as e:  # noqa: BLE001 - any failure: the group runs unfused, for good
-        errors.append(f"{parse(signature)}: {type(e).__name__}: {e}")
-        address = 0
-    _C._fusion_install(signature, address)
+        addresses = compile_signatures(signatures)
+    except Exception:  # noqa: BLE001 - find the culprit: the others still compile
+        addresses = []
+        for sig in signatures:
+            try:
+                addresses.append(compile_signature(sig))
+            except Exception as e:  # noqa: BLE001 - the group runs unfused, for good
+                errors.append(f"{parse(sig)}: {type(e).__name__}: {e}")
+                addresses.append(0)
+    for sig, address in zip(signatures, addresses):
+        _C._fusion_install(sig, address)
 
 
-def request(signature: bytes) -> None:
-    """Compile `signature` in the background (called by the fuser, which runs the group unfused
-    until the kernel is installed)."""
+def request(signatures: list[bytes]) -> None:
+    """Compile `signatures` (one library) in the background. Called by the fuser, which runs
+    their groups unfused until the kernels are installed."""
     global _executor
     with _lock:
         if _executor is None:
             _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="neuron-fusion")
-        _pending.append(_executor.submit(_compile_and_install, signature))
+        _pending.append(_executor.submit(_compile_and_install, list(signatures)))
 
 
 def wait() -> None:
