@@ -58,12 +58,15 @@ bool env_flag(const char* name, bool fallback) {
   return std::strcmp(v, "0") != 0;
 }
 
+// How many kernels queue up before the queue runs, and so the most one fused region takes.
+// AWS's default is 1,024; here 64 (runtime/engine.cpp says why: measured).
 size_t env_limit() {
+  constexpr size_t kDefault = 64;
   const char* v = std::getenv("TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT");
-  if (v == nullptr || *v == '\0') return 1024;
+  if (v == nullptr || *v == '\0') return kDefault;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
-  return (end != v && *end == '\0' && n >= 2) ? static_cast<size_t>(n) : 1024;
+  return (end != v && *end == '\0' && n >= 2) ? static_cast<size_t>(n) : kDefault;
 }
 
 // One Python number as the ATen CPU kernel reads it (a float32 kernel converts a wrapped

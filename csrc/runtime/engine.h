@@ -61,7 +61,8 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
                  Record record = nullptr);
 
 // Adaptive Eager: when the queue runs and its next kernels carry records, the fuser is offered
-// the records of that run of kernels (in order, at most a limit the fuser chose). It either ran
+// the records of that run of kernels (in order, at most `max_records`, which is also how many
+// kernels queue up before the queue runs: AWS's concatenation buffer). It either ran
 // the first `fused` of them as one (their own work is then dropped unrun), or asks that the
 // first `unfused` run on their own before it is asked again. Never both; an exception from the
 // fuser counts as {0, 1}.
