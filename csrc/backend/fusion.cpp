@@ -235,7 +235,7 @@ namespace {
 // The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
 // group's kernel is compiled.
 neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
-  if (!detail::g_on || at::globalContext().deterministicAlgorithms()) return {0, records.size()};
+  if (!detail::g_on || at::globalContext().deterministicAlgorithms()) return {0, records.size(), {}};
   // Buffers seen so far, by first byte: [begin, end) and (group, slot).
   struct Buf {
     uintptr_t end;
@@ -298,7 +298,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     for (uint8_t i = 0; i < kArity[r.kind]; ++i) grp.signature.push_back(static_cast<char>(slots[i]));
     for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
   }
-  if (n < 2) return {0, 1};
+  if (n < 2) return {0, 1, {}};
 
   c10::SmallVector<KernelFn, 4> kernels;
   {
@@ -315,10 +315,15 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     }
   }
   for (KernelFn k : kernels) {
-    if (k == nullptr) return {0, n};
+    if (k == nullptr) return {0, n, {}};
   }
-  for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
-  return {n, 0};
+  // From here the region counts as run: a failure part-way cannot be undone or retried.
+  try {
+    for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
+  } catch (const std::exception& ex) {
+    return {n, 0, ex.what()};
+  }
+  return {n, 0, {}};
 }
 
 // After each run of the queue: the signatures that run asked for, compiled as one library (a
@@ -330,6 +335,7 @@ void flush() {
     if (g_to_compile->empty()) return;
     sigs.swap(*g_to_compile);
   }
+  if (!Py_IsInitialized()) return;  // exiting: nothing more will run fused
   py::gil_scoped_acquire gil;
   py::list batch;
   for (const std::string& sig : sigs) batch.append(py::bytes(sig));

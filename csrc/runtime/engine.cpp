@@ -138,6 +138,15 @@ size_t try_fuse(Engine& e, uint64_t seq) {
   const int64_t t = now_ns();
   for (Item& item : done) e.times[item.seq % kTimes].store(t, std::memory_order_relaxed);
   const uint64_t last_seq = done.back().seq;
+  if (!d.error.empty()) {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (e.error.empty()) {
+      e.error = "neuron: a fused region of " + std::to_string(d.fused) + " kernels (the first " +
+                done.front().name + ") failed on the device (TORCH_NEURONX_ENABLE_CONCATENATION=0 runs "
+                "them one by one): " + d.error;
+      e.error_where = std::move(done.front().where);
+    }
+  }
   done.clear();  // releases the kernels' aliases before the region counts as complete
   held.clear();
   e.fused.fetch_add(d.fused, std::memory_order_relaxed);

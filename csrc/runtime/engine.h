@@ -64,11 +64,13 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
 // the records of that run of kernels (in order, at most `max_records`, which is also how many
 // kernels queue up before the queue runs: AWS's concatenation buffer). It either ran
 // the first `fused` of them as one (their own work is then dropped unrun), or asks that the
-// first `unfused` run on their own before it is asked again. Never both; an exception from the
-// fuser counts as {0, 1}.
+// first `unfused` run on their own before it is asked again. Never both. A fused run that
+// failed part-way reports `error` (it cannot be run again unfused: some of it ran), which
+// surfaces like a kernel's; an exception from the fuser means it ran nothing: {0, 1}.
 struct Decision {
   size_t fused = 0;
   size_t unfused = 0;
+  std::string error;
 };
 using Fuser = Decision (*)(const std::vector<const void*>& records);
 // `flush` (optional) runs after each run of the queue: the fuser's batched follow-up work.

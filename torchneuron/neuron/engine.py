@@ -6,8 +6,9 @@ so Python runs ahead of the device as on a real accelerator. The queue runs, in 
 host must wait: every other op, every host read of device memory (``.item()``, ``.cpu()``,
 printing, data-dependent shapes), ``synchronize``, ``Event.synchronize``; ``Stream.query`` and
 ``Event.query`` report "not ready" while kernels are queued and let the queue run. It also runs
-once 1,024 kernels are queued. A kernel that fails asynchronously raises at the next
-synchronization point, naming the op and the Python stack that enqueued it.
+once 64 kernels are queued (``TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT``). A kernel that
+fails asynchronously raises at the next synchronization point, naming the op and the Python
+stack that enqueued it.
 
 Off by default in this release: ``TORCHNEURON_ASYNC_EXECUTION=1`` (or :func:`set_enabled`)
 turns it on; ``NEURON_LAUNCH_BLOCKING=1`` keeps every kernel synchronous, with errors raised at
