@@ -1,5 +1,6 @@
 // Adaptive Eager: records of queued kernels, and the fuser the engine calls (fusion.h).
 #include "fusion.h"
+#include "zero_copy.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -36,6 +37,9 @@ struct Record {
   int64_t numel;
   std::array<void*, 4> ptr{};  // [0] is written
   std::array<float, 2> scalar{};
+  // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
+  const char* hot = nullptr;
+  const c10::OperatorName* boxed = nullptr;
 };
 
 using KernelFn = void (*)(void* const* buffers, const float* scalars, int64_t numel, int64_t* remainders);
@@ -96,7 +100,8 @@ bool plain_float(const at::Tensor& t, int64_t numel) {
 
 // A record over `tensors` (tensors[0] written); null unless all are plain float32 of one count.
 neuron::rt::engine::Record make(Kind kind, std::initializer_list<const at::Tensor*> tensors,
-                                std::initializer_list<float> scalars) {
+                                std::initializer_list<float> scalars, const char* hot,
+                                const c10::OperatorName* boxed = nullptr) {
   const at::Tensor& out = **tensors.begin();
   if (!out.defined() || out.numel() == 0) return nullptr;
   auto r = std::make_shared<Record>();
@@ -109,6 +114,8 @@ neuron::rt::engine::Record make(Kind kind, std::initializer_list<const at::Tenso
   }
   i = 0;
   for (float s : scalars) r->scalar[i++] = s;
+  r->hot = hot;
+  r->boxed = boxed;
   return r;
 }
 
@@ -195,14 +202,14 @@ neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const
     // ATen's sub is add with -alpha (negated as a Scalar, then read as float).
     if (alpha != nullptr && !scalar_of(sub ? -*alpha : *alpha, &a)) return nullptr;
     if (alpha == nullptr && sub) a = -1.f;
-    if (is_number(other)) return scalar_of(other, &s) ? make(kAddScalar, {&out, &self}, {s, a}) : nullptr;
-    return make(kAdd, {&out, &self, &other}, {a});
+    if (is_number(other)) return scalar_of(other, &s) ? make(kAddScalar, {&out, &self}, {s, a}, name) : nullptr;
+    return make(kAdd, {&out, &self, &other}, {a}, name);
   }
   if (mul || div) {
     if (is_number(other)) {
-      return scalar_of(other, &s) ? make(mul ? kMulScalar : kDivScalar, {&out, &self}, {s}) : nullptr;
+      return scalar_of(other, &s) ? make(mul ? kMulScalar : kDivScalar, {&out, &self}, {s}, name) : nullptr;
     }
-    return make(mul ? kMul : kDiv, {&out, &self, &other}, {});
+    return make(mul ? kMul : kDiv, {&out, &self, &other}, {}, name);
   }
   return nullptr;
 }
@@ -216,16 +223,16 @@ neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit
   auto value = [&](size_t i, float* out) { return args.at(i).isScalar() && scalar_of(args.at(i).toScalar(), out); };
   float v = 0.f;
   if ((n == "aten::addcmul_" || n == "aten::addcdiv_") && o.empty() && args.size() == 4 && value(3, &v)) {
-    return make(n == "aten::addcmul_" ? kAddcmul : kAddcdiv, {&tensor(0), &tensor(0), &tensor(1), &tensor(2)}, {v});
+    return make(n == "aten::addcmul_" ? kAddcmul : kAddcdiv, {&tensor(0), &tensor(0), &tensor(1), &tensor(2)}, {v}, nullptr, &name);
   }
   if ((n == "aten::addcmul" || n == "aten::addcdiv") && o == "out" && args.size() == 5 && value(3, &v)) {
-    return make(n == "aten::addcmul" ? kAddcmul : kAddcdiv, {&tensor(4), &tensor(0), &tensor(1), &tensor(2)}, {v});
+    return make(n == "aten::addcmul" ? kAddcmul : kAddcdiv, {&tensor(4), &tensor(0), &tensor(1), &tensor(2)}, {v}, nullptr, &name);
   }
   if (n == "aten::lerp_" && o == "Scalar" && args.size() == 3 && value(2, &v)) {
-    return make(kLerpScalar, {&tensor(0), &tensor(0), &tensor(1)}, {v});
+    return make(kLerpScalar, {&tensor(0), &tensor(0), &tensor(1)}, {v}, nullptr, &name);
   }
   if (n == "aten::lerp" && o == "Scalar_out" && args.size() == 4 && value(2, &v)) {
-    return make(kLerpScalar, {&tensor(3), &tensor(0), &tensor(1)}, {v});
+    return make(kLerpScalar, {&tensor(3), &tensor(0), &tensor(1)}, {v}, nullptr, &name);
   }
   return nullptr;
 }
@@ -322,6 +329,11 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
   } catch (const std::exception& ex) {
     return {n, 0, ex.what()};
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Record& r = *static_cast<const Record*>(records[i]);
+    if (r.hot != nullptr) track_hot(r.hot);
+    else if (r.boxed != nullptr) track_fallback(*r.boxed);
   }
   return {n, 0, {}};
 }

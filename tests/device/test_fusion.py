@@ -245,3 +245,29 @@ def test_partially_overlapping_views_end_a_region(fusing, monkeypatch):
     kinds = [[kind for kind, _ in ops] for _, ops in seen]
     assert [0, 3] in kinds  # the region after the cut was fused
     assert not any(2 in k and 0 in k for k in kinds)
+
+
+def test_fused_kernels_count_as_executed_ops(fusing):
+    # torchneuron.get_executed_ops() answers "what ran on the device": a fused op still did.
+    import torchneuron
+
+    a, b = torch.rand(96, device="neuron"), torch.rand(96, device="neuron")
+
+    def program():
+        a.mul_(b).lerp_(b, 0.3)
+        torch.neuron.synchronize()
+
+    engine.set_fusion_enabled(False)
+    torchneuron.clear_op_tracking()
+    program()
+    unfused = torchneuron.get_executed_ops()
+    engine.set_fusion_enabled(True)
+    program()
+    program()
+    eager_fusion.wait()
+    torchneuron.clear_op_tracking()
+    before = engine.stats()["fused"]
+    program()
+    assert engine.stats()["fused"] - before == 2
+    assert torchneuron.get_executed_ops() == unfused
+    assert unfused.get("aten::mul_.Tensor") == 1 and sum(unfused.values()) == 2
