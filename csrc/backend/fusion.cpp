@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -189,7 +190,17 @@ namespace detail {
 bool g_on = env_flag("TORCH_NEURONX_ENABLE_CONCATENATION", false);
 }
 
-void set_enabled(bool on) noexcept { detail::g_on = on; }
+namespace {
+neuron::rt::engine::Decision fuse(const std::vector<const void*>& records);
+void flush();
+}  // namespace
+
+// The engine asks the fuser only while fusion is on: off, no queued kernel pays for looking.
+void set_enabled(bool on) noexcept {
+  detail::g_on = on;
+  if (on) neuron::rt::engine::set_fuser(&fuse, &flush);
+  else neuron::rt::engine::set_fuser(nullptr, nullptr);
+}
 
 neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
                                   const at::Tensor& other, const at::Scalar* alpha) {
@@ -242,7 +253,7 @@ namespace {
 // The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
 // group's kernel is compiled.
 neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
-  if (!detail::g_on || at::globalContext().deterministicAlgorithms()) return {0, records.size(), {}};
+  if (at::globalContext().deterministicAlgorithms()) return {0, records.size(), {}};
   // Buffers seen so far, by first byte: [begin, end) and (group, slot).
   struct Buf {
     uintptr_t end;
@@ -264,6 +275,18 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     c10::SmallVector<void*, 4> fresh;
     bool conflict = false;
     const size_t bytes = static_cast<size_t>(r.numel) * sizeof(float);
+    // Whether [begin, begin + bytes) meets a buffer seen before or another fresh one of this
+    // kernel (all of them `bytes` long: same group).
+    auto overlaps = [&](uintptr_t begin) {
+      auto meets = [&](uintptr_t b, uintptr_t e) { return b < begin + bytes && begin < e; };
+      auto next = bufs.lower_bound(begin);
+      if (next != bufs.end() && meets(next->first, next->second.end)) return true;
+      if (next != bufs.begin() && meets(std::prev(next)->first, std::prev(next)->second.end)) return true;
+      return std::any_of(fresh.begin(), fresh.end(), [&](void* f) {
+        const auto fb = reinterpret_cast<uintptr_t>(f);
+        return meets(fb, fb + bytes);
+      });
+    };
     for (uint8_t i = 0; i < kArity[r.kind] && !conflict; ++i) {
       const auto begin = reinterpret_cast<uintptr_t>(r.ptr[i]);
       auto it = bufs.find(begin);
@@ -272,21 +295,12 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
         slots[i] = it->second.slot;
         continue;
       }
-      bool found = false;
-      for (size_t f = 0; f < fresh.size(); ++f) {
-        if (fresh[f] == r.ptr[i]) {
-          slots[i] = static_cast<uint32_t>(nbufs + f);
-          found = true;
-        }
+      const auto same = std::find(fresh.begin(), fresh.end(), r.ptr[i]);
+      if (same != fresh.end()) {
+        slots[i] = static_cast<uint32_t>(nbufs + (same - fresh.begin()));
+        continue;
       }
-      if (found) continue;
-      auto next = bufs.lower_bound(begin);
-      if (next != bufs.end() && next->first < begin + bytes) conflict = true;
-      if (next != bufs.begin() && std::prev(next)->second.end > begin) conflict = true;
-      for (void* f : fresh) {  // two fresh buffers of one kernel overlapping each other
-        const auto fb = reinterpret_cast<uintptr_t>(f);
-        if (fb < begin + bytes && begin < fb + bytes) conflict = true;
-      }
+      conflict = overlaps(begin);
       slots[i] = static_cast<uint32_t>(nbufs + fresh.size());
       fresh.push_back(r.ptr[i]);
     }
@@ -355,7 +369,8 @@ void flush() {
 }
 
 const bool g_installed = [] {
-  neuron::rt::engine::set_fuser(&fuse, &flush, env_limit());
+  neuron::rt::engine::set_queue_limit(env_limit());
+  set_enabled(detail::g_on);
   return true;
 }();
 

@@ -60,7 +60,7 @@ constexpr size_t kTimes = 1 << 16;   // completion times kept (a ring indexed by
 // A queue this long runs at the next enqueue. Measured on the 16-element add (bench/engine.py):
 // 1,024 queued kernels cost 12.1 us an op, 64 cost 4.9, 16 about the same as 64: every queued
 // kernel holds a few heap blocks (its aliases, closure, stack), and a deep queue pushes them
-// out of malloc's per-thread caches. The fuser's region limit sets it (set_fuser).
+// out of malloc's per-thread caches. set_queue_limit sets it.
 std::atomic<size_t> g_max_queued{64};
 
 struct Engine {
@@ -96,7 +96,6 @@ thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
 std::atomic<void (*)()> g_flush{nullptr};
-std::atomic<size_t> g_max_records{0};
 
 int64_t key(int device, int64_t stream) noexcept { return (static_cast<int64_t>(device) << 32) ^ stream; }
 
@@ -111,7 +110,7 @@ size_t try_fuse(Engine& e, uint64_t seq) {
   {
     std::lock_guard<std::mutex> lock(e.mu);
     if (e.queue.empty()) return 1;  // the caller finds it empty too, and stops
-    const size_t limit = g_max_records.load(std::memory_order_relaxed);
+    const size_t limit = g_max_queued.load(std::memory_order_relaxed);
     for (const Item& item : e.queue) {
       if (!item.record || item.seq > seq || records.size() >= limit) break;
       held.push_back(item.record);
@@ -315,9 +314,9 @@ int64_t completion_time(uint64_t seq) noexcept {
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
 
-void set_fuser(Fuser fuser, void (*flush)(), size_t max_records) noexcept {
-  g_max_records.store(max_records, std::memory_order_relaxed);
-  g_max_queued.store(max_records, std::memory_order_relaxed);
+void set_queue_limit(size_t n) noexcept { g_max_queued.store(std::max<size_t>(n, 2), std::memory_order_relaxed); }
+
+void set_fuser(Fuser fuser, void (*flush)()) noexcept {
   g_flush.store(flush, std::memory_order_release);
   g_fuser.store(fuser, std::memory_order_release);
 }

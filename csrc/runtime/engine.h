@@ -61,8 +61,7 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
                  Record record = nullptr);
 
 // Adaptive Eager: when the queue runs and its next kernels carry records, the fuser is offered
-// the records of that run of kernels (in order, at most `max_records`, which is also how many
-// kernels queue up before the queue runs: AWS's concatenation buffer). It either ran
+// the records of that run of kernels (in order, at most the queue limit). It either ran
 // the first `fused` of them as one (their own work is then dropped unrun), or asks that the
 // first `unfused` run on their own before it is asked again. Never both. A fused run that
 // failed part-way reports `error` (it cannot be run again unfused: some of it ran), which
@@ -74,7 +73,12 @@ struct Decision {
 };
 using Fuser = Decision (*)(const std::vector<const void*>& records);
 // `flush` (optional) runs after each run of the queue: the fuser's batched follow-up work.
-void set_fuser(Fuser fuser, void (*flush)(), size_t max_records) noexcept;
+// Installed only while fusion is on (nullptr removes it), so an engine without fusion never
+// looks for records.
+void set_fuser(Fuser fuser, void (*flush)()) noexcept;
+// How many kernels queue up before the queue runs (AWS's concatenation buffer), and so the
+// most kernels one fused region takes. At least 2.
+void set_queue_limit(size_t n) noexcept;
 
 // The sequence number of the last work enqueued on (device, stream), or on any stream.
 uint64_t last(int device, int64_t stream) noexcept;
