@@ -180,6 +180,39 @@ void host_waited_for_stream(c10::DeviceIndex device) {
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
 int64_t copy_bytes(const at::Tensor& dst) { return static_cast<int64_t>(dst.numel()) * dst.element_size(); }
 
+// A non_blocking copy between a neuron tensor and pinned host memory is queued, like CUDA's
+// cudaMemcpyAsync: the host runs ahead and must synchronize before it reads a host destination
+// (a program that does not reads stale bytes, as on a GPU) or writes a host source. The queued
+// kernel holds the host tensor, so pinned memory freed meanwhile is released only after the
+// copy. Pageable memory copies synchronously, as CUDA's do, and so does anything whose error
+// or warning could otherwise surface late (broadcasting, complex to real, unusual layouts).
+bool enqueue_pinned_copy(const at::Tensor& self, const at::Tensor& dst) {
+  using neuron::rt::trace::CopyKind;
+  if (!may_enqueue()) return false;
+  const bool htod = self.is_cpu() && dst.is_privateuseone();
+  const bool dtoh = self.is_privateuseone() && dst.is_cpu();
+  if (!htod && !dtoh) return false;
+  const at::Tensor& host = htod ? self : dst;
+  if (self.layout() != at::kStrided || dst.layout() != at::kStrided || self.is_quantized() ||
+      dst.is_quantized() || self.sizes() != dst.sizes() || dst.numel() == 0 ||
+      (self.is_complex() && !dst.is_complex()) || host.storage().data() == nullptr ||
+      !host_allocator()->is_pinned(host.storage().data())) {
+    return false;
+  }
+  auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
+  at::Tensor s = zc->in(self, /*allow_cpu=*/true);
+  at::Tensor d = zc->in_output(dst, /*allow_cpu=*/true);
+  zc->release_tensors();
+  const CopyKind kind = htod ? CopyKind::HtoD : CopyKind::DtoH;
+  const int64_t bytes = copy_bytes(dst);
+  enqueue_kernel(zc->device(), htod ? "Memcpy HtoD (non_blocking)" : "Memcpy DtoH (non_blocking)",
+                 [zc, s, d, kind, bytes] {
+                   zc->launch_copy(kind, bytes, /*blocking=*/false);
+                   if (!fp8::try_copy(d, s)) d.copy_(s);
+                 });
+  return true;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   using neuron::rt::trace::CopyKind;
   if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
@@ -191,6 +224,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     d.copy_(s, non_blocking);
     return dst;
   }
+  if (non_blocking && enqueue_pinned_copy(self, dst)) return dst;
   // One alias set for both sides, so a copy between overlapping views sees the sharing.
   ZeroCopy zc;
   at::Tensor src = zc.in(self, /*allow_cpu=*/true);
@@ -442,7 +476,7 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 // not synchronize): like enqueue_elementwise, else the boxed fallback as before.
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&)>
 at::Tensor unary_floating(const at::Tensor& self) {
-  if (may_enqueue() && enqueueable(self) && plain(self) && self.scalar_type() != c10::ScalarType::ComplexHalf) {
+  if (may_enqueue() && enqueueable(self) && plain(self)) {
     auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
     at::Tensor a = zc->in(self);
     at::Tensor out = pooled(*zc, self.sizes(), self.scalar_type());

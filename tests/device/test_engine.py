@@ -245,6 +245,138 @@ def test_work_on_two_streams_is_ordered_by_wait_stream():
     torch.testing.assert_close(b.cpu(), torch.full((BIG,), 2 * 1.0001 ** 10))
 
 
+def test_kernels_enqueued_by_two_threads_run_in_enqueue_order():
+    # Both threads use the default stream: one FIFO, whichever thread runs the queue. Thread B
+    # starts only after A's writes are enqueued, and its results must see every one of them.
+    import threading
+
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    a_done = threading.Event()
+    out = {}
+
+    def writer():
+        slow_work(x, 10)
+        a_done.set()
+
+    def reader():
+        a_done.wait()
+        out["y"] = x * 2
+        out["sum"] = out["y"][:1000].sum().item()   # a synchronization point on this thread
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = torch.full((BIG,), 1.0001) ** 10 * 2
+    torch.testing.assert_close(out["y"].cpu(), want, rtol=0, atol=0)
+    assert out["sum"] == pytest.approx(float(want[:1000].sum()), rel=1e-6)
+
+
+def test_an_event_recorded_on_one_thread_orders_a_stream_used_on_another():
+    import threading
+
+    side = torch.neuron.Stream()
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    recorded = threading.Event()
+    box = {}
+
+    def producer():
+        with torch.neuron.stream(side):
+            slow_work(x, 10)
+            box["event"] = side.record_event()
+        recorded.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    recorded.wait()
+    torch.neuron.current_stream().wait_event(box["event"])
+    y = x + 1
+    t.join()
+    torch.testing.assert_close(y.cpu(), torch.full((BIG,), 1.0001) ** 10 + 1, rtol=0, atol=0)
+
+
+# ---- non_blocking copies -------------------------------------------------------------------
+
+def test_a_non_blocking_copy_to_pinned_memory_lands_only_at_synchronization():
+    # As on a GPU: a host that reads a non_blocking copy's destination without waiting reads
+    # stale bytes, here deterministically (the queue runs only when the host waits)
+    x = torch.arange(BIG, dtype=torch.float32, device="neuron")
+    torch.neuron.synchronize()
+    dst = torch.zeros(BIG, pin_memory=True)
+    assert dst.is_pinned()
+    slow_work(x, 2)
+    dst.copy_(x, non_blocking=True)
+    assert pending()
+    assert dst.abs().sum().item() == 0          # the copy has not run
+    torch.neuron.synchronize()
+    torch.testing.assert_close(dst, torch.arange(BIG, dtype=torch.float32) * 1.0001 * 1.0001,
+                               rtol=0, atol=0)
+
+
+def test_to_cpu_non_blocking_returns_pinned_memory_filled_after_synchronization():
+    x = torch.arange(BIG, dtype=torch.float32, device="neuron")
+    slow_work(x, 2)
+    y = x.to("cpu", non_blocking=True)
+    assert y.is_pinned() and pending()
+    torch.neuron.synchronize()
+    torch.testing.assert_close(y, torch.arange(BIG, dtype=torch.float32) * 1.0001 * 1.0001,
+                               rtol=0, atol=0)
+
+
+def test_a_non_blocking_copy_from_pinned_memory_is_queued_behind_earlier_work():
+    src = torch.arange(BIG, dtype=torch.float32).pin_memory()
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x, 3)
+    before = engine.stats()["enqueued"]
+    x.copy_(src, non_blocking=True)     # must land after the queued multiplies, not before
+    assert engine.stats()["enqueued"] == before + 1
+    x.add_(1)
+    torch.testing.assert_close(x.cpu(), torch.arange(BIG, dtype=torch.float32) + 1, rtol=0, atol=0)
+
+
+def test_a_non_blocking_copy_converts_dtypes_like_cpu():
+    src = torch.randn(1000, dtype=torch.float64).pin_memory()
+    x = torch.empty(1000, dtype=torch.bfloat16, device="neuron")
+    x.copy_(src, non_blocking=True)
+    back = torch.empty(1000, dtype=torch.float32, pin_memory=True)
+    back.copy_(x, non_blocking=True)
+    torch.neuron.synchronize()
+    torch.testing.assert_close(back, src.to(torch.bfloat16).float(), rtol=0, atol=0)
+
+
+def test_a_non_blocking_copy_from_pageable_memory_is_synchronous():
+    src = torch.arange(BIG, dtype=torch.float32)
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x, 2)
+    x.copy_(src, non_blocking=True)   # CUDA stages pageable memory: src may change right after
+    src.zero_()
+    assert not pending()
+    torch.testing.assert_close(x.cpu(), torch.arange(BIG, dtype=torch.float32), rtol=0, atol=0)
+
+
+def test_a_non_blocking_copy_of_mismatched_shapes_raises_at_the_call():
+    src = torch.ones(3, 4).pin_memory()
+    x = torch.ones(5, 4, device="neuron")
+    with pytest.raises(RuntimeError, match="must match"):
+        x.copy_(src, non_blocking=True)
+    assert not pending()
+
+
+def test_pinned_memory_dropped_before_its_copy_ran_is_released_after_it():
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x, 3)
+    src = torch.full((BIG,), 7.0).pin_memory()
+    x.copy_(src, non_blocking=True)
+    del src                                     # the queued copy still holds it
+    torch.testing.assert_close(x.cpu(), torch.full((BIG,), 7.0), rtol=0, atol=0)
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 def test_an_asynchronous_error_surfaces_at_the_next_synchronization_with_its_stack():
