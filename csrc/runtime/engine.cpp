@@ -1,16 +1,21 @@
-// The execution engine (engine.h): one FIFO of kernels for all streams and devices, executed by
-// the host thread that needs them.
+// The execution engine (engine.h): one queue per stream, executed by the host thread that
+// needs them.
 //
 // Why no executor thread: kernels are host code, and the host has only the cores the caller's
 // own intra-op parallelism already uses. An executor thread next to the Python thread was
 // measured on the 2-core host (docs/benchmarks.md, Execution engine): every synchronous op then
 // waits for a thread hand-off, and under any other load the three runnable threads
 // (host, executor, intra-op team) made eager training 2x and small ops 12x slower than without
-// the engine. So the queue runs where PyTorch semantics force a wait (a synchronization point,
-// which runs it on the waiting thread, with the caller's intra-op threads), when it reaches
-// g_max_queued kernels, and when the host polls a stream or event (which reports "not ready" and
-// lets the queue run, so polling loops finish). Enqueue order is a legal schedule of any set of
-// streams (each stream's order is kept, and every cross-stream wait is satisfied by then).
+// the engine. So the queues run where PyTorch semantics force a wait (a synchronization point,
+// which runs them on the waiting thread, with the caller's intra-op threads), when they hold
+// g_max_queued kernels, and when the host polls a stream or event (which reports "not ready"
+// and lets the queues run, so polling loops finish).
+//
+// Which stream's kernel runs next (pick_locked): the highest-priority stream's, then the
+// earliest enqueued. Streams of one priority therefore run in enqueue order, a legal schedule
+// of any set of streams; a high-priority stream overtakes, so work on it really does run before
+// earlier work of other streams, and only wait_event/wait_stream (wait markers in the queue)
+// order it after them.
 #include "engine.h"
 
 #include <pthread.h>
@@ -22,6 +27,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -44,9 +50,19 @@ namespace {
 struct Item {
   uint64_t seq;
   const char* name;
-  Work work;
+  Work work;      // null: a wait marker, complete as soon as its condition holds
   Describe where;
   Record record;  // for the fuser (engine.h, Adaptive Eager)
+  // Runs only once `after` has completed (an event's work: wait_event), or with `barrier`,
+  // once everything up to `after` has (after_queue). 0: no condition.
+  uint64_t after = 0;
+  bool barrier = false;
+};
+
+// One stream's queue: its items run in order. Streams are independent except for waits.
+struct StreamQueue {
+  std::deque<Item> items;
+  int priority = 0;  // as CUDA: lower runs first (-1 high, 0 normal)
 };
 
 bool env_on() {
@@ -56,7 +72,7 @@ bool env_on() {
   return on != nullptr && std::strcmp(on, "1") == 0;
 }
 
-constexpr size_t kTimes = 1 << 16;   // completion times kept (a ring indexed by sequence number)
+constexpr size_t kTimes = 1 << 16;   // completions kept (a ring indexed by sequence number)
 // A queue this long runs at the next enqueue. Measured on the 16-element add (bench/engine.py):
 // 1,024 queued kernels cost 12.1 us an op, 64 cost 4.9, 16 about the same as 64: every queued
 // kernel holds a few heap blocks (its aliases, closure, stack), and a deep queue pushes them
@@ -64,13 +80,16 @@ constexpr size_t kTimes = 1 << 16;   // completion times kept (a ring indexed by
 std::atomic<size_t> g_max_queued{64};
 
 struct Engine {
-  std::mutex mu;      // the queue and the bookkeeping below
-  std::mutex run_mu;  // one thread runs kernels at a time, in order
-  std::deque<Item> queue;
+  std::mutex mu;      // the queues and the bookkeeping below
+  std::mutex run_mu;  // one thread runs kernels at a time
+  std::map<int64_t, StreamQueue> streams;      // (device, stream) key -> its queue (never erased)
+  size_t queued = 0;                           // items in all queues
+  uint64_t running = 0;                        // first item being run now (0: none)
   std::unordered_map<int64_t, uint64_t> last;  // (device, stream) key -> seq
   std::string error;                           // first unreported kernel error
   Describe error_where;                        // ... and where its op was enqueued
-  std::array<std::atomic<int64_t>, kTimes> times{};
+  std::array<std::atomic<int64_t>, kTimes> times{};  // completion time of seq (slot seq % kTimes)
+  std::array<std::atomic<uint64_t>, kTimes> done{};  // the seq that completed in that slot
   std::atomic<uint64_t> drains{0};
   std::atomic<uint64_t> fused{0};
   std::atomic<uint64_t> regions{0};
@@ -99,23 +118,87 @@ std::atomic<void (*)()> g_flush{nullptr};
 
 int64_t key(int device, int64_t stream) noexcept { return (static_cast<int64_t>(device) << 32) ^ stream; }
 
-// Offer the fuser the run of record-carrying kernels at the front of the queue (up to `seq`:
-// a wait never runs kernels queued after what it waits for). Returns how many kernels to run
-// on their own next (0: a fused region ran).
-size_t try_fuse(Engine& e, uint64_t seq) {
+// Completion of one item. Items of different streams complete out of order, so g_completed is
+// the low-water mark (everything up to it has completed) and the ring knows the rest.
+bool is_done(Engine& e, uint64_t seq) noexcept {
+  return seq <= detail::g_completed.load(std::memory_order_acquire) ||
+         e.done[seq % kTimes].load(std::memory_order_acquire) == seq;
+}
+
+void mark_done(Engine& e, uint64_t seq, int64_t t) noexcept {
+  e.times[seq % kTimes].store(t, std::memory_order_relaxed);
+  e.done[seq % kTimes].store(seq, std::memory_order_release);
+}
+
+// Under e.mu: the low-water mark after completions.
+void advance_locked(Engine& e) noexcept {
+  uint64_t low = detail::g_enqueued.load(std::memory_order_relaxed);
+  for (const auto& [k, q] : e.streams) {
+    if (!q.items.empty()) low = std::min(low, q.items.front().seq - 1);
+  }
+  if (e.running != 0) low = std::min(low, e.running - 1);
+  detail::g_completed.store(low, std::memory_order_release);
+}
+
+StreamQueue& stream_locked(Engine& e, int device, int64_t stream) {
+  auto [it, fresh] = e.streams.try_emplace(key(device, stream));
+  if (fresh) it->second.priority = device < 0 ? 0 : stream_priority(stream);
+  return it->second;
+}
+
+bool satisfied(Engine& e, const Item& item) noexcept {
+  if (item.after == 0) return true;
+  return item.barrier ? detail::g_completed.load(std::memory_order_acquire) >= item.after : is_done(e, item.after);
+}
+
+// Under e.mu: the stream whose first item runs next among items up to `limit` (a wait never
+// runs kernels queued after what it waits for), or nullptr if none is left. Wait markers whose
+// condition holds complete here. The schedule: the highest-priority stream, then the earliest
+// item. With streams of one priority that is enqueue order; a high-priority stream's work
+// overtakes earlier work of others, so a cross-stream dependency without wait_stream/wait_event
+// breaks here as on a GPU. Never stuck: the earliest pending item's condition names earlier
+// work, which has completed.
+StreamQueue* pick_locked(Engine& e, uint64_t limit) {
+  for (;;) {
+    advance_locked(e);
+    StreamQueue* best = nullptr;
+    bool markers = false;
+    for (auto& [k, q] : e.streams) {
+      if (q.items.empty()) continue;
+      Item& head = q.items.front();
+      if (head.seq > limit || !satisfied(e, head)) continue;
+      if (!head.work) {
+        mark_done(e, head.seq, now_ns());
+        q.items.pop_front();
+        --e.queued;
+        markers = true;
+        continue;
+      }
+      if (best == nullptr || q.priority < best->priority ||
+          (q.priority == best->priority && head.seq < best->items.front().seq)) {
+        best = &q;
+      }
+    }
+    if (!markers || best != nullptr) return best;
+  }
+}
+
+// Offer the fuser the run of record-carrying kernels at the front of queue `q` (up to `seq`).
+// Returns how many kernels to run on their own next (0: a fused region ran).
+size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
   Fuser fuser = g_fuser.load(std::memory_order_acquire);
   if (fuser == nullptr) return 1;
   std::vector<Record> held;  // keeps the records alive while the fuser reads them
   std::vector<const void*> records;
   {
     std::lock_guard<std::mutex> lock(e.mu);
-    if (e.queue.empty()) return 1;  // the caller finds it empty too, and stops
     const size_t limit = g_max_queued.load(std::memory_order_relaxed);
-    for (const Item& item : e.queue) {
-      if (!item.record || item.seq > seq || records.size() >= limit) break;
+    for (const Item& item : q.items) {
+      if (!item.record || item.seq > seq || item.after != 0 || records.size() >= limit) break;
       held.push_back(item.record);
       records.push_back(item.record.get());
     }
+    if (records.size() >= 2) e.running = q.items.front().seq;
   }
   if (records.size() < 2) return 1;
   Decision d;
@@ -124,40 +207,45 @@ size_t try_fuse(Engine& e, uint64_t seq) {
   } catch (...) {
     d = Decision{0, 1};
   }
-  if (d.fused == 0) return std::max<size_t>(d.unfused, 1);
-  // Only this thread pops (it holds run_mu), so the first `fused` items are the ones offered.
   std::deque<Item> done;
   {
     std::lock_guard<std::mutex> lock(e.mu);
+    // Only this thread pops (it holds run_mu), so the first `fused` items are the ones offered.
     for (size_t i = 0; i < d.fused; ++i) {
-      done.push_back(std::move(e.queue.front()));
-      e.queue.pop_front();
+      done.push_back(std::move(q.items.front()));
+      q.items.pop_front();
+      --e.queued;
     }
-  }
-  const int64_t t = now_ns();
-  for (Item& item : done) e.times[item.seq % kTimes].store(t, std::memory_order_relaxed);
-  const uint64_t last_seq = done.back().seq;
-  if (!d.error.empty()) {
-    std::lock_guard<std::mutex> lock(e.mu);
-    if (e.error.empty()) {
+    const int64_t t = now_ns();
+    for (const Item& item : done) mark_done(e, item.seq, t);
+    if (d.fused != 0 && !d.error.empty() && e.error.empty()) {
       e.error = "neuron: a fused region of " + std::to_string(d.fused) + " kernels (the first " +
                 done.front().name + ") failed on the device (TORCH_NEURONX_ENABLE_CONCATENATION=0 runs "
                 "them one by one): " + d.error;
       e.error_where = std::move(done.front().where);
     }
+    if (d.fused == 0) {
+      e.running = 0;
+      advance_locked(e);
+    }
   }
+  if (d.fused == 0) return std::max<size_t>(d.unfused, 1);
   done.clear();  // releases the kernels' aliases before the region counts as complete
   held.clear();
   e.fused.fetch_add(d.fused, std::memory_order_relaxed);
   e.regions.fetch_add(1, std::memory_order_relaxed);
-  detail::g_completed.store(last_seq, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(e.mu);
+  e.running = 0;
+  advance_locked(e);
   return 0;
 }
 
-// Run queued kernels on this thread until `seq` has completed (another thread may be running
-// them: then wait for it). Kernel errors are kept for the next report.
-void run_until(Engine& e, uint64_t seq) {
-  if (t_running || detail::g_completed.load(std::memory_order_acquire) >= seq) return;
+// Run queued kernels on this thread until `seq` has completed, or with `all`, everything up to
+// it (another thread may be running them: then wait for it). Kernel errors are kept for the
+// next report.
+void run_until(Engine& e, uint64_t seq, bool all) {
+  auto finished = [&] { return all ? detail::g_completed.load(std::memory_order_acquire) >= seq : is_done(e, seq); };
+  if (t_running || finished()) return;
   std::unique_lock<std::mutex> run_lock(e.run_mu, std::try_to_lock);
   if (!run_lock.owns_lock()) {
     BlockingWait wrapper = g_blocking_wait.load(std::memory_order_acquire);
@@ -166,16 +254,23 @@ void run_until(Engine& e, uint64_t seq) {
   }
   t_running = true;
   size_t unfused = 0;  // kernels the fuser asked to run on their own before it is asked again
-  while (detail::g_completed.load(std::memory_order_acquire) < seq) {
-    if (unfused == 0) unfused = try_fuse(e, seq);
+  while (!finished()) {
+    StreamQueue* q;
+    {
+      std::lock_guard<std::mutex> lock(e.mu);
+      q = pick_locked(e, seq);
+    }
+    if (q == nullptr) break;
+    if (unfused == 0) unfused = try_fuse(e, *q, seq);
     if (unfused == 0) continue;  // a fused region ran
     --unfused;
     Item item;
     {
       std::lock_guard<std::mutex> lock(e.mu);
-      if (e.queue.empty()) break;
-      item = std::move(e.queue.front());
-      e.queue.pop_front();
+      item = std::move(q->items.front());
+      q->items.pop_front();
+      --e.queued;
+      e.running = item.seq;
     }
     std::string failure;
     try {
@@ -189,15 +284,16 @@ void run_until(Engine& e, uint64_t seq) {
     // counts as complete, so memory stats are exact after a synchronization.
     item.work = nullptr;
     item.record = nullptr;
-    e.times[item.seq % kTimes].store(now_ns(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(e.mu);
+    mark_done(e, item.seq, now_ns());
+    e.running = 0;
+    advance_locked(e);
     if (!failure.empty() && e.error.empty()) {
       e.error = std::string("neuron: ") + item.name +
                 " failed on the device (executed asynchronously; NEURON_LAUNCH_BLOCKING=1 raises "
                 "at the call instead): " + failure;
       e.error_where = std::move(item.where);  // described when reported
     }
-    detail::g_completed.store(item.seq, std::memory_order_release);
   }
   if (auto flush = g_flush.load(std::memory_order_acquire)) {
     try {
@@ -250,12 +346,25 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
     std::lock_guard<std::mutex> lock(e.mu);
     seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;  // written under mu only
     e.last[key(device, stream)] = seq;
-    e.queue.push_back(Item{seq, name, std::move(work), std::move(where), std::move(record)});
-    queued = e.queue.size();
+    stream_locked(e, device, stream).items.push_back(Item{seq, name, std::move(work), std::move(where), std::move(record)});
+    queued = ++e.queued;
     detail::g_enqueued.store(seq, std::memory_order_release);
   }
-  if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq);
+  if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
   return seq;
+}
+
+void enqueue_wait(int device, int64_t stream, uint64_t after) {
+  Engine& e = engine();
+  if (after == 0 || is_done(e, after)) return;
+  std::lock_guard<std::mutex> lock(e.mu);
+  const uint64_t seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;
+  e.last[key(device, stream)] = seq;  // an event recorded behind the wait completes after it
+  Item marker{seq, "wait_event", nullptr, nullptr, nullptr};
+  marker.after = after;
+  stream_locked(e, device, stream).items.push_back(std::move(marker));
+  ++e.queued;
+  detail::g_enqueued.store(seq, std::memory_order_release);
 }
 
 uint64_t last(int device, int64_t stream) noexcept {
@@ -267,34 +376,38 @@ uint64_t last(int device, int64_t stream) noexcept {
 
 uint64_t last() noexcept { return detail::g_enqueued.load(std::memory_order_acquire); }
 
-bool completed(uint64_t seq) noexcept { return detail::g_completed.load(std::memory_order_acquire) >= seq; }
+bool completed(uint64_t seq) noexcept { return is_done(engine(), seq); }
 
 bool poll(uint64_t seq) noexcept {
   Engine& e = engine();
-  if (detail::g_completed.load(std::memory_order_acquire) >= seq) return true;
+  if (is_done(e, seq)) return true;
   try {
-    run_until(e, seq);
+    run_until(e, seq, /*all=*/false);
   } catch (...) {
   }
   return false;
 }
 
-void wait(uint64_t seq) {
+namespace {
+void wait_for(uint64_t seq, bool all) {
   Engine& e = engine();
   if (t_running) return;  // a queued kernel's own ops run inline, in order
-  if (detail::g_completed.load(std::memory_order_acquire) < seq) {
+  if (all ? detail::g_completed.load(std::memory_order_acquire) < seq : !is_done(e, seq)) {
     e.drains.fetch_add(1, std::memory_order_relaxed);
-    run_until(e, seq);
+    run_until(e, seq, all);
   }
   report(e);
 }
+}  // namespace
 
-void drain() { wait(last()); }
+void wait(uint64_t seq) { wait_for(seq, /*all=*/false); }
+
+void drain() { wait_for(last(), /*all=*/true); }
 
 void drain_quietly() noexcept {
   if (t_running) return;
   try {
-    run_until(engine(), last());
+    run_until(engine(), last(), /*all=*/true);
   } catch (...) {
   }
 }
@@ -304,13 +417,25 @@ void after_queue(Work fn) {
     fn();
     return;
   }
-  enqueue(-1, -1, "deferred release", std::move(fn), nullptr);
+  Engine& e = engine();
+  uint64_t seq;
+  size_t queued;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;
+    Item item{seq, "deferred release", std::move(fn), nullptr, nullptr};
+    item.after = seq - 1;  // behind everything queued so far, on every stream
+    item.barrier = true;
+    stream_locked(e, -1, -1).items.push_back(std::move(item));
+    queued = ++e.queued;
+    detail::g_enqueued.store(seq, std::memory_order_release);
+  }
+  if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
 }
 
 int64_t completion_time(uint64_t seq) noexcept {
   Engine& e = engine();
-  const uint64_t done = detail::g_completed.load(std::memory_order_acquire);
-  if (seq == 0 || seq > done || done - seq >= kTimes) return 0;
+  if (seq == 0 || e.done[seq % kTimes].load(std::memory_order_acquire) != seq) return 0;
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
 

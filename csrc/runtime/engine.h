@@ -3,12 +3,13 @@
 // With the engine on, an op whose output metadata is known at the call (preallocated outputs:
 // in-place and out= ops, elementwise ops over same-shaped operands) does not run its kernel: it
 // enqueues it and returns, so the host (Python) runs ahead of the device as on a real
-// accelerator. The queue runs in enqueue order where PyTorch semantics force the host to wait
-// (engine.cpp says why on the waiting thread rather than an executor thread of its own). Every
-// other op is a synchronization point: it runs the queue first, then runs as before. So
-// ordering and results are those of synchronous execution; what changes is when kernels run,
-// and where a kernel's error surfaces: at the next synchronization point, naming the op and
-// where it was enqueued.
+// accelerator. Each stream's queue runs in order where PyTorch semantics force the host to wait
+// (engine.cpp says why on the waiting thread rather than an executor thread of its own, and how
+// streams are scheduled: by priority, then enqueue order; wait_event orders them). Every other
+// op is a synchronization point: it runs the queues first, then runs as before. So within a
+// stream, ordering and results are those of synchronous execution; what changes is when
+// kernels run, and where a kernel's error surfaces: at the next synchronization point, naming
+// the op and where it was enqueued.
 //
 // Like the runtime, this knows nothing of PyTorch: work is a closure, and "where it was
 // enqueued" is a closure that describes it (a Python stack, captured by the layer above).
@@ -59,6 +60,9 @@ inline bool pending() noexcept {
 // and `where` name the work in an error report.
 uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where,
                  Record record = nullptr);
+// Work enqueued on (device, stream) from now on runs only after work `after` (of any stream)
+// has completed: the queue side of wait_event. Nothing to do if it has.
+void enqueue_wait(int device, int64_t stream, uint64_t after);
 
 // Adaptive Eager: when the queue runs and its next kernels carry records, the fuser is offered
 // the records of that run of kernels (in order, at most the queue limit). It either ran

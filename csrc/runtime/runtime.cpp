@@ -419,8 +419,9 @@ bool query_event(const Event* event) noexcept {
 }
 
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept {
-  if (!trace::active() || event == nullptr || !event->recorded) return;
-  trace_event(trace::Kind::Wait, "neuronStreamWaitEvent", event, device, stream_id);
+  if (event == nullptr || !event->recorded) return;
+  engine::enqueue_wait(device, stream_id, event->seq);
+  if (trace::active()) trace_event(trace::Kind::Wait, "neuronStreamWaitEvent", event, device, stream_id);
 }
 
 double elapsed_ms(const Event& start, const Event& end) {

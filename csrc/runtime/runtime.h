@@ -111,7 +111,8 @@ void synchronize_event(const Event* event);
 // Whether the event has completed (the work queued before its record has run); if so the
 // host observes it.
 bool query_event(const Event* event) noexcept;
-// Future work on (device, stream_id) waits for the event (traced for the profiler's timeline).
+// Future work on (device, stream_id) waits for the event: a wait marker in the engine's queue
+// when the event is behind queued work (traced for the profiler's timeline).
 void wait_event(const Event* event, int device, int64_t stream_id) noexcept;
 // Milliseconds from start to end, measured when the work before each record completed
 // (device-side time); throws std::invalid_argument if either is unusable (not timing, not

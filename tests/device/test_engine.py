@@ -245,6 +245,70 @@ def test_work_on_two_streams_is_ordered_by_wait_stream():
     torch.testing.assert_close(b.cpu(), torch.full((BIG,), 2 * 1.0001 ** 10))
 
 
+def test_a_high_priority_stream_overtakes_earlier_work_of_a_normal_one():
+    high = torch.neuron.Stream(priority=-1)
+    x, y = torch.ones(BIG, device="neuron"), torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    normal_done = torch.neuron.Event(enable_timing=True)
+    high_done = torch.neuron.Event(enable_timing=True)
+    slow_work(x, 10)                                  # default stream, enqueued first
+    normal_done.record()
+    with torch.neuron.stream(high):
+        y.add_(1)
+        high_done.record()
+    torch.neuron.synchronize()
+    assert high_done.elapsed_time(normal_done) > 0    # the later, high-priority work ran first
+    torch.testing.assert_close(x.cpu(), torch.full((BIG,), 1.0001) ** 10, rtol=0, atol=0)
+
+
+def test_without_wait_stream_a_high_priority_stream_reads_stale_data():
+    # As on a GPU: the dependency is the program's to state. Here the race is deterministic.
+    high = torch.neuron.Stream(priority=-1)
+    x = torch.zeros(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x, 3)
+    x.fill_(1.0)                          # default stream
+    with torch.neuron.stream(high):
+        stale = x * 2                     # no wait: runs before the fill
+    high.wait_stream(torch.neuron.current_stream())
+    with torch.neuron.stream(high):
+        fresh = x * 2
+    torch.neuron.synchronize()
+    assert stale.cpu().max().item() == 0.0
+    assert fresh.cpu().min().item() == 2.0
+
+
+def test_the_stream_sanitizer_names_that_stale_read():
+    from torchneuron.neuron import _sanitizer as nsan
+
+    san = nsan.NeuronSanitizer()
+    san.enable()
+    try:
+        high = torch.neuron.Stream(priority=-1)
+        x = torch.zeros(256, device="neuron")
+        x.fill_(1.0)
+        with pytest.raises(nsan.NeuronSanitizerErrors):
+            with torch.neuron.stream(high):
+                x * 2
+    finally:
+        san.disable()
+        san.dispatch.close()
+
+
+def test_wait_event_orders_a_high_priority_stream_after_the_event():
+    high = torch.neuron.Stream(priority=-1)
+    x = torch.ones(BIG, device="neuron")
+    torch.neuron.synchronize()
+    slow_work(x, 5)
+    ev = torch.neuron.current_stream().record_event()
+    high.wait_event(ev)
+    assert not high.query()                            # waiting for the default stream's work
+    with torch.neuron.stream(high):
+        y = x + 1
+    torch.neuron.synchronize()
+    torch.testing.assert_close(y.cpu(), torch.full((BIG,), 1.0001) ** 5 + 1, rtol=0, atol=0)
+
+
 def test_kernels_enqueued_by_two_threads_run_in_enqueue_order():
     # Both threads use the default stream: one FIFO, whichever thread runs the queue. Thread B
     # starts only after A's writes are enqueued, and its results must see every one of them.

@@ -30,7 +30,9 @@ class Stream(torch.Stream):
 
     Args:
         device: the device (default: current).
-        priority: 0 (default) or a negative number for high priority.
+        priority: 0 (default) or a negative number for high priority. With the execution
+            engine on, a high-priority stream's queued work runs before earlier work of
+            normal streams (docs/architecture.md, "Execution engine").
     """
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
@@ -52,8 +54,9 @@ class Stream(torch.Stream):
         return (0, -1)
 
     def query(self) -> bool:
-        """Whether all work submitted so far has completed (always: execution is synchronous).
-        The host thereby observes the stream idle (memory freed across streams may be reused)."""
+        """Whether all work submitted to this stream so far has completed (always, unless the
+        execution engine queued some: ``torch.neuron.engine``). If so, the host thereby observes
+        the stream idle (memory freed across streams may be reused)."""
         return super().query()
 
     def wait_stream(self, stream: torch.Stream) -> None:
