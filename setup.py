@@ -84,7 +84,8 @@ _UNITY_GROUPS = {
                 "csrc/backend/guard.cpp", "csrc/backend/generator.cpp", "csrc/backend/hooks.cpp",
                 "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp"],
     "dispatch": ["csrc/backend/zero_copy.cpp", "csrc/backend/fallback.cpp",
-                 "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp"],
+                 "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp",
+                 "csrc/backend/foreach.cpp"],
     "distributed": ["csrc/distributed/backend.cpp", "csrc/distributed/ddp_timer.cpp"],
 }
 

@@ -1,0 +1,80 @@
+// In-place `_foreach_*_` ops as one kernel over the whole list.
+//
+// ATen has no CPU foreach kernels: every backend without its own (CUDA has fused ones) gets the
+// CompositeExplicitAutograd "slow path", which calls the per-tensor op once per element. On
+// neuron that is one full dispatch, aliasing and (with the engine on) one queued kernel per
+// tensor: an AdamW step of 16 parameters made 144 of them. Here the list op itself runs
+// through the boxed fallback instead: one dispatch and one aliasing pass, and the CPU slow path
+// on the aliases (the same per-tensor CPU kernels, so the same bits). With the engine on it is
+// one queued kernel.
+//
+// The slow path stays for what one list kernel cannot take: lists spanning devices or holding
+// CPU tensors (the fallback would refuse the mix; the slow path copies per tensor), and, while
+// Adaptive Eager is fusing queued kernels, every list, because the fuser works on per-tensor
+// records.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "enqueue.h"
+#include "fallback.h"
+#include "fusion.h"
+
+namespace torchneuron {
+namespace {
+
+// Every tensor argument a neuron tensor of one device, or a CPU 0-dim tensor (a scalar).
+bool one_neuron_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t n = op.schema().arguments().size();
+  int device = -1;
+  auto fits = [&](const at::Tensor& t) {
+    if (!t.defined()) return true;
+    if (t.is_cpu()) return t.dim() == 0;
+    if (!t.is_privateuseone()) return false;
+    if (device < 0) device = t.device().index();
+    return t.device().index() == device;
+  };
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      if (!fits(v.toTensor())) return false;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (!fits(t)) return false;
+      }
+    }
+  }
+  return true;  // (dispatch reached PrivateUse1: some argument is a neuron tensor)
+}
+
+void foreach_inplace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const bool fusing = fusion::enabled() && may_enqueue();  // per-tensor records for the fuser
+  if (!fusing && one_neuron_device(op, *stack)) {
+    neuron_fallback(op, stack);
+    return;
+  }
+  // The slow path: CPU has no kernel of its own, so its entry is the composite one, which
+  // calls the per-tensor op on these (neuron) tensors.
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+// Registered at load for every in-place foreach op whose CPU entry is the composite slow path
+// (all of them in torch 2.13; tests/device/test_foreach.py checks the list is not empty).
+const bool g_registered = [] {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0 || name.name.back() != '_') continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      continue;
+    }
+    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_inplace>());
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace torchneuron

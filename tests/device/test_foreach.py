@@ -1,0 +1,134 @@
+"""In-place ``_foreach_*_`` ops on neuron: one kernel over the whole list (csrc/backend/foreach.cpp),
+bit for bit what CPU's per-tensor slow path computes. The oracle is the same call on CPU."""
+
+import pytest
+import torch
+
+import torchneuron
+
+SIZES = (3, 17, 64, 1)
+
+
+def lists(k: int, seed: int = 0, dtype=torch.float32, positive: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(k):
+        ts = [torch.randn(n, generator=gen, dtype=dtype) for n in SIZES]
+        out.append([t.abs() + 0.5 for t in ts] if positive else ts)
+    return out
+
+
+def on_neuron(ts):
+    return [t.to("neuron") for t in ts]
+
+
+# name -> (call(lists, device), number of lists, positive inputs)
+CASES = {
+    "add_.List alpha": (lambda ls, d: torch._foreach_add_(ls[0], ls[1], alpha=0.5), 2, False),
+    "add_.Scalar": (lambda ls, d: torch._foreach_add_(ls[0], 1.25), 1, False),
+    "add_.ScalarList": (lambda ls, d: torch._foreach_add_(ls[0], [0.5, -1.0, 2.0, 3.0]), 1, False),
+    "add_.Tensor": (lambda ls, d: torch._foreach_add_(ls[0], torch.tensor(0.75, device=d), alpha=2), 1, False),
+    "sub_.List": (lambda ls, d: torch._foreach_sub_(ls[0], ls[1]), 2, False),
+    "mul_.List": (lambda ls, d: torch._foreach_mul_(ls[0], ls[1]), 2, False),
+    "mul_.Scalar": (lambda ls, d: torch._foreach_mul_(ls[0], 0.999), 1, False),
+    "mul_.Tensor": (lambda ls, d: torch._foreach_mul_(ls[0], torch.tensor(1.5, device=d)), 1, False),
+    "div_.ScalarList": (lambda ls, d: torch._foreach_div_(ls[0], [3.0, 7.0, 0.5, 9.0]), 1, False),
+    "div_.List": (lambda ls, d: torch._foreach_div_(ls[0], ls[1]), 2, True),
+    "addcmul_.Scalar": (lambda ls, d: torch._foreach_addcmul_(ls[0], ls[1], ls[2], value=0.1), 3, False),
+    "addcmul_.ScalarList": (lambda ls, d: torch._foreach_addcmul_(ls[0], ls[1], ls[2], [0.1, 0.2, 0.3, 0.4]), 3, False),
+    "addcdiv_.ScalarList": (lambda ls, d: torch._foreach_addcdiv_(ls[0], ls[1], ls[2], [-1e-3, 2e-3, 1.0, 5.0]), 3, True),
+    "lerp_.Scalar": (lambda ls, d: torch._foreach_lerp_(ls[0], ls[1], 0.1), 2, False),
+    "lerp_.List": (lambda ls, d: torch._foreach_lerp_(ls[0], ls[1], ls[2]), 3, False),
+    "sqrt_": (lambda ls, d: torch._foreach_sqrt_(ls[0]), 1, True),
+    "exp_": (lambda ls, d: torch._foreach_exp_(ls[0]), 1, False),
+    "neg_": (lambda ls, d: torch._foreach_neg_(ls[0]), 1, False),
+    "zero_": (lambda ls, d: torch._foreach_zero_(ls[0]), 1, False),
+    "clamp_min_.Scalar": (lambda ls, d: torch._foreach_clamp_min_(ls[0], 0.0), 1, False),
+    "maximum_.List": (lambda ls, d: torch._foreach_maximum_(ls[0], ls[1]), 2, False),
+    "copy_": (lambda ls, d: torch._foreach_copy_(ls[0], ls[1]), 2, False),
+    "pow_.Scalar": (lambda ls, d: torch._foreach_pow_(ls[0], 2.0), 1, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_inplace_foreach_op_matches_cpu_bit_for_bit(name):
+    call, k, positive = CASES[name]
+    cpu = lists(k, positive=positive)
+    dev = [on_neuron(ts) for ts in cpu]
+    call(cpu, "cpu")
+    call(dev, "neuron")
+    for want, got in zip(cpu[0], dev[0]):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_foreach_op_runs_as_one_kernel_not_one_per_tensor():
+    a, b = (on_neuron(ts) for ts in lists(2))
+    torchneuron.clear_op_tracking()
+    torch._foreach_add_(a, b, alpha=0.5)
+    ops = torchneuron.get_executed_ops()
+    assert ops.get("aten::_foreach_add_.List") == 1
+    assert "aten::add_.Tensor" not in ops
+
+
+def test_bf16_lists_match_cpu():
+    cpu = lists(3, dtype=torch.bfloat16)
+    dev = [on_neuron(ts) for ts in cpu]
+    for ls in (cpu, dev):
+        torch._foreach_addcmul_(ls[0], ls[1], ls[2], value=0.5)
+        torch._foreach_lerp_(ls[0], ls[1], 0.25)
+    for want, got in zip(cpu[0], dev[0]):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_list_spanning_two_devices_takes_the_per_tensor_path():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    cpu = lists(2)
+    devs = [[t.to(f"neuron:{i % 2}") for i, t in enumerate(ts)] for ts in cpu]
+    torch._foreach_add_(cpu[0], cpu[1])
+    torchneuron.clear_op_tracking()
+    torch._foreach_add_(devs[0], devs[1])
+    assert torchneuron.get_executed_ops().get("aten::add_.Tensor") == len(SIZES)
+    for want, got in zip(cpu[0], devs[0]):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_copying_a_list_of_cpu_tensors_into_neuron_ones_works():
+    src = lists(1)[0]
+    dst = [torch.zeros_like(t, device="neuron") for t in src]
+    torch._foreach_copy_(dst, src)
+    for want, got in zip(src, dst):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_device_mismatch_between_lists_raises_as_on_cpu():
+    a = on_neuron(lists(1)[0])
+    b = lists(1, seed=1)[0]
+    with pytest.raises(RuntimeError):
+        torch._foreach_add_(a, b)
+
+
+def test_every_inplace_foreach_op_has_a_neuron_kernel():
+    names = ["aten::_foreach_add_.List", "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_lerp_.Scalar",
+             "aten::_foreach_sqrt_", "aten::_foreach_zero_"]
+    for name in names:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"), name
+    # functional foreach ops keep the per-tensor path (each result queued on its own)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_sqrt", "PrivateUse1")
+
+
+def test_adamw_foreach_step_matches_cpu_bit_for_bit():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    twin.load_state_dict(model.state_dict())
+    twin.to("neuron")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=True) for m in (model, twin)]
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        for m, opt, inp in ((model, opts[0], x), (twin, opts[1], x.to("neuron"))):
+            opt.zero_grad()
+            m(inp).square().mean().backward()
+            opt.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=0, atol=0)
