@@ -9,17 +9,14 @@
 // one queued kernel.
 //
 // The slow path stays for what one list kernel cannot take: lists spanning devices or holding
-// CPU tensors (the fallback would refuse the mix; the slow path copies per tensor), and, while
-// Adaptive Eager is fusing queued kernels, every list, because the fuser works on per-tensor
-// records.
+// CPU tensors (the fallback would refuse the mix; the slow path copies per tensor). Adaptive
+// Eager fuses a queued list kernel whole, from one record per element (fusion.cpp).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <string>
 
-#include "enqueue.h"
 #include "fallback.h"
-#include "fusion.h"
 
 namespace torchneuron {
 namespace {
@@ -49,8 +46,7 @@ bool one_neuron_device(const c10::OperatorHandle& op, const torch::jit::Stack& s
 }
 
 void foreach_inplace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const bool fusing = fusion::enabled() && may_enqueue();  // per-tensor records for the fuser
-  if (!fusing && one_neuron_device(op, *stack)) {
+  if (one_neuron_device(op, *stack)) {
     neuron_fallback(op, stack);
     return;
   }

@@ -33,7 +33,10 @@ constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1};  // Python numbers, 
 constexpr size_t kMaxSlots = 255;  // buffers per group (one byte each in a signature)
 constexpr int kCompileAfter = 2;   // a signature seen this often is compiled (adaptive)
 
+// A queued kernel's record is an array of `count` records (in its first): one for a kernel of
+// one op, one per element for a foreach list kernel (foreach.cpp), which fuses only whole.
 struct Record {
+  uint32_t count = 1;
   Kind kind;
   int64_t numel;
   std::array<void*, 4> ptr{};  // [0] is written
@@ -99,25 +102,97 @@ bool plain_float(const at::Tensor& t, int64_t numel) {
          t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
 }
 
-// A record over `tensors` (tensors[0] written); null unless all are plain float32 of one count.
+// Fill `r` over `tensors` (tensors[0] written); false unless all are plain float32 of one count.
+bool fill(Record& r, Kind kind, std::initializer_list<const at::Tensor*> tensors, std::initializer_list<float> scalars) {
+  const at::Tensor& out = **tensors.begin();
+  if (!out.defined() || out.numel() == 0) return false;
+  r.kind = kind;
+  r.numel = out.numel();
+  size_t i = 0;
+  for (const at::Tensor* t : tensors) {
+    if (!plain_float(*t, r.numel)) return false;
+    r.ptr[i++] = const_cast<void*>(t->const_data_ptr());
+  }
+  i = 0;
+  for (float s : scalars) r.scalar[i++] = s;
+  return true;
+}
+
 neuron::rt::engine::Record make(Kind kind, std::initializer_list<const at::Tensor*> tensors,
                                 std::initializer_list<float> scalars, const char* hot,
                                 const c10::OperatorName* boxed = nullptr) {
-  const at::Tensor& out = **tensors.begin();
-  if (!out.defined() || out.numel() == 0) return nullptr;
   auto r = std::make_shared<Record>();
-  r->kind = kind;
-  r->numel = out.numel();
-  size_t i = 0;
-  for (const at::Tensor* t : tensors) {
-    if (!plain_float(*t, r->numel)) return nullptr;
-    r->ptr[i++] = const_cast<void*>(t->const_data_ptr());
-  }
-  i = 0;
-  for (float s : scalars) r->scalar[i++] = s;
+  if (!fill(*r, kind, tensors, scalars)) return nullptr;
   r->hot = hot;
   r->boxed = boxed;
   return r;
+}
+
+// The records of a foreach list op, element by element, as CPU's slow path runs it on the
+// aliases (foreach.cpp): `self[i].op_(other[i] or scalar(s)[i], ...)`. Null if any element is
+// outside fusion's scope.
+neuron::rt::engine::Record list_records(const c10::OperatorName& name, const torch::jit::Stack& args) {
+  const std::string op = name.name.substr(15);  // after "aten::_foreach_"
+  const std::string& o = name.overload_name;
+  if (args.empty() || !args[0].isTensorList()) return nullptr;
+  const std::vector<at::Tensor> self = args[0].toTensorList().vec();
+  const size_t len = self.size();
+  if (len == 0) return nullptr;
+  auto list = [&](size_t i) {
+    std::vector<at::Tensor> l = args.at(i).isTensorList() ? args.at(i).toTensorList().vec() : std::vector<at::Tensor>();
+    l.resize(len);  // a shorter list (the op raises) leaves undefined tensors: no record
+    return l;
+  };
+  auto number = [](const c10::IValue& v, float* out) { return v.isScalar() && scalar_of(v.toScalar(), out); };
+  // The i-th Python number: one for all (".Scalar") or one each (".ScalarList").
+  std::vector<float> values(len);
+  auto numbers = [&](size_t at) {
+    if (o == "Scalar") {
+      float v = 0.f;
+      if (!number(args.at(at), &v)) return false;
+      std::fill(values.begin(), values.end(), v);
+      return true;
+    }
+    if (o != "ScalarList" || !args.at(at).isList()) return false;
+    const auto ref = args.at(at).toListRef();
+    if (ref.size() != len) return false;
+    for (size_t i = 0; i < len; ++i) {
+      if (!number(ref[i], &values[i])) return false;
+    }
+    return true;
+  };
+  std::shared_ptr<Record[]> recs(new Record[len]);
+  const bool add = op == "add_", sub = op == "sub_", mul = op == "mul_", div = op == "div_";
+  bool ok = true;
+  if ((add || sub) && o == "List" && args.size() == 3) {
+    float a = 0.f;
+    const at::Scalar alpha = args[2].toScalar();
+    if (!scalar_of(sub ? -alpha : alpha, &a)) return nullptr;  // ATen's sub: add with -alpha
+    const auto other = list(1);
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], kAdd, {&self[i], &self[i], &other[i]}, {a});
+  } else if ((add || sub) && args.size() == 2 && numbers(1)) {
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], kAddScalar, {&self[i], &self[i]}, {values[i], sub ? -1.f : 1.f});
+  } else if ((mul || div) && o == "List" && args.size() == 2) {
+    const auto other = list(1);
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], mul ? kMul : kDiv, {&self[i], &self[i], &other[i]}, {});
+  } else if ((mul || div) && args.size() == 2 && numbers(1)) {
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], mul ? kMulScalar : kDivScalar, {&self[i], &self[i]}, {values[i]});
+  } else if ((op == "addcmul_" || op == "addcdiv_") && args.size() == 4 && numbers(3)) {
+    const auto t1 = list(1), t2 = list(2);
+    const Kind kind = op == "addcmul_" ? kAddcmul : kAddcdiv;
+    for (size_t i = 0; i < len && ok; ++i) {
+      ok = fill(recs[i], kind, {&self[i], &self[i], &t1[i], &t2[i]}, {values[i]});
+    }
+  } else if (op == "lerp_" && o == "Scalar" && args.size() == 3 && numbers(2)) {
+    const auto end = list(1);
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], kLerpScalar, {&self[i], &self[i], &end[i]}, {values[i]});
+  } else {
+    return nullptr;
+  }
+  if (!ok) return nullptr;
+  recs[0].count = static_cast<uint32_t>(len);
+  recs[0].boxed = &name;
+  return recs;
 }
 
 py::object& compiler() {
@@ -228,6 +303,7 @@ neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
   const auto& name = op.schema().operator_name();
   if (name.name.size() < 8) return nullptr;
+  if (name.name.rfind("aten::_foreach_", 0) == 0) return list_records(name, args);
   const std::string& n = name.name;
   const std::string& o = name.overload_name;
   auto tensor = [&](size_t i) -> const at::Tensor& { return args.at(i).toTensor(); };
@@ -262,9 +338,8 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   };
   std::map<uintptr_t, Buf> bufs;
   c10::SmallVector<Group, 4> groups;
-  size_t n = 0;
-  for (; n < records.size(); ++n) {
-    const Record& r = *static_cast<const Record*>(records[n]);
+  // Adds one record to the region; false (and nothing changed) if it must end before it.
+  auto add = [&](const Record& r) {
     uint32_t g = 0;
     while (g < groups.size() && groups[g].numel != r.numel) ++g;
     const bool new_group = g == groups.size();
@@ -304,7 +379,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
       slots[i] = static_cast<uint32_t>(nbufs + fresh.size());
       fresh.push_back(r.ptr[i]);
     }
-    if (conflict || nbufs + fresh.size() > kMaxSlots) break;
+    if (conflict || nbufs + fresh.size() > kMaxSlots) return false;
     if (new_group) {
       groups.emplace_back();
       groups.back().numel = r.numel;
@@ -318,8 +393,28 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     grp.signature.push_back(static_cast<char>(r.kind));
     for (uint8_t i = 0; i < kArity[r.kind]; ++i) grp.signature.push_back(static_cast<char>(slots[i]));
     for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
+    return true;
+  };
+  size_t n = 0, fused_records = 0;  // items, and the records they hold
+  for (; n < records.size(); ++n) {
+    const Record* r = static_cast<const Record*>(records[n]);
+    if (r->count == 1) {
+      if (!add(*r)) break;
+      ++fused_records;
+      continue;
+    }
+    auto saved_groups = groups;  // a list kernel joins whole or not at all
+    auto saved_bufs = bufs;
+    uint32_t e = 0;
+    while (e < r->count && add(r[e])) ++e;
+    if (e < r->count) {
+      groups = std::move(saved_groups);
+      bufs = std::move(saved_bufs);
+      break;
+    }
+    fused_records += e;
   }
-  if (n < 2) return {0, 1, {}};
+  if (fused_records < 2) return {0, 1, {}};
 
   c10::SmallVector<KernelFn, 4> kernels;
   {

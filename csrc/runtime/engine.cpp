@@ -198,9 +198,9 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
       held.push_back(item.record);
       records.push_back(item.record.get());
     }
-    if (records.size() >= 2) e.running = q.items.front().seq;
+    if (!records.empty()) e.running = q.items.front().seq;
   }
-  if (records.size() < 2) return 1;
+  if (records.empty()) return 1;  // (one item may hold many records: a list kernel)
   Decision d;
   try {
     d = fuser(records);

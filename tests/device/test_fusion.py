@@ -134,6 +134,60 @@ def test_adamw_foreach_step_fused_bit_identical_to_unfused(fusing):
         assert torch.equal(f, e)
 
 
+def test_every_foreach_list_form_fused_bit_identical_to_unfused(fusing):
+    # Each in-place foreach overload the fuser takes (List with alpha, Scalar, ScalarList; sub,
+    # mul, div, addcmul, addcdiv, lerp): a list kernel runs fused whole, one record per element.
+    sizes = [40003, 37, 256]
+
+    def make_inputs():
+        g = torch.Generator().manual_seed(2)
+        return [(torch.rand(n, generator=g) + 0.5).to("neuron") for _ in range(4) for n in sizes]
+
+    def program(t):
+        a, b, c, d = t[0:3], t[3:6], t[6:9], t[9:12]
+        torch._foreach_add_(a, b, alpha=-0.3)
+        torch._foreach_sub_(a, c, alpha=2)
+        torch._foreach_add_(b, 0.7)
+        torch._foreach_sub_(b, [0.1, -0.2, 3])
+        torch._foreach_mul_(c, a)
+        torch._foreach_mul_(c, 0.9)
+        torch._foreach_mul_(d, [1.5, -0.5, 2])
+        torch._foreach_div_(a, d)
+        torch._foreach_div_(b, 3.0)
+        torch._foreach_div_(c, [7.0, 0.3, -2.0])
+        torch._foreach_addcmul_(d, a, b, value=0.25)
+        torch._foreach_addcmul_(a, b, c, [0.1, 0.2, -0.3])
+        torch._foreach_addcdiv_(b, c, d, value=-0.7)
+        torch._foreach_addcdiv_(c, a, d, [1e-3, 2.0, -0.5])
+        torch._foreach_lerp_(d, a, 0.6)
+
+    fused, expected, ran_fused = fused_and_unfused(program, make_inputs)
+    assert ran_fused >= 15          # list kernels, counted as queued items
+    for f, e in zip(fused, expected):
+        assert torch.equal(f, e)
+
+
+def test_a_list_kernel_that_cannot_join_a_region_joins_none_of_it(fusing):
+    # Element 1 of the list overlaps the queued mul's buffer partially, so the list must not join
+    # the region of the two kernels before it, not even its element 0 (y would be added twice:
+    # once fused, once when the list runs).
+    def run(device):
+        g = torch.Generator().manual_seed(3)
+        base, x, y = (torch.rand(n, generator=g).to(device) for n in (1000, 600, 600))
+        x.mul_(2.0)
+        base[:600].mul_(x)
+        torch._foreach_add_([y, base[300:900]], [x, x])
+        return base.cpu(), y.cpu()
+
+    want = run("cpu")
+    before = engine.stats()["fused"]
+    for _ in range(3):
+        got = run("neuron")
+        eager_fusion.wait()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert engine.stats()["fused"] > before   # the two kernels before the list ran fused
+
+
 def test_generated_kernel_follows_aten_vector_formula_per_op():
     # One kernel holding one op of each kind, each over its own buffers, against the ATen CPU
     # kernel over a vector-only size (no remainder): a wrong formula in KINDS (addcmul without
