@@ -223,9 +223,10 @@ std::vector<std::vector<at::Tensor>> host_alias(const std::vector<std::vector<at
 }
 
 // Stream ordering: the transport reads memory on its own thread, so whatever the current neuron
-// stream has queued for these tensors must be finished first. The device executes synchronously
-// today (this is then nearly free); with an asynchronous engine this is the point where the comm
-// queue would wait on the recorded event instead of the host.
+// stream has queued for these tensors must be finished first (CUDA's rule: the communication
+// stream waits for the current stream). host_alias then runs every other stream's queued
+// kernels too, so a collective never reads memory a queued kernel is still to write
+// (tests/device/test_engine.py).
 void sync_producers(const std::vector<c10::Device>& devices) {
   if (devices.empty()) return;
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::PrivateUse1);

@@ -146,6 +146,17 @@ StreamQueue& stream_locked(Engine& e, int device, int64_t stream) {
   return it->second;
 }
 
+// Under e.mu: queue `item` (its seq assigned here) on (device, stream); returns how many items
+// are queued now.
+size_t push_locked(Engine& e, int device, int64_t stream, Item item) {
+  item.seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;  // written under mu only
+  const uint64_t seq = item.seq;
+  if (device >= 0) e.last[key(device, stream)] = seq;
+  stream_locked(e, device, stream).items.push_back(std::move(item));
+  detail::g_enqueued.store(seq, std::memory_order_release);
+  return ++e.queued;
+}
+
 bool satisfied(Engine& e, const Item& item) noexcept {
   if (item.after == 0) return true;
   return item.barrier ? detail::g_completed.load(std::memory_order_acquire) >= item.after : is_done(e, item.after);
@@ -344,11 +355,8 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
   size_t queued;
   {
     std::lock_guard<std::mutex> lock(e.mu);
-    seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;  // written under mu only
-    e.last[key(device, stream)] = seq;
-    stream_locked(e, device, stream).items.push_back(Item{seq, name, std::move(work), std::move(where), std::move(record)});
-    queued = ++e.queued;
-    detail::g_enqueued.store(seq, std::memory_order_release);
+    queued = push_locked(e, device, stream, Item{0, name, std::move(work), std::move(where), std::move(record)});
+    seq = detail::g_enqueued.load(std::memory_order_relaxed);
   }
   if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
   return seq;
@@ -357,14 +365,10 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Descri
 void enqueue_wait(int device, int64_t stream, uint64_t after) {
   Engine& e = engine();
   if (after == 0 || is_done(e, after)) return;
-  std::lock_guard<std::mutex> lock(e.mu);
-  const uint64_t seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;
-  e.last[key(device, stream)] = seq;  // an event recorded behind the wait completes after it
-  Item marker{seq, "wait_event", nullptr, nullptr, nullptr};
+  Item marker{0, "wait_event", nullptr, nullptr, nullptr};
   marker.after = after;
-  stream_locked(e, device, stream).items.push_back(std::move(marker));
-  ++e.queued;
-  detail::g_enqueued.store(seq, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(e.mu);
+  push_locked(e, device, stream, std::move(marker));  // an event recorded behind it waits too
 }
 
 uint64_t last(int device, int64_t stream) noexcept {
@@ -422,13 +426,11 @@ void after_queue(Work fn) {
   size_t queued;
   {
     std::lock_guard<std::mutex> lock(e.mu);
-    seq = detail::g_enqueued.load(std::memory_order_relaxed) + 1;
-    Item item{seq, "deferred release", std::move(fn), nullptr, nullptr};
-    item.after = seq - 1;  // behind everything queued so far, on every stream
-    item.barrier = true;
-    stream_locked(e, -1, -1).items.push_back(std::move(item));
-    queued = ++e.queued;
-    detail::g_enqueued.store(seq, std::memory_order_release);
+    Item item{0, "deferred release", std::move(fn), nullptr, nullptr};
+    item.after = detail::g_enqueued.load(std::memory_order_relaxed);  // behind everything so far
+    item.barrier = true;                                                // on every stream
+    queued = push_locked(e, -1, -1, std::move(item));
+    seq = detail::g_enqueued.load(std::memory_order_relaxed);
   }
   if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
 }

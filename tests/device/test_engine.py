@@ -495,6 +495,26 @@ def test_a_collective_reads_what_queued_kernels_wrote():
         dist.destroy_process_group()
 
 
+def test_a_collective_waits_for_queued_writes_on_every_stream():
+    # The transport reads device memory on the host, so a collective runs every queued kernel
+    # first, not only the current stream's (architecture.md: a collective is a synchronization
+    # point): here x is written on a side stream the default stream never waited for.
+    import torch.distributed as dist
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        side = torch.neuron.Stream()
+        x = torch.zeros(BIG, device="neuron")
+        torch.neuron.synchronize()
+        with torch.neuron.stream(side):
+            slow_work(torch.ones(BIG, device="neuron"), 3)
+            x.add_(1)
+        out = torch.empty(BIG, device="neuron")
+        dist.all_gather_into_tensor(out, x)   # world size 1: out is a copy of x, made by gloo
+        torch.testing.assert_close(out.cpu(), torch.ones(BIG), rtol=0, atol=0)
+    finally:
+        dist.destroy_process_group()
+
+
 # ---- memory --------------------------------------------------------------------------------
 
 def test_a_tensor_dropped_while_its_kernel_is_queued_is_freed_at_once():
