@@ -46,11 +46,19 @@ void wait_without_gil(const std::function<void()>& wait) {
   }
 }
 
+// c10 errors carry a C++ backtrace of whichever thread ran the queue, which says nothing the
+// user can act on: the report gives the message, with the Python stack that enqueued the op.
+std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 }  // namespace
 
 void enqueue_kernel(int device, const char* name, std::function<void()> work, neuron::rt::engine::Record record) {
   static const bool installed = (torch::installCapturedTracebackPython(),
-                                 neuron::rt::engine::set_blocking_wait(&wait_without_gil), true);
+                                 neuron::rt::engine::set_blocking_wait(&wait_without_gil),
+                                 neuron::rt::engine::set_error_text(&error_text), true);
   (void)installed;
   static const bool stacks = [] {
     const char* v = std::getenv("TORCHNEURON_ASYNC_STACKS");
@@ -58,16 +66,7 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
   }();
   std::shared_ptr<torch::CapturedTraceback> tb =
       stacks ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false) : nullptr;
-  // c10 errors carry a C++ backtrace of whichever thread ran the queue, which says nothing the
-  // user can act on: report the message, with the Python stack that enqueued the op instead.
-  auto run = [work = std::move(work)] {
-    try {
-      work();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  };
-  neuron::rt::engine::enqueue(device, neuron::rt::current_stream(device), name, std::move(run),
+  neuron::rt::engine::enqueue(device, neuron::rt::current_stream(device), name, std::move(work),
                               [tb = std::move(tb)] { return describe(tb); }, std::move(record));
 }
 

@@ -113,6 +113,7 @@ Engine& engine() {
 
 thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
+std::atomic<ErrorText> g_error_text{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
 std::atomic<void (*)()> g_flush{nullptr};
 
@@ -287,7 +288,8 @@ void run_until(Engine& e, uint64_t seq, bool all) {
     try {
       item.work();
     } catch (const std::exception& ex) {
-      failure = ex.what();
+      ErrorText text = g_error_text.load(std::memory_order_acquire);
+      failure = text != nullptr ? text(ex) : ex.what();
     } catch (...) {
       failure = "unknown exception";
     }
@@ -449,6 +451,8 @@ void set_fuser(Fuser fuser, void (*flush)()) noexcept {
 }
 
 void set_blocking_wait(BlockingWait wrapper) noexcept { g_blocking_wait.store(wrapper, std::memory_order_release); }
+
+void set_error_text(ErrorText text) noexcept { g_error_text.store(text, std::memory_order_release); }
 
 Stats stats() noexcept {
   Engine& e = engine();

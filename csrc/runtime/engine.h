@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -116,6 +117,11 @@ int64_t completion_time(uint64_t seq) noexcept;
 // teardown may need it, e.g. a memory-history or sanitizer callback). Default: wait as is.
 using BlockingWait = void (*)(const std::function<void()>& wait);
 void set_blocking_wait(BlockingWait wrapper) noexcept;
+
+// The text of a kernel's exception in an error report (the layer above drops what the user
+// cannot act on, such as a C++ backtrace of whichever thread ran the queue). Default: what().
+using ErrorText = std::string (*)(const std::exception& e);
+void set_error_text(ErrorText text) noexcept;
 
 struct Stats {
   uint64_t enqueued = 0;  // work items queued since start
