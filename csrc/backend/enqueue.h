@@ -8,6 +8,10 @@
 // first (ZeroCopy::in, at its first neuron tensor).
 #pragma once
 
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Tensor.h>
+#include <ATen/ops/result_type.h>
+
 #include <functional>
 
 #include "../runtime/engine.h"
@@ -15,6 +19,19 @@
 namespace torchneuron {
 
 inline bool may_enqueue() noexcept { return neuron::rt::engine::enabled(); }
+
+// The argument rules every queued kernel shares (the hot ops in ops.cpp, the boxed fallback's
+// in fallback.cpp), so that no error or cast is left for the kernel:
+// A Python number (a CPU wrapped-number tensor) that does not promote `ref`'s dtype.
+inline bool is_number(const at::Tensor& t) { return t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number(); }
+inline bool number_keeps_dtype(const at::Tensor& ref, const at::Tensor& number) {
+  return at::result_type(ref, number) == ref.scalar_type();
+}
+// Two arguments partially overlapping (an element of the other, say): CPU kernels raise for a
+// written one, so such a call runs synchronously and raises at the call.
+inline bool partially_overlap(const at::Tensor& a, const at::Tensor& b) {
+  return !a.is_same(b) && at::get_overlap_status(a, b) == at::MemOverlapStatus::Partial;
+}
 
 // Queue `work` on the current stream of `device`, with the caller's Python stack for an error
 // report. `name` must outlive the work (a literal or a dispatcher-owned name). `record`, if any,

@@ -265,7 +265,7 @@ size_t returned_argument(const c10::FunctionSchema& schema, size_t ret) {
 
 bool plain_neuron(const at::Tensor& t, int* device) {
   if (!t.defined()) return true;
-  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) return true;  // a Python number
+  if (is_number(t)) return true;  // a Python number
   if (!t.is_privateuseone() || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
   if (*device < 0) *device = t.device().index();
   return t.device().index() == *device;
@@ -318,11 +318,8 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     }
   }
   for (const at::Tensor& w : wrapped) {
-    if (at::result_type(ref, w) != ref.scalar_type()) return false;
+    if (!number_keeps_dtype(ref, w)) return false;
   }
-  auto partial = [](const at::Tensor& w, const at::Tensor& r) {
-    return !r.is_same(w) && at::get_overlap_status(w, r) == at::MemOverlapStatus::Partial;
-  };
   // Shapes: lists element by element (all lists of one length), single tensors 0-dim or the
   // written argument's shape.
   if (!lists.empty()) {
@@ -341,7 +338,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
         if (at::has_internal_overlap(e) == at::MemOverlap::Yes) return false;
         for (size_t m = 0; m < lists.size(); ++m) {
           const at::Tensor o = lists[m].get(j);
-          if (m != k && partial(e, o)) return false;
+          if (m != k && partially_overlap(e, o)) return false;
         }
       }
     }
@@ -372,12 +369,12 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return false;
       for (const auto* group : {&written, &read}) {
         for (const at::Tensor& r : *group) {
-          if (partial(w, r)) return false;
+          if (partially_overlap(w, r)) return false;
         }
       }
     } else {
       for (const at::Tensor& r : singles) {
-        if (partial(w, r)) return false;
+        if (partially_overlap(w, r)) return false;
       }
     }
   }

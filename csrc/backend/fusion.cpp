@@ -1,5 +1,6 @@
 // Adaptive Eager: records of queued kernels, and the fuser the engine calls (fusion.h).
 #include "fusion.h"
+#include "enqueue.h"
 #include "zero_copy.h"
 
 #include <ATen/Context.h>
@@ -94,8 +95,6 @@ bool scalar_of(const at::Scalar& s, float* out) {
   *out = s.to<float>();
   return true;
 }
-
-bool is_number(const at::Tensor& t) { return t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number(); }
 
 bool plain_float(const at::Tensor& t, int64_t numel) {
   return t.defined() && !t.is_cpu() && t.scalar_type() == c10::ScalarType::Float && t.numel() == numel &&

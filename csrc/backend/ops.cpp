@@ -364,12 +364,9 @@ template <class R, class... A> struct Hot<R(A...)> {
 // (A Python number reaches the op as a CPU "wrapped number": no one else can change it.) An
 // argument partially overlapping `ref` (an element of it, say) makes CPU kernels raise: not here.
 inline bool same_kind(const at::Tensor& ref, const at::Tensor& t) {
-  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    return at::result_type(ref, t) == ref.scalar_type();
-  }
+  if (is_number(t)) return number_keeps_dtype(ref, t);
   return t.is_privateuseone() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
-         (t.dim() == 0 || t.sizes() == ref.sizes()) &&
-         (t.is_same(ref) || at::get_overlap_status(ref, t) != at::MemOverlapStatus::Partial);
+         (t.dim() == 0 || t.sizes() == ref.sizes()) && !partially_overlap(ref, t);
 }
 template <class V> bool same_kind(const at::Tensor&, const V&) { return true; }  // scalars, ints
 inline bool enqueueable(const at::Tensor& ref) {
