@@ -46,14 +46,12 @@ void wait_without_gil(const std::function<void()>& wait) {
   }
 }
 
-// c10 errors carry a C++ backtrace of whichever thread ran the queue, which says nothing the
-// user can act on: the report gives the message, with the Python stack that enqueued the op.
+}  // namespace
+
 std::string error_text(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
   return e.what();
 }
-
-}  // namespace
 
 void enqueue_kernel(int device, const char* name, std::function<void()> work, neuron::rt::engine::Record record) {
   static const bool installed = (torch::installCapturedTracebackPython(),

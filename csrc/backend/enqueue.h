@@ -12,7 +12,9 @@
 #include <ATen/Tensor.h>
 #include <ATen/ops/result_type.h>
 
+#include <exception>
 #include <functional>
+#include <string>
 
 #include "../runtime/engine.h"
 
@@ -21,9 +23,10 @@ namespace torchneuron {
 inline bool may_enqueue() noexcept { return neuron::rt::engine::enabled(); }
 
 // The argument rules every queued kernel shares (the hot ops in ops.cpp, the boxed fallback's
-// in fallback.cpp), so that no error or cast is left for the kernel:
-// A Python number (a CPU wrapped-number tensor) that does not promote `ref`'s dtype.
+// in fallback.cpp), so that no error or cast is left for the kernel.
+// A Python number: a CPU wrapped-number tensor.
 inline bool is_number(const at::Tensor& t) { return t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number(); }
+// ... that does not promote `ref`'s dtype.
 inline bool number_keeps_dtype(const at::Tensor& ref, const at::Tensor& number) {
   return at::result_type(ref, number) == ref.scalar_type();
 }
@@ -32,6 +35,11 @@ inline bool number_keeps_dtype(const at::Tensor& ref, const at::Tensor& number) 
 inline bool partially_overlap(const at::Tensor& a, const at::Tensor& b) {
   return !a.is_same(b) && at::get_overlap_status(a, b) == at::MemOverlapStatus::Partial;
 }
+
+// The text of a queued kernel's error (unfused or fused): c10 errors carry a C++ backtrace of
+// whichever thread ran the queue, which says nothing the user can act on, so the report gives
+// the message (with the Python stack that enqueued the op).
+std::string error_text(const std::exception& e);
 
 // Queue `work` on the current stream of `device`, with the caller's Python stack for an error
 // report. `name` must outlive the work (a literal or a dispatcher-owned name). `record`, if any,

@@ -96,6 +96,9 @@ bool scalar_of(const at::Scalar& s, float* out) {
   return true;
 }
 
+// A Scalar argument of a boxed call (not a Scalar: false).
+bool scalar_of(const c10::IValue& v, float* out) { return v.isScalar() && scalar_of(v.toScalar(), out); }
+
 bool plain_float(const at::Tensor& t, int64_t numel) {
   return t.defined() && !t.is_cpu() && t.scalar_type() == c10::ScalarType::Float && t.numel() == numel &&
          t.is_contiguous() && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
@@ -142,13 +145,12 @@ neuron::rt::engine::Record list_records(const c10::OperatorName& name, const tor
     l.resize(len);  // a shorter list (the op raises) leaves undefined tensors: no record
     return l;
   };
-  auto number = [](const c10::IValue& v, float* out) { return v.isScalar() && scalar_of(v.toScalar(), out); };
   // The i-th Python number: one for all (".Scalar") or one each (".ScalarList").
   std::vector<float> values(len);
   auto numbers = [&](size_t at) {
     if (o == "Scalar") {
       float v = 0.f;
-      if (!number(args.at(at), &v)) return false;
+      if (!scalar_of(args.at(at), &v)) return false;
       std::fill(values.begin(), values.end(), v);
       return true;
     }
@@ -156,7 +158,7 @@ neuron::rt::engine::Record list_records(const c10::OperatorName& name, const tor
     const auto ref = args.at(at).toListRef();
     if (ref.size() != len) return false;
     for (size_t i = 0; i < len; ++i) {
-      if (!number(ref[i], &values[i])) return false;
+      if (!scalar_of(ref[i], &values[i])) return false;
     }
     return true;
   };
@@ -306,7 +308,7 @@ neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit
   const std::string& n = name.name;
   const std::string& o = name.overload_name;
   auto tensor = [&](size_t i) -> const at::Tensor& { return args.at(i).toTensor(); };
-  auto value = [&](size_t i, float* out) { return args.at(i).isScalar() && scalar_of(args.at(i).toScalar(), out); };
+  auto value = [&](size_t i, float* out) { return scalar_of(args.at(i), out); };
   float v = 0.f;
   if ((n == "aten::addcmul_" || n == "aten::addcdiv_") && o.empty() && args.size() == 4 && value(3, &v)) {
     return make(n == "aten::addcmul_" ? kAddcmul : kAddcdiv, {&tensor(0), &tensor(0), &tensor(1), &tensor(2)}, {v}, nullptr, &name);
@@ -436,7 +438,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   try {
     for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
   } catch (const std::exception& ex) {
-    return {n, 0, ex.what()};
+    return {n, 0, error_text(ex)};
   }
   for (size_t i = 0; i < n; ++i) {
     const Record& r = *static_cast<const Record*>(records[i]);

@@ -206,7 +206,7 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
     std::lock_guard<std::mutex> lock(e.mu);
     const size_t limit = g_max_queued.load(std::memory_order_relaxed);
     for (const Item& item : q.items) {
-      if (!item.record || item.seq > seq || item.after != 0 || records.size() >= limit) break;
+      if (!item.record || item.seq > seq || records.size() >= limit) break;
       held.push_back(item.record);
       records.push_back(item.record.get());
     }
@@ -219,6 +219,12 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
   } catch (...) {
     d = Decision{0, 1};
   }
+  if (d.fused == 0) {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.running = 0;
+    advance_locked(e);
+    return std::max<size_t>(d.unfused, 1);
+  }
   std::deque<Item> done;
   {
     std::lock_guard<std::mutex> lock(e.mu);
@@ -228,25 +234,23 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
       q.items.pop_front();
       --e.queued;
     }
-    const int64_t t = now_ns();
-    for (const Item& item : done) mark_done(e, item.seq, t);
-    if (d.fused != 0 && !d.error.empty() && e.error.empty()) {
+    if (!d.error.empty() && e.error.empty()) {
       e.error = "neuron: a fused region of " + std::to_string(d.fused) + " kernels (the first " +
                 done.front().name + ") failed on the device (TORCH_NEURONX_ENABLE_CONCATENATION=0 runs "
                 "them one by one): " + d.error;
       e.error_where = std::move(done.front().where);
     }
-    if (d.fused == 0) {
-      e.running = 0;
-      advance_locked(e);
-    }
   }
-  if (d.fused == 0) return std::max<size_t>(d.unfused, 1);
+  std::vector<uint64_t> seqs;
+  seqs.reserve(done.size());
+  for (const Item& item : done) seqs.push_back(item.seq);
   done.clear();  // releases the kernels' aliases before the region counts as complete
   held.clear();
   e.fused.fetch_add(d.fused, std::memory_order_relaxed);
   e.regions.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(e.mu);
+  const int64_t t = now_ns();
+  for (uint64_t s : seqs) mark_done(e, s, t);
   e.running = 0;
   advance_locked(e);
   return 0;
