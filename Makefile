@@ -10,6 +10,11 @@ CSRC   := $(shell find csrc -name '*.cpp' -o -name '*.h')
 VLLM   := $(VENV)/.vllm-stamp
 # triton for TorchTitan runs only (examples/torchtitan): kept off the venv's path (vLLM refuses it)
 TITAN_TRITON := $(VENV)/torchtitan-triton
+# A CI run once lost two large wheels (vLLM 133 MB, triton 198 MB) to a network that kept dropping
+# the connection: pip resumes an interrupted download this many times before giving up (its
+# default, 5, was not enough). pip before 25.1 (the venv's first, bundled pip) ignores it.
+export PIP_RESUME_RETRIES ?= 40
+export PIP_RETRIES ?= 10
 
 .PHONY: all build demo test bench clean vllm mutation
 

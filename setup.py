@@ -119,7 +119,9 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     # -Wno-interference-size: torch headers use std::hardware_destructive_interference_size.
-    flags = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-interference-size"]
+    # -pipe: the compiler's intermediate files stay in memory, not in TMPDIR (a CI run once
+    # failed with "error writing to /tmp/cc*.s: No space left on device").
+    flags = ["-O2", "-pipe", "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-interference-size"]
     # Python's own CFLAGS carry -g; full debug info over torch's templates doubles every compile
     # (ops.cpp: 50 s of CPU with it, 26 s without). Symbols stay, so backtraces still name
     # functions; TORCHNEURON_DEBUG_BUILD=1 keeps the debug info for gdb sessions.
