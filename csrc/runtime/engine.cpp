@@ -51,7 +51,7 @@ struct Item {
   uint64_t seq;
   const char* name;
   Work work;      // null: a wait marker, complete as soon as its condition holds
-  Describe where;
+  Where where;
   Record record;  // for the fuser (engine.h, Adaptive Eager)
   // Runs only once `after` has completed (an event's work: wait_event), or with `barrier`,
   // once everything up to `after` has (after_queue). 0: no condition.
@@ -87,7 +87,7 @@ struct Engine {
   uint64_t running = 0;                        // first item being run now (0: none)
   std::unordered_map<int64_t, uint64_t> last;  // (device, stream) key -> seq
   std::string error;                           // first unreported kernel error
-  Describe error_where;                        // ... and where its op was enqueued
+  Where error_where;                           // ... and where its op was enqueued
   std::array<std::atomic<int64_t>, kTimes> times{};  // completion time of seq (slot seq % kTimes)
   std::array<std::atomic<uint64_t>, kTimes> done{};  // the seq that completed in that slot
   std::atomic<uint64_t> drains{0};
@@ -114,6 +114,7 @@ Engine& engine() {
 thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
 std::atomic<ErrorText> g_error_text{nullptr};
+std::atomic<Describe> g_describe{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
 std::atomic<void (*)()> g_flush{nullptr};
 
@@ -325,13 +326,14 @@ void report(Engine& e) {
   std::unique_lock<std::mutex> lock(e.mu);
   if (e.error.empty()) return;
   std::string msg = std::move(e.error);
-  Describe where = std::move(e.error_where);
+  Where where = std::move(e.error_where);
   e.error.clear();
   e.error_where = nullptr;
   lock.unlock();
-  if (where) {
+  const Describe describe = g_describe.load(std::memory_order_acquire);
+  if (where && describe) {
     try {
-      const std::string stack = where();
+      const std::string stack = describe(where.get());
       if (!stack.empty()) msg += "\nThe op was enqueued at (most recent call last):\n" + stack;
     } catch (...) {
     }
@@ -355,7 +357,7 @@ void set_enabled(bool on) noexcept {
   detail::g_on.store(on);
 }
 
-uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where, Record record) {
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where, Record record) {
   Engine& e = engine();
   uint64_t seq;
   size_t queued;
@@ -457,6 +459,8 @@ void set_fuser(Fuser fuser, void (*flush)()) noexcept {
 void set_blocking_wait(BlockingWait wrapper) noexcept { g_blocking_wait.store(wrapper, std::memory_order_release); }
 
 void set_error_text(ErrorText text) noexcept { g_error_text.store(text, std::memory_order_release); }
+
+void set_describe(Describe describe) noexcept { g_describe.store(describe, std::memory_order_release); }
 
 Stats stats() noexcept {
   Engine& e = engine();

@@ -12,7 +12,8 @@
 // the op and where it was enqueued.
 //
 // Like the runtime, this knows nothing of PyTorch: work is a closure, and "where it was
-// enqueued" is a closure that describes it (a Python stack, captured by the layer above).
+// enqueued" an opaque object (a Python stack, captured by the layer above) that a hook of the
+// layer above describes.
 #pragma once
 
 #include <atomic>
@@ -36,7 +37,9 @@ bool running() noexcept;                   // this thread is running queued kern
 }  // namespace detail
 
 using Work = std::function<void()>;
-using Describe = std::function<std::string()>;
+// Where an op was enqueued (opaque here: the layer above captures a Python stack), turned into
+// text by the describe hook (set_describe) only when its kernel failed.
+using Where = std::shared_ptr<const void>;
 // What a fuser needs to know of a kernel (opaque here: the layer above defines it). Work that
 // carries one may run as part of a fused kernel instead of on its own (Adaptive Eager).
 using Record = std::shared_ptr<const void>;
@@ -59,7 +62,7 @@ inline bool pending() noexcept {
 
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
 // and `where` name the work in an error report.
-uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Describe where,
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where,
                  Record record = nullptr);
 // Work enqueued on (device, stream) from now on runs only after work `after` (of any stream)
 // has completed: the queue side of wait_event. Nothing to do if it has.
@@ -122,6 +125,9 @@ void set_blocking_wait(BlockingWait wrapper) noexcept;
 // cannot act on, such as a C++ backtrace of whichever thread ran the queue). Default: what().
 using ErrorText = std::string (*)(const std::exception& e);
 void set_error_text(ErrorText text) noexcept;
+// The text of a failed kernel's Where (the enqueueing stack). Default: none.
+using Describe = std::string (*)(const void* where);
+void set_describe(Describe describe) noexcept;
 
 struct Stats {
   uint64_t enqueued = 0;  // work items queued since start

@@ -459,6 +459,47 @@ def test_an_asynchronous_error_surfaces_at_the_next_synchronization_with_its_sta
     assert (torch.ones(3, device="neuron") * 2).sum().item() == 6.0
 
 
+def _divide_by_zero():
+    w = torch.arange(4, device="neuron")
+    w.remainder_(torch.tensor([1, 2, 0, 3], device="neuron"))  # fails in the kernel
+
+
+def test_each_report_names_its_own_call_site_when_stacks_repeat():
+    # A stack seen before is shared, not captured again: each report must still name its caller.
+    here = sys._getframe().f_code.co_firstlineno
+    reports = []
+    for i in range(4):
+        if i % 2 == 0:
+            _divide_by_zero(); line = sys._getframe().f_lineno  # noqa: E702
+        else:
+            _divide_by_zero(); line = sys._getframe().f_lineno  # noqa: E702
+        with pytest.raises(RuntimeError) as err:
+            torch.neuron.synchronize()
+        reports.append((line, str(err.value)))
+    lines = {line for line, _ in reports}
+    assert len(lines) == 2 and all(line > here for line in lines)
+    for line, msg in reports:
+        assert f'{__file__}", line {line}, in test_each_report' in msg
+        assert "in _divide_by_zero" in msg
+        (other,) = lines - {line}
+        assert f'{__file__}", line {other},' not in msg
+
+
+def test_an_error_enqueued_on_another_thread_names_that_threads_stack():
+    import threading
+
+    def worker_enqueueing_a_failure():
+        _divide_by_zero()
+
+    t = threading.Thread(target=worker_enqueueing_a_failure)
+    t.start()
+    t.join()
+    with pytest.raises(RuntimeError) as err:
+        torch.neuron.synchronize()
+    assert "in worker_enqueueing_a_failure" in str(err.value)
+    assert "in test_an_error_enqueued_on_another_thread" not in str(err.value)
+
+
 def test_shape_errors_raise_at_the_call_not_later():
     a, b = torch.ones(4, 5, device="neuron"), torch.ones(3, device="neuron")
     out = torch.empty(2, 2, device="neuron", dtype=torch.int64)

@@ -325,3 +325,39 @@ def test_fused_kernels_count_as_executed_ops(fusing):
     assert engine.stats()["fused"] - before == 2
     assert torchneuron.get_executed_ops() == unfused
     assert unfused.get("aten::mul_.Tensor") == 1 and sum(unfused.values()) == 2
+
+
+@pytest.mark.parametrize("numel, fuses", [(15, False), (64, True)])
+def test_a_kernel_smaller_than_two_vectors_runs_unfused(fusing, numel, fuses):
+    # Below two vectors (of AVX2 or AVX-512) ATen's loop is all scalar remainder, which a fused
+    # kernel would hand back to ATen op by op: such kernels are not fused; larger ones are.
+    def program(t):
+        for _ in range(6):
+            t[0].add_(t[1], alpha=0.5)
+            t[1].mul_(t[0])
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return [torch.rand(numel, generator=g).to("neuron") for _ in range(2)]
+
+    fused, expected, ran_fused = fused_and_unfused(program, inputs)
+    assert (ran_fused > 0) == fuses
+    for f, e in zip(fused, expected):
+        torch.testing.assert_close(f, e, rtol=0, atol=0)
+
+
+def test_a_foreach_list_with_elements_smaller_than_two_vectors_still_fuses_whole(fusing):
+    # A list joins whole or not at all: its small elements (a one-element bias) keep a record.
+    def program(t):
+        for _ in range(3):
+            torch._foreach_mul_(t[:2], 0.9)
+            torch._foreach_add_(t[:2], t[2:], alpha=0.1)
+
+    def inputs():
+        g = torch.Generator().manual_seed(1)
+        return [torch.rand(n, generator=g).to("neuron") for n in (1, 256, 1, 256)]
+
+    fused, expected, ran_fused = fused_and_unfused(program, inputs)
+    assert ran_fused == 6
+    for f, e in zip(fused, expected):
+        torch.testing.assert_close(f, e, rtol=0, atol=0)
