@@ -597,6 +597,23 @@ int NeuronAllocator::device_of(const void* ptr) {
   return -1;
 }
 
+bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes) {
+  if (device < 0 || device >= neuron::rt::device_count() || nbytes == 0) return false;
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + nbytes;
+  auto& c = g_cache[device];
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.segments.upper_bound(begin);
+  if (it == c.segments.begin()) return false;
+  for (Block* b = std::prev(it)->second; b != nullptr; b = b->next) {
+    const auto first = reinterpret_cast<uintptr_t>(b->ptr), last = first + b->size;
+    if (last <= begin) continue;
+    if (first >= end) break;
+    if (b->allocated || b->pending) return false;  // some of the bytes are in use
+    if (last >= end) return true;
+  }
+  return false;  // past the segment's end: not all of it is this allocator's
+}
+
 std::vector<SegmentRecord> NeuronAllocator::snapshot() {
   std::vector<SegmentRecord> out;
   for (int d = 0; d < neuron::rt::device_count(); ++d) {

@@ -45,6 +45,10 @@ class NeuronAllocator : public c10::DeviceAllocator {
   c10::DataPtr adopt(int device, c10::DataPtr cpu_data, size_t nbytes);
   // Device of a pointer into neuron memory, or -1.
   int device_of(const void* ptr);
+  // Whether every byte of [ptr, ptr + nbytes) lies in cached blocks of `device` that no tensor
+  // holds (freed, and not waiting for other streams): memory whose contents nobody may read
+  // before writing it again (Adaptive Eager leaves such intermediates unstored).
+  bool is_free(int device, const void* ptr, size_t nbytes);
   std::vector<SegmentRecord> snapshot();
 };
 

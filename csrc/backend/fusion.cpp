@@ -1,5 +1,6 @@
 // Adaptive Eager: records of queued kernels, and the fuser the engine calls (fusion.h).
 #include "fusion.h"
+#include "allocator.h"
 #include "enqueue.h"
 #include "zero_copy.h"
 
@@ -41,6 +42,7 @@ struct Record {
   uint32_t count = 1;
   Kind kind;
   int64_t numel;
+  int device = -1;
   std::array<void*, 4> ptr{};  // [0] is written
   std::array<float, 2> scalar{};
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
@@ -111,6 +113,7 @@ bool fill(Record& r, Kind kind, std::initializer_list<const at::Tensor*> tensors
   if (!out.defined() || out.numel() == 0) return false;
   r.kind = kind;
   r.numel = out.numel();
+  r.device = out.get_device();
   size_t i = 0;
   for (const at::Tensor* t : tensors) {
     if (!plain_float(*t, r.numel)) return false;
@@ -217,9 +220,13 @@ py::object& compiler() {
 struct Group {
   int64_t numel = 0;
   c10::SmallVector<void*, 16> buffers;
-  std::string signature;  // [buffers][kind, slots...]...
+  std::string signature;  // [buffers][kind, slots...]...[kUnstored, slots...]
   c10::SmallVector<float, 16> scalars;
+  c10::SmallVector<uint8_t, 16> written;   // slots some kernel writes
+  c10::SmallVector<uint8_t, 4> unstored;  // ... whose final values nobody can read
 };
+// In a signature, after the kernels: the slots the kernel does not store (eager_fusion.py).
+constexpr char kUnstored = static_cast<char>(0xFF);
 
 // The scalar remainder [begin, end) of one thread's range, op by op through ATen's own kernels
 // (the calls the unfused kernels made: same overloads, Python numbers as wrapped doubles, which
@@ -232,7 +239,7 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
   };
   auto number = [](float v) { return at::scalar_to_tensor(at::Scalar(static_cast<double>(v))); };
   size_t at_op = 1, at_scalar = 0;  // signature[0] is the buffer count
-  while (at_op < g.signature.size()) {
+  while (at_op < g.signature.size() && g.signature[at_op] != kUnstored) {
     const auto kind = static_cast<Kind>(g.signature[at_op]);
     std::array<at::Tensor, 4> t;
     for (uint8_t i = 0; i < kArity[kind]; ++i) t[i] = view(static_cast<uint8_t>(g.signature[at_op + 1 + i]));
@@ -403,6 +410,9 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
       bufs.emplace(begin, Buf{begin + bytes, g, static_cast<uint32_t>(grp.buffers.size())});
       grp.buffers.push_back(f);
     }
+    if (std::find(grp.written.begin(), grp.written.end(), slots[0]) == grp.written.end()) {
+      grp.written.push_back(static_cast<uint8_t>(slots[0]));
+    }
     grp.signature.push_back(static_cast<char>(r.kind));
     for (uint8_t i = 0; i < kArity[r.kind]; ++i) grp.signature.push_back(static_cast<char>(slots[i]));
     for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
@@ -428,12 +438,40 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
     fused_records += e;
   }
   if (fused_records < 2) return {0, 1, {}};
+  // Intermediates that nothing references are not materialized. A buffer the region writes
+  // whose memory the allocator holds as free (the tensor was dropped while its kernel was
+  // queued) can only be read again after a new owner writes it, provided no kernel queued after
+  // the region reads it (queued kernels hold raw aliases, not the tensors). So when the region
+  // is everything queued, on every stream, its free buffers keep their values in registers and
+  // are never stored. The order of the two checks matters: a kernel enqueued by another thread
+  // after the allocator check held its tensors then (so they were not free), and one enqueued
+  // before it is seen by the count.
+  if (n == records.size()) {
+    const int device = static_cast<const Record*>(records[0])->device;
+    bool any = false;
+    for (Group& grp : groups) {
+      const size_t bytes = static_cast<size_t>(grp.numel) * sizeof(float);
+      for (uint8_t slot : grp.written) {
+        if (device_allocator()->is_free(device, grp.buffers[slot], bytes)) {
+          grp.unstored.push_back(slot);
+          any = true;
+        }
+      }
+    }
+    if (any && neuron::rt::engine::queued() != records.size()) {
+      for (Group& grp : groups) grp.unstored.clear();
+    }
+  }
 
   c10::SmallVector<KernelFn, 4> kernels;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     for (Group& grp : groups) {
       grp.signature.insert(grp.signature.begin(), static_cast<char>(grp.buffers.size()));
+      if (!grp.unstored.empty()) {
+        grp.signature.push_back(kUnstored);
+        for (uint8_t slot : grp.unstored) grp.signature.push_back(static_cast<char>(slot));
+      }
       Entry& e = (*g_cache)[grp.signature];
       kernels.push_back(e.fn);
       if (e.fn == nullptr && !e.failed && !e.requested && ++e.seen >= kCompileAfter) {

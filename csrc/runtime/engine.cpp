@@ -390,6 +390,12 @@ uint64_t last() noexcept { return detail::g_enqueued.load(std::memory_order_acqu
 
 bool completed(uint64_t seq) noexcept { return is_done(engine(), seq); }
 
+size_t queued() noexcept {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return e.queued;
+}
+
 bool poll(uint64_t seq) noexcept {
   Engine& e = engine();
   if (is_done(e, seq)) return true;

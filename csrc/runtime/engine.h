@@ -92,6 +92,9 @@ void set_queue_limit(size_t n) noexcept;
 uint64_t last(int device, int64_t stream) noexcept;
 uint64_t last() noexcept;
 bool completed(uint64_t seq) noexcept;
+// How many items are queued now, on every stream (a fuser that ran the whole of it knows no
+// later kernel reads what it leaves unstored).
+size_t queued() noexcept;
 // Whether `seq` had completed; if not, lets the queue run up to it (a polling loop finishes;
 // an error stays for the next wait) and returns false.
 bool poll(uint64_t seq) noexcept;

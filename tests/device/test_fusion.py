@@ -40,8 +40,10 @@ def fused_and_unfused(program, make_inputs):
     expected = [t.cpu() for t in unfused]
     engine.set_fusion_enabled(True)
     for _ in range(2):
-        program(make_inputs())
+        warm = make_inputs()  # kept until the queue ran, as in the last run (else its buffers
+        program(warm)         # are free then, and the fuser leaves them unstored: another kernel)
         torch.neuron.synchronize()
+        del warm              # each run starts from the same allocator state
     eager_fusion.wait()
     assert not eager_fusion.errors
     before = engine.stats()["fused"]
@@ -361,3 +363,102 @@ def test_a_foreach_list_with_elements_smaller_than_two_vectors_still_fuses_whole
     assert ran_fused == 6
     for f, e in zip(fused, expected):
         torch.testing.assert_close(f, e, rtol=0, atol=0)
+
+
+N = 4096  # one thread's range, whole vector pairs: no scalar remainder
+
+
+def _fused_third_run(program):
+    """Run `program` twice (its regions get compiled), then a third time; its result."""
+    for _ in range(2):
+        warm = program()  # kept until the queue ran, as in the last run
+        torch.neuron.synchronize()
+        del warm
+    eager_fusion.wait()
+    assert not eager_fusion.errors
+    before = engine.stats()["fused"]
+    result = program()
+    torch.neuron.synchronize()
+    assert engine.stats()["fused"] - before >= 2
+    return result
+
+
+def _requested(monkeypatch):
+    """The group signatures the fuser asks to compile (compiled as usual)."""
+    seen, request = [], eager_fusion.request
+    monkeypatch.setattr(eager_fusion, "request", lambda sigs: (seen.extend(sigs), request(sigs))[1])
+    return seen
+
+
+def test_an_intermediate_nothing_references_is_not_stored(fusing, monkeypatch):
+    import ctypes
+
+    seen = _requested(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
+    ptrs, sentinel = [], torch.full((N,), 7.0)
+
+    def program():
+        t = a + b
+        out = t * b
+        ptrs.append(t.data_ptr())
+        del t  # dropped while its kernel is queued: its block is free, the kernel not yet run
+        # A sentinel in the free block (device memory is host memory): a kernel that stores t
+        # overwrites it when the queue runs.
+        ctypes.memmove(ptrs[-1], sentinel.data_ptr(), 4 * N)
+        return out
+
+    out = _fused_third_run(program)
+    torch.testing.assert_close(out.cpu(), (a.cpu() + b.cpu()) * b.cpu(), rtol=0, atol=0)
+    block = torch.frombuffer((ctypes.c_float * N).from_address(ptrs[-1]), dtype=torch.float32)
+    assert torch.equal(block, torch.full((N,), 7.0))  # t's values were never stored
+    assert any(eager_fusion.unstored(s) for s in seen)
+
+
+def test_an_intermediate_a_later_queued_kernel_reads_is_stored(fusing, monkeypatch):
+    # exp_ (no record) is queued after the region and reads t through its alias after the
+    # tensor was dropped: the region is not everything queued, so t must be stored.
+    seen = _requested(monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
+
+    def program():
+        t = a - b
+        out = t / b
+        e = torch.empty(N, device="neuron")
+        torch.exp(t, out=e)
+        del t
+        return out, e
+
+    out, e = _fused_third_run(program)
+    expected = a.cpu() - b.cpu()
+    torch.testing.assert_close(out.cpu(), expected / b.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(e.cpu(), torch.exp(expected), rtol=0, atol=0)
+    assert seen and not any(eager_fusion.unstored(s) for s in seen)
+
+
+def test_an_intermediate_still_referenced_is_stored(fusing, monkeypatch):
+    seen = _requested(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
+    kept = []
+
+    def program():
+        t = a * b
+        out = t + b
+        kept.append(t)
+        return out
+
+    out = _fused_third_run(program)
+    torch.testing.assert_close(kept[-1].cpu(), a.cpu() * b.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(out.cpu(), a.cpu() * b.cpu() + b.cpu(), rtol=0, atol=0)
+    assert seen and not any(eager_fusion.unstored(s) for s in seen)
+
+
+def test_unstored_slots_parse_from_a_signature():
+    sig = bytes([3, 0, 2, 0, 1, 2, 2, 0, 1])
+    assert eager_fusion.parse(sig) == eager_fusion.parse(sig + bytes([eager_fusion.UNSTORED, 2]))
+    assert eager_fusion.unstored(sig) == set()
+    assert eager_fusion.unstored(sig + bytes([eager_fusion.UNSTORED, 2])) == {2}
+    src = eager_fusion.source([sig + bytes([eager_fusion.UNSTORED, 2])])
+    assert "store(b2" not in src and "unstored [2]" in src

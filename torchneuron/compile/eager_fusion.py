@@ -31,7 +31,8 @@ import threading
 
 import torch
 
-__all__ = ["KINDS", "source", "compile_signatures", "compile_signature", "request", "wait"]
+__all__ = ["KINDS", "UNSTORED", "parse", "unstored", "source", "compile_signatures", "compile_signature", "request",
+           "wait"]
 
 # Op kinds, in the order of `enum Kind` in csrc/backend/fusion.h: (name, buffers, scalars,
 # vector formula). x0 is the first input; s0 the first Python number. The formulas are those of
@@ -80,10 +81,14 @@ extern "C" int vec_size() { return Vec::size(); }
 _GRAIN = 32768
 
 
+# In a signature, after the kernels: the slots not to store (intermediates nothing references).
+UNSTORED = 0xFF
+
+
 def parse(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
     """(buffer count, [(kind, slots)]) of a group signature (fusion.cpp, Group::signature)."""
     nbufs, ops, i = signature[0], [], 1
-    while i < len(signature):
+    while i < len(signature) and signature[i] != UNSTORED:
         kind = signature[i]
         arity = KINDS[kind][1]
         ops.append((kind, tuple(signature[i + 1:i + 1 + arity])))
@@ -91,8 +96,16 @@ def parse(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
     return nbufs, ops
 
 
-def _body(ops) -> list[str]:
-    """One vector's sequence: loads on first read, stores of the written slots at the end."""
+def unstored(signature: bytes) -> set[int]:
+    """The slots a group's kernel leaves unstored: written, but freed before the region ran and
+    read by no kernel queued after it (fusion.cpp), so their values stay in registers."""
+    end = 1 + sum(1 + KINDS[kind][1] for kind, _ in parse(signature)[1])  # past the kernels
+    return set(signature[end + 1:]) if end < len(signature) else set()
+
+
+def _body(ops, skip: set[int] = frozenset()) -> list[str]:
+    """One vector's sequence: loads on first read, stores of the written slots at the end
+    (except the `skip` slots)."""
     current: dict[int, str] = {}
     written: list[int] = []
     lines: list[str] = []
@@ -114,15 +127,17 @@ def _body(ops) -> list[str]:
         if slots[0] not in written:
             written.append(slots[0])
     for slot in written:
-        lines.append(f"{current[slot]}.store(b{slot} + i);")
+        if slot not in skip:
+            lines.append(f"{current[slot]}.store(b{slot} + i);")
     return lines
 
 
 def _kernel(signature: bytes, name: str) -> str:
     nbufs, ops = parse(signature)
     bufs = "\n".join(f"  float* const b{k} = buffers[{k}];" for k in range(nbufs))
-    vec = "\n".join("        " + line for line in _body(ops))
-    doc = "; ".join(f"{KINDS[k][0]}{list(slots)}" for k, slots in ops)
+    skip = unstored(signature)
+    vec = "\n".join("        " + line for line in _body(ops, skip))
+    doc = "; ".join(f"{KINDS[k][0]}{list(slots)}" for k, slots in ops) + (f"; unstored {sorted(skip)}" if skip else "")
     return f"""
 // {doc}
 extern "C" void {name}(float* const* buffers, const float* s, int64_t n, int64_t* remainders) {{
