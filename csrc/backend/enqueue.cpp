@@ -93,6 +93,7 @@ Interner& interner() {
 
 // The calling thread's frames, innermost first, as instruction addresses; -1 if unknown.
 int read_frames(const void** out) {
+  if (!Py_IsInitialized()) return -1;
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr || ts->cframe == nullptr) return -1;
   int n = 0;
