@@ -154,6 +154,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fusion_install", [](const py::bytes& signature, uintptr_t kernel) {
     torchneuron::fusion::install(std::string(signature), kernel);
   });
+  m.def("_fusion_fail_after", &torchneuron::fusion::fail_after, py::arg("groups"));  // tests only
   torchneuron::bind_cpu_kernel_call(m);
   // Interprocess sharing (torchneuron/neuron/ipc.py).
   m.def("_ipc_export", &ipc_export,

@@ -95,7 +95,8 @@ Interner& interner() {
 int read_frames(const void** out) {
   if (!Py_IsInitialized()) return -1;
   PyThreadState* ts = PyGILState_GetThisThreadState();
-  if (ts == nullptr || ts->cframe == nullptr) return -1;
+  if (ts == nullptr) return 0;  // a thread Python never ran on (no frames: the empty stack)
+  if (ts->cframe == nullptr) return -1;
   int n = 0;
   for (_PyInterpreterFrame* f = ts->cframe->current_frame; f != nullptr; f = f->previous) {
     if (n == kMaxDepth) return -1;

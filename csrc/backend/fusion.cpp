@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +63,7 @@ struct Entry {
 std::mutex g_mu;  // the kernel cache: the fuser reads it, the compiling thread installs
 std::unordered_map<std::string, Entry>* g_cache = new std::unordered_map<std::string, Entry>();
 Stats g_stats;
+std::atomic<int> g_fail_after{-1};  // fail_after()
 std::vector<std::string>* g_to_compile = new std::vector<std::string>();  // for flush()
 
 bool env_flag(const char* name, bool fallback) {
@@ -486,7 +488,13 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   }
   // From here the region counts as run: a failure part-way cannot be undone or retried.
   try {
-    for (size_t g = 0; g < groups.size(); ++g) run_group(kernels[g], groups[g]);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (static_cast<int>(g) == g_fail_after.load(std::memory_order_relaxed)) {
+        g_fail_after.store(-1);
+        throw std::runtime_error("injected fault after " + std::to_string(g) + " groups (fusion::fail_after)");
+      }
+      run_group(kernels[g], groups[g]);
+    }
   } catch (const std::exception& ex) {
     return {n, 0, error_text(ex)};
   }
@@ -529,6 +537,8 @@ void install(const std::string& signature, uintptr_t kernel) {
   e.failed = kernel == 0;
   ++(kernel == 0 ? g_stats.failed : g_stats.compiled);
 }
+
+void fail_after(int groups) noexcept { g_fail_after.store(groups); }
 
 Stats stats() noexcept {
   std::lock_guard<std::mutex> lock(g_mu);

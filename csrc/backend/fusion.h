@@ -56,6 +56,9 @@ neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit
 
 // A kernel compiled for a group signature (eager_fusion.py), or 0 if compiling failed.
 void install(const std::string& signature, uintptr_t kernel);
+// Fault injection for tests of the failure path (a generated kernel itself cannot fail): the
+// next fused region raises after running its first `groups` groups. -1 clears it.
+void fail_after(int groups) noexcept;
 
 struct Stats {
   uint64_t compiled = 0;  // group kernels installed

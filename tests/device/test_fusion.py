@@ -462,3 +462,41 @@ def test_unstored_slots_parse_from_a_signature():
     assert eager_fusion.unstored(sig + bytes([eager_fusion.UNSTORED, 2])) == {2}
     src = eager_fusion.source([sig + bytes([eager_fusion.UNSTORED, 2])])
     assert "store(b2" not in src and "unstored [2]" in src
+
+
+def test_a_fused_region_failing_part_way_reports_at_the_next_synchronization(fusing):
+    # A generated kernel cannot fail by itself: the fault is injected after the region's first
+    # group (of two: 4096 and 96 elements). What ran stays run; the error names the region and
+    # where its first kernel was enqueued, once; the device stays usable.
+    import sys
+
+    import torchneuron
+
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
+    c, d = torch.rand(96, generator=g).to("neuron"), torch.rand(96, generator=g).to("neuron")
+
+    def program():
+        a.add_(b, alpha=0.5)
+        c.mul_(d)
+        a.mul_(b)
+        c.add_(d)
+
+    for _ in range(2):
+        program()
+        torch.neuron.synchronize()
+    eager_fusion.wait()
+    a0, c0 = a.cpu(), c.cpu()
+    torchneuron._C._fusion_fail_after(1)
+    program(); line = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(RuntimeError) as err:
+        torch.neuron.synchronize()
+    msg = str(err.value)
+    assert "fused region of 4 kernels" in msg and "aten::add_.Tensor" in msg and "injected fault" in msg
+    assert f'{__file__}", line {line}' in msg
+    torch.testing.assert_close(a.cpu(), a0.add(b.cpu(), alpha=0.5).mul(b.cpu()), rtol=0, atol=0)  # ran
+    assert torch.equal(c.cpu(), c0)                                                                  # did not
+    torch.neuron.synchronize()  # reported once
+    program()
+    torch.neuron.synchronize()
+    torch.testing.assert_close(c.cpu(), c0.mul(d.cpu()).add(d.cpu()), rtol=0, atol=0)
