@@ -109,6 +109,13 @@ Stack interned_stack() {
   const void* frames[kMaxDepth];
   const int n = read_frames(frames);
   if (n < 0) return gather();
+  auto same = [&](const Interned& i) {
+    return i.key.size() == static_cast<size_t>(n) && std::equal(i.key.begin(), i.key.end(), frames);
+  };
+  // The last stack this thread enqueued from is compared first (a loop enqueues from one place);
+  // interned entries are never erased, so the pointer stays valid.
+  thread_local const Interned* last = nullptr;
+  if (last != nullptr && same(*last)) return last->stack;
   size_t hash = static_cast<size_t>(n);
   for (int i = 0; i < n; ++i) hash = hash * 0x9E3779B97F4A7C15ull ^ reinterpret_cast<uintptr_t>(frames[i]);
   Interner& t = interner();
@@ -116,14 +123,18 @@ Stack interned_stack() {
     std::lock_guard<std::mutex> lock(t.mu);
     auto [first, end] = t.stacks.equal_range(hash);
     for (auto it = first; it != end; ++it) {
-      const auto& key = it->second.key;
-      if (key.size() == static_cast<size_t>(n) && std::equal(key.begin(), key.end(), frames)) return it->second.stack;
+      if (same(it->second)) {
+        last = &it->second;
+        return last->stack;
+      }
     }
   }
   Stack stack = gather();
   std::lock_guard<std::mutex> lock(t.mu);
-  // (not {frames, frames + n}: a braced list of two pointers would be the key's two elements)
-  if (t.stacks.size() < kMaxStacks) t.stacks.emplace(hash, Interned{std::vector<const void*>(frames, frames + n), stack});
+  if (t.stacks.size() < kMaxStacks) {
+    // (not {frames, frames + n}: a braced list of two pointers would be the key's two elements)
+    last = &t.stacks.emplace(hash, Interned{std::vector<const void*>(frames, frames + n), stack})->second;
+  }
   return stack;
 }
 #else
