@@ -500,6 +500,33 @@ def test_an_error_enqueued_on_another_thread_names_that_threads_stack():
     assert "in test_an_error_enqueued_on_another_thread" not in str(err.value)
 
 
+def test_stacks_past_the_interned_ones_are_still_reported_right():
+    # At most 4,096 stacks are interned; later new ones are gathered at every call. Distinct
+    # code objects (exec) make distinct stacks.
+    code = """
+import torch
+torch.neuron.engine.set_enabled(True)
+ns = {}
+x = torch.zeros(16, device="neuron")
+for i in range(4200):
+    exec(f"def site_{i}(x):\\n    x.add_(1)\\n", ns)
+    ns[f"site_{i}"](x)
+torch.neuron.synchronize()
+assert x[0].item() == 4200
+exec("def failing_site_past_the_cap(w, z):\\n    w.remainder_(z)\\n", ns)
+ns["failing_site_past_the_cap"](torch.arange(4, device="neuron"), torch.tensor([1, 2, 0, 3], device="neuron"))
+ns["site_7"](x)  # an interned stack, enqueued after the failing one
+try:
+    torch.neuron.synchronize()
+except RuntimeError as e:
+    msg = str(e)
+    assert "in failing_site_past_the_cap" in msg and "site_7" not in msg, msg
+    print("OK")
+"""
+    r = _run(code)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
 def test_shape_errors_raise_at_the_call_not_later():
     a, b = torch.ones(4, 5, device="neuron"), torch.ones(3, device="neuron")
     out = torch.empty(2, 2, device="neuron", dtype=torch.int64)
