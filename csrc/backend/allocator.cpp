@@ -74,6 +74,9 @@ struct Block {
   char* ptr;
   bool is_large;
   bool allocated = false;
+  // The execution engine's last enqueued sequence number when the block was last freed: a
+  // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
+  uint64_t freed_at = 0;
   // Freed while other streams used it: out of the pool until event_count marks are observed.
   bool pending = false;
   int event_count = 0;
@@ -296,6 +299,7 @@ Block* malloc_block(int device, size_t nbytes) {
   const size_t remaining = block->size - size;
   if (large ? remaining > kSmallSize : remaining >= kMinBlock) {
     Block* rest = new Block(device, stream, remaining, block->ptr + size, large);
+    rest->freed_at = block->freed_at;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next) rest->next->prev = rest;
@@ -331,6 +335,7 @@ void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Bloc
     if (b->next) b->next->prev = b;
   }
   b->size += n->size;
+  b->freed_at = std::max(b->freed_at, n->freed_at);
   delete n;
 }
 
@@ -346,6 +351,7 @@ void free_block_locked(DeviceCache& c, Block* b,
   stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(b->requested));
   b->pending = false;
   b->requested = 0;
+  b->freed_at = neuron::rt::engine::last();
   auto& pool = large ? c.large_free : c.small_free;
   const bool was_head = b->prev == nullptr;
   uintptr_t old_head_key = 0;
@@ -597,7 +603,7 @@ int NeuronAllocator::device_of(const void* ptr) {
   return -1;
 }
 
-bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes) {
+bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by) {
   if (device < 0 || device >= neuron::rt::device_count() || nbytes == 0) return false;
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + nbytes;
   auto& c = g_cache[device];
@@ -609,6 +615,7 @@ bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes) {
     if (last <= begin) continue;
     if (first >= end) break;
     if (b->allocated || b->pending) return false;  // some of the bytes are in use
+    if (b->freed_at > freed_by) return false;      // ... or were when later work was enqueued
     if (last >= end) return true;
   }
   return false;  // past the segment's end: not all of it is this allocator's

@@ -5,6 +5,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -46,9 +47,11 @@ class NeuronAllocator : public c10::DeviceAllocator {
   // Device of a pointer into neuron memory, or -1.
   int device_of(const void* ptr);
   // Whether every byte of [ptr, ptr + nbytes) lies in cached blocks of `device` that no tensor
-  // holds (freed, and not waiting for other streams): memory whose contents nobody may read
-  // before writing it again (Adaptive Eager leaves such intermediates unstored).
-  bool is_free(int device, const void* ptr, size_t nbytes);
+  // holds (freed, and not waiting for other streams) and that were freed before the execution
+  // engine's work `freed_by` was enqueued: memory whose contents no kernel queued after that
+  // work can read (queued kernels read only what live tensors held when they were enqueued),
+  // nor anyone else before writing it again. Adaptive Eager leaves such intermediates unstored.
+  bool is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by);
   std::vector<SegmentRecord> snapshot();
 };
 

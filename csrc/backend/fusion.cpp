@@ -288,7 +288,7 @@ bool g_on = env_flag("TORCH_NEURONX_ENABLE_CONCATENATION", false);
 }
 
 namespace {
-neuron::rt::engine::Decision fuse(const std::vector<const void*>& records);
+neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs);
 void flush();
 }  // namespace
 
@@ -350,7 +350,7 @@ namespace {
 
 // The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
 // group's kernel is compiled.
-neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
+neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs) {
   if (at::globalContext().deterministicAlgorithms()) return {0, records.size(), {}};
   // Buffers seen so far, by first byte: [begin, end) and (group, slot).
   struct Buf {
@@ -441,27 +441,20 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records) {
   }
   if (fused_records < 2) return {0, 1, {}};
   // Intermediates that nothing references are not materialized. A buffer the region writes
-  // whose memory the allocator holds as free (the tensor was dropped while its kernel was
-  // queued) can only be read again after a new owner writes it, provided no kernel queued after
-  // the region reads it (queued kernels hold raw aliases, not the tensors). So when the region
-  // is everything queued, on every stream, its free buffers keep their values in registers and
-  // are never stored. The order of the two checks matters: a kernel enqueued by another thread
-  // after the allocator check held its tensors then (so they were not free), and one enqueued
-  // before it is seen by the count.
-  if (n == records.size()) {
+  // whose memory the allocator holds as free, and freed before any kernel after the region was
+  // enqueued, keeps its values in registers and is never stored: nothing can read them. Kernels
+  // queued after the region hold raw aliases, not tensors, but only of tensors that were alive
+  // when they were enqueued (a tensor argument outlives its op call), which this one was not;
+  // anything else must write the memory before reading it. (The tensor was dropped while its
+  // kernel was queued: `t = a + b; u = t * c; del t`.)
+  {
     const int device = static_cast<const Record*>(records[0])->device;
-    bool any = false;
+    const uint64_t region_end = seqs[n - 1];
     for (Group& grp : groups) {
       const size_t bytes = static_cast<size_t>(grp.numel) * sizeof(float);
       for (uint8_t slot : grp.written) {
-        if (device_allocator()->is_free(device, grp.buffers[slot], bytes)) {
-          grp.unstored.push_back(slot);
-          any = true;
-        }
+        if (device_allocator()->is_free(device, grp.buffers[slot], bytes, region_end)) grp.unstored.push_back(slot);
       }
-    }
-    if (any && neuron::rt::engine::queued() != records.size()) {
-      for (Group& grp : groups) grp.unstored.clear();
     }
   }
 

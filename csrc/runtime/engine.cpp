@@ -204,6 +204,7 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
   if (fuser == nullptr) return 1;
   std::vector<Record> held;  // keeps the records alive while the fuser reads them
   std::vector<const void*> records;
+  std::vector<uint64_t> seqs;
   {
     std::lock_guard<std::mutex> lock(e.mu);
     const size_t limit = g_max_queued.load(std::memory_order_relaxed);
@@ -211,13 +212,14 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
       if (!item.record || item.seq > seq || records.size() >= limit) break;
       held.push_back(item.record);
       records.push_back(item.record.get());
+      seqs.push_back(item.seq);
     }
     if (!records.empty()) e.running = q.items.front().seq;
   }
   if (records.empty()) return 1;  // (one item may hold many records: a list kernel)
   Decision d;
   try {
-    d = fuser(records);
+    d = fuser(records, seqs);
   } catch (...) {
     d = Decision{0, 1};
   }
@@ -243,9 +245,7 @@ size_t try_fuse(Engine& e, StreamQueue& q, uint64_t seq) {
       e.error_where = std::move(done.front().where);
     }
   }
-  std::vector<uint64_t> seqs;
-  seqs.reserve(done.size());
-  for (const Item& item : done) seqs.push_back(item.seq);
+  seqs.resize(d.fused);  // the fused kernels' (the first offered)
   done.clear();  // releases the kernels' aliases before the region counts as complete
   held.clear();
   e.fused.fetch_add(d.fused, std::memory_order_relaxed);
@@ -394,12 +394,6 @@ uint64_t last(int device, int64_t stream) noexcept {
 uint64_t last() noexcept { return detail::g_enqueued.load(std::memory_order_acquire); }
 
 bool completed(uint64_t seq) noexcept { return is_done(engine(), seq); }
-
-size_t queued() noexcept {
-  Engine& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
-  return e.queued;
-}
 
 bool poll(uint64_t seq) noexcept {
   Engine& e = engine();

@@ -74,12 +74,13 @@ void enqueue_wait(int device, int64_t stream, uint64_t after);
 // first `unfused` run on their own before it is asked again. Never both. A fused run that
 // failed part-way reports `error` (it cannot be run again unfused: some of it ran), which
 // surfaces like a kernel's; an exception from the fuser means it ran nothing: {0, 1}.
+// `seqs[i]` is the sequence number of the kernel of `records[i]`.
 struct Decision {
   size_t fused = 0;
   size_t unfused = 0;
   std::string error;
 };
-using Fuser = Decision (*)(const std::vector<const void*>& records);
+using Fuser = Decision (*)(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs);
 // `flush` (optional) runs after each run of the queue: the fuser's batched follow-up work.
 // Installed only while fusion is on (nullptr removes it), so an engine without fusion never
 // looks for records.
@@ -92,9 +93,6 @@ void set_queue_limit(size_t n) noexcept;
 uint64_t last(int device, int64_t stream) noexcept;
 uint64_t last() noexcept;
 bool completed(uint64_t seq) noexcept;
-// How many items are queued now, on every stream (a fuser that ran the whole of it knows no
-// later kernel reads what it leaves unstored).
-size_t queued() noexcept;
 // Whether `seq` had completed; if not, lets the queue run up to it (a polling loop finishes;
 // an error stays for the next wait) and returns false.
 bool poll(uint64_t seq) noexcept;

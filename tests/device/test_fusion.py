@@ -415,9 +415,37 @@ def test_an_intermediate_nothing_references_is_not_stored(fusing, monkeypatch):
     assert any(eager_fusion.unstored(s) for s in seen)
 
 
+def test_an_intermediate_dropped_before_later_kernels_were_queued_is_not_stored(fusing, monkeypatch):
+    # As an optimizer step's denominators: dropped, then unrelated work is queued behind the
+    # region (here exp into a buffer of its own) before the queue runs.
+    import ctypes
+
+    seen = _requested(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
+    e = torch.empty(N, device="neuron")
+    ptrs, sentinel = [], torch.full((N,), 7.0)
+
+    def program():
+        t = a.div(b)
+        out = t.mul(a)
+        ptrs.append(t.data_ptr())
+        del t
+        ctypes.memmove(ptrs[-1], sentinel.data_ptr(), 4 * N)
+        torch.exp(b, out=e)  # queued after the region, and after t was dropped
+        return out
+
+    out = _fused_third_run(program)
+    torch.testing.assert_close(out.cpu(), a.cpu().div(b.cpu()).mul(a.cpu()), rtol=0, atol=0)
+    torch.testing.assert_close(e.cpu(), torch.exp(b.cpu()), rtol=0, atol=0)
+    block = torch.frombuffer((ctypes.c_float * N).from_address(ptrs[-1]), dtype=torch.float32)
+    assert torch.equal(block, torch.full((N,), 7.0))  # t's values were never stored
+    assert any(eager_fusion.unstored(s) for s in seen)
+
+
 def test_an_intermediate_a_later_queued_kernel_reads_is_stored(fusing, monkeypatch):
-    # exp_ (no record) is queued after the region and reads t through its alias after the
-    # tensor was dropped: the region is not everything queued, so t must be stored.
+    # exp (no record) is queued after the region and reads t through its alias; the tensor is
+    # dropped only after that: t must be stored.
     seen = _requested(monkeypatch)
     g = torch.Generator().manual_seed(4)
     a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
