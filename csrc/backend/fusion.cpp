@@ -20,10 +20,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>

@@ -10,6 +10,7 @@ kernels run those), 37 (one vector pair and a remainder), 256 (vectors only).
 
 from __future__ import annotations
 
+import ctypes
 import random
 
 import pytest
@@ -32,6 +33,24 @@ def fusing():
     engine.set_fusion_enabled(was_fusing)
 
 
+def compiled_run(run):
+    """`run()` twice, so that the fuser sees its regions twice and compiles them, then once more:
+    (the last run's result, how many kernels it ran fused). Each run's result is kept until the
+    queue ran, as in the last run (else its buffers are free then, and the fuser leaves them
+    unstored: another kernel), then dropped, so that each run starts from the same allocator
+    state."""
+    for _ in range(2):
+        warm = run()
+        torch.neuron.synchronize()
+        del warm
+    eager_fusion.wait()
+    assert not eager_fusion.errors
+    before = engine.stats()["fused"]
+    result = run()
+    torch.neuron.synchronize()
+    return result, engine.stats()["fused"] - before
+
+
 def fused_and_unfused(program, make_inputs):
     """Final tensors of `program` fused (third run, after compiling) and unfused."""
     engine.set_fusion_enabled(False)
@@ -39,18 +58,13 @@ def fused_and_unfused(program, make_inputs):
     program(unfused)
     expected = [t.cpu() for t in unfused]
     engine.set_fusion_enabled(True)
-    for _ in range(2):
-        warm = make_inputs()  # kept until the queue ran, as in the last run (else its buffers
-        program(warm)         # are free then, and the fuser leaves them unstored: another kernel)
-        torch.neuron.synchronize()
-        del warm              # each run starts from the same allocator state
-    eager_fusion.wait()
-    assert not eager_fusion.errors
-    before = engine.stats()["fused"]
-    fused = make_inputs()
-    program(fused)
-    torch.neuron.synchronize()
-    ran_fused = engine.stats()["fused"] - before
+
+    def run():
+        tensors = make_inputs()
+        program(tensors)
+        return tensors
+
+    fused, ran_fused = compiled_run(run)
     return [t.cpu() for t in fused], expected, ran_fused
 
 
@@ -194,8 +208,6 @@ def test_generated_kernel_follows_aten_vector_formula_per_op():
     # One kernel holding one op of each kind, each over its own buffers, against the ATen CPU
     # kernel over a vector-only size (no remainder): a wrong formula in KINDS (addcmul without
     # its FMA, say) shows here, op by op.
-    import ctypes
-
     ops = [  # (kind, scalars, ATen reference: out, inputs, scalars)
         (0, [0.3], lambda o, x, s: torch.add(x[0], x[1], alpha=s[0], out=o)),
         (1, [-1.7, 0.25], lambda o, x, s: torch.add(x[0], s[0], alpha=s[1], out=o)),
@@ -369,18 +381,22 @@ N = 4096  # one thread's range, whole vector pairs: no scalar remainder
 
 
 def _fused_third_run(program):
-    """Run `program` twice (its regions get compiled), then a third time; its result."""
-    for _ in range(2):
-        warm = program()  # kept until the queue ran, as in the last run
-        torch.neuron.synchronize()
-        del warm
-    eager_fusion.wait()
-    assert not eager_fusion.errors
-    before = engine.stats()["fused"]
-    result = program()
-    torch.neuron.synchronize()
-    assert engine.stats()["fused"] - before >= 2
+    """`program`'s result in its third run, whose regions ran fused."""
+    result, ran_fused = compiled_run(program)
+    assert ran_fused >= 2
     return result
+
+
+def _poison_free_block(ptr):
+    """Write 7.0 over the N floats at `ptr`, a freed block (device memory is host memory): a
+    kernel that stores there when the queue runs overwrites it."""
+    sentinel = torch.full((N,), 7.0)  # (alive until the copy is done)
+    ctypes.memmove(ptr, sentinel.data_ptr(), 4 * N)
+
+
+def _still_poisoned(ptr):
+    return torch.equal(torch.frombuffer((ctypes.c_float * N).from_address(ptr), dtype=torch.float32),
+                       torch.full((N,), 7.0))
 
 
 def _requested(monkeypatch):
@@ -391,55 +407,47 @@ def _requested(monkeypatch):
 
 
 def test_an_intermediate_nothing_references_is_not_stored(fusing, monkeypatch):
-    import ctypes
-
     seen = _requested(monkeypatch)
     g = torch.Generator().manual_seed(3)
     a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
-    ptrs, sentinel = [], torch.full((N,), 7.0)
+    ptrs = []
 
     def program():
         t = a + b
         out = t * b
         ptrs.append(t.data_ptr())
         del t  # dropped while its kernel is queued: its block is free, the kernel not yet run
-        # A sentinel in the free block (device memory is host memory): a kernel that stores t
-        # overwrites it when the queue runs.
-        ctypes.memmove(ptrs[-1], sentinel.data_ptr(), 4 * N)
+        _poison_free_block(ptrs[-1])
         return out
 
     out = _fused_third_run(program)
     torch.testing.assert_close(out.cpu(), (a.cpu() + b.cpu()) * b.cpu(), rtol=0, atol=0)
-    block = torch.frombuffer((ctypes.c_float * N).from_address(ptrs[-1]), dtype=torch.float32)
-    assert torch.equal(block, torch.full((N,), 7.0))  # t's values were never stored
+    assert _still_poisoned(ptrs[-1])  # t's values were never stored
     assert any(eager_fusion.unstored(s) for s in seen)
 
 
 def test_an_intermediate_dropped_before_later_kernels_were_queued_is_not_stored(fusing, monkeypatch):
     # As an optimizer step's denominators: dropped, then unrelated work is queued behind the
     # region (here exp into a buffer of its own) before the queue runs.
-    import ctypes
-
     seen = _requested(monkeypatch)
     g = torch.Generator().manual_seed(7)
     a, b = torch.rand(N, generator=g).to("neuron"), torch.rand(N, generator=g).to("neuron")
     e = torch.empty(N, device="neuron")
-    ptrs, sentinel = [], torch.full((N,), 7.0)
+    ptrs = []
 
     def program():
         t = a.div(b)
         out = t.mul(a)
         ptrs.append(t.data_ptr())
         del t
-        ctypes.memmove(ptrs[-1], sentinel.data_ptr(), 4 * N)
+        _poison_free_block(ptrs[-1])
         torch.exp(b, out=e)  # queued after the region, and after t was dropped
         return out
 
     out = _fused_third_run(program)
     torch.testing.assert_close(out.cpu(), a.cpu().div(b.cpu()).mul(a.cpu()), rtol=0, atol=0)
     torch.testing.assert_close(e.cpu(), torch.exp(b.cpu()), rtol=0, atol=0)
-    block = torch.frombuffer((ctypes.c_float * N).from_address(ptrs[-1]), dtype=torch.float32)
-    assert torch.equal(block, torch.full((N,), 7.0))  # t's values were never stored
+    assert _still_poisoned(ptrs[-1])  # t's values were never stored
     assert any(eager_fusion.unstored(s) for s in seen)
 
 

@@ -85,21 +85,27 @@ _GRAIN = 32768
 UNSTORED = 0xFF
 
 
-def parse(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
-    """(buffer count, [(kind, slots)]) of a group signature (fusion.cpp, Group::signature)."""
+def _walk(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]], int]:
+    """parse(), and the offset just past the kernels."""
     nbufs, ops, i = signature[0], [], 1
     while i < len(signature) and signature[i] != UNSTORED:
         kind = signature[i]
         arity = KINDS[kind][1]
         ops.append((kind, tuple(signature[i + 1:i + 1 + arity])))
         i += 1 + arity
+    return nbufs, ops, i
+
+
+def parse(signature: bytes) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+    """(buffer count, [(kind, slots)]) of a group signature (fusion.cpp, Group::signature)."""
+    nbufs, ops, _ = _walk(signature)
     return nbufs, ops
 
 
 def unstored(signature: bytes) -> set[int]:
-    """The slots a group's kernel leaves unstored: written, but freed before the region ran and
-    read by no kernel queued after it (fusion.cpp), so their values stay in registers."""
-    end = 1 + sum(1 + KINDS[kind][1] for kind, _ in parse(signature)[1])  # past the kernels
+    """The slots a group's kernel leaves unstored: written, but their memory was freed before any
+    kernel after the region was enqueued (fusion.cpp), so their values stay in registers."""
+    end = _walk(signature)[2]
     return set(signature[end + 1:]) if end < len(signature) else set()
 
 
