@@ -35,6 +35,7 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -488,10 +489,140 @@ at::Tensor unary_floating(const at::Tensor& self) {
   return via_fallback<Name>(self).back().toTensor();
 }
 
-template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
+// ---- small IEEE elementwise ops without aliases or TensorIterator ---------------------------
+// A 16-element add spends its time on bookkeeping, not arithmetic: three CPU aliases (ZeroCopy)
+// and ATen's TensorIterator (shapes, types, strides) cost about 0.7 us over CPU's whole 1.2 us
+// op (perf, tenth session). For contiguous operands of one IEEE dtype (float, double), same-
+// shaped or a Python number, the bits of +, -, * and / are fixed by IEEE 754: one correctly
+// rounded operation per element (ATen's a + alpha * b with alpha 1 is a + b in either order of
+// evaluation; a number is first cast to the dtype, as TensorIterator casts it). A loop over the
+// device bytes gives ATen's result without either. The one freedom IEEE leaves, which NaN's
+// payload a NaN-NaN operation returns, ATen itself varies by path (its 5- and 16-element muls
+// return different operands'). Above kSmallNumel elements ATen's wider vectors win.
+enum class Arith { Add, Sub, Mul, Div };
+constexpr int64_t kSmallNumel = 2048;
+
+template <Arith K, class V> inline V arith(V a, V b) {
+  if constexpr (K == Arith::Add) return a + b;
+  else if constexpr (K == Arith::Sub) return a - b;
+  else if constexpr (K == Arith::Mul) return a * b;
+  else return a / b;
+}
+
+// GCC's portable vector types, 32 bytes: two SSE2 (or NEON) operations where the build targets no
+// wider ISA. (The attribute is dropped on a type that depends on a template parameter.)
+typedef float F32x8 __attribute__((vector_size(32)));
+typedef double F64x4 __attribute__((vector_size(32)));
+template <class Tp> struct Vec32;
+template <> struct Vec32<float> { using type = F32x8; };
+template <> struct Vec32<double> { using type = F64x4; };
+
+// o[i] = a[i] (op) b[i], or a[i] (op) *number when b is null. o may be a (in place) or b.
+template <Arith K, class Tp>
+void arith_loop(const Tp* a, const Tp* b, Tp number, Tp* o, int64_t n) {
+  using V = typename Vec32<Tp>::type;
+  static_assert(sizeof(V) == 32, "a vector type, not a scalar");
+  constexpr int64_t kLanes = 32 / sizeof(Tp);
+  V splat;  // element by element: V{} + number would turn -0.0 into +0.0
+  for (int64_t j = 0; j < kLanes; ++j) splat[j] = number;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {  // memcpy: unaligned-safe; both loads precede the store
+    V x, y = splat;
+    std::memcpy(&x, a + i, sizeof(V));
+    if (b != nullptr) std::memcpy(&y, b + i, sizeof(V));
+    const V r = arith<K>(x, y);
+    std::memcpy(o + i, &r, sizeof(V));
+  }
+  for (; i < n; ++i) o[i] = arith<K>(a[i], b != nullptr ? b[i] : number);
+}
+
+// A real Python number (a wrapped-number CPU tensor) cast to Tp as TensorIterator casts it;
+// false for a complex one (it promotes the result).
+template <class Tp> bool number_as(const at::Tensor& t, Tp* v) {
+  switch (t.scalar_type()) {
+    case at::kDouble: *v = static_cast<Tp>(*t.const_data_ptr<double>()); return true;
+    case at::kLong: *v = static_cast<Tp>(*t.const_data_ptr<int64_t>()); return true;
+    case at::kBool: *v = *t.const_data_ptr<bool>() ? Tp(1) : Tp(0); return true;
+    default: return false;
+  }
+}
+
+bool small_operand(const at::Tensor& t, const at::Tensor& ref) {
+  return t.is_privateuseone() && t.scalar_type() == ref.scalar_type() && t.device() == ref.device() &&
+         t.is_contiguous() && t.sizes() == ref.sizes() && !t._is_zerotensor();
+}
+
+// `self (op) other` into a fresh tensor (dst null) or into `*dst` (= self, in place), computed
+// here; false if the call does not qualify (then the general path runs, and raises what it
+// raises). `result` receives the output.
+template <const char* Name, Arith K>
+bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Scalar* alpha, const at::Tensor* dst,
+                  at::Tensor* result) {
+  if (!self.is_privateuseone()) return false;
+  const c10::ScalarType dt = self.scalar_type();
+  const int64_t n = self.numel();
+  if ((dt != at::kFloat && dt != at::kDouble) || n == 0 || n > kSmallNumel || !self.is_contiguous() ||
+      self._is_zerotensor()) {
+    return false;
+  }
+  const bool number = is_number(other);  // real numbers never promote a float or double tensor
+  if (!number && !small_operand(other, self)) return false;
+  // In place over a partially overlapping operand: ATen raises.
+  if (dst != nullptr && !number && partially_overlap(self, other)) return false;
+  if (alpha != nullptr && (alpha->isSymbolic() || !alpha->equal(1))) return false;
+  // The profiler records a kernel with its tensors (ZeroCopy).
+  if (C10_UNLIKELY(neuron::rt::trace::active())) return false;
+  float nf = 0.f;
+  double nd = 0.0;
+  if (number && !(dt == at::kFloat ? number_as(other, &nf) : number_as(other, &nd))) return false;
+  const int device = self.device().index();
+  if (dst != nullptr) {
+    *result = *dst;
+  } else {
+    CurrentDevice guard(device);
+    *result = at::detail::empty_generic(self.sizes(), device_allocator(),
+                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt, std::nullopt);
+  }
+  auto run = [n, dt, nf, nd, a = self.const_data_ptr(), b = number ? nullptr : other.const_data_ptr(),
+              o = result->mutable_data_ptr()] {
+    track_hot(Name);
+    if (dt == at::kFloat) {
+      arith_loop<K>(static_cast<const float*>(a), static_cast<const float*>(b), nf, static_cast<float*>(o), n);
+    } else {
+      arith_loop<K>(static_cast<const double*>(a), static_cast<const double*>(b), nd, static_cast<double*>(o), n);
+    }
+  };
+  if (may_enqueue()) {
+    // Raw pointers are what a queued kernel's aliases are (release_tensors, zero_copy.h): the
+    // stream-ordered allocator hands a freed block only to later kernels.
+    enqueue_kernel(device, Name, run,
+                   fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha) : nullptr);
+  } else {
+    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
+    run();
+  }
+  return true;
+}
+
+// The in-place forms: the small path, else the general one (HotInplace).
+template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Tensor&, const at::Scalar&)>
+at::Tensor& inplace_alpha(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  at::Tensor r;
+  if (small_binary<Name, K>(self, other, &alpha, &self, &r)) return self;
+  return HotInplace<const at::Tensor&, const at::Scalar&>::template call<F, Name>(self, other, alpha);
+}
+template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Tensor&)>
+at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
+  at::Tensor r;
+  if (small_binary<Name, K>(self, other, nullptr, &self, &r)) return self;
+  return HotInplace<const at::Tensor&>::template call<F, Name>(self, other);
+}
+
+template <const char* Name, Arith K, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
+  if (at::Tensor r; small_binary<Name, K>(self, other, &alpha, nullptr, &r)) return r;
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, [alpha](at::Tensor& o, const at::Tensor& a,
                                                                      const at::Tensor& b) { Out(o, a, b, alpha); });
       r.defined()) {
@@ -504,10 +635,11 @@ at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const a
                      [&] { return Func(a, b, alpha); });
 }
 
-template <const char* Name, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&),
+template <const char* Name, Arith K, bool TrueDivide, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
+  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, nullptr, &r)) return r;
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, [](at::Tensor& o, const at::Tensor& a,
                                                                const at::Tensor& b) { Out(o, a, b); });
       r.defined()) {
@@ -585,14 +717,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 
   // Hot ops.
-  m.impl("add.Tensor", TORCH_FN((binary_alpha<kAdd, &at::cpu::add_out, &at::cpu::add>)));
-  m.impl("sub.Tensor", TORCH_FN((binary_alpha<kSub, &at::cpu::sub_out, &at::cpu::sub>)));
-  m.impl("mul.Tensor", TORCH_FN((binary<kMul, false, &at::cpu::mul_out, &at::cpu::mul>)));
-  m.impl("div.Tensor", TORCH_FN((binary<kDiv, true, &at::cpu::div_out, &at::cpu::div>)));
-  m.impl("add_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::add_, kAdd_>)));
-  m.impl("sub_.Tensor", TORCH_FN((HotInplace<CT, S>::call<&at::cpu::sub_, kSub_>)));
-  m.impl("mul_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::mul_, kMul_>)));
-  m.impl("div_.Tensor", TORCH_FN((HotInplace<CT>::call<&at::cpu::div_, kDiv_>)));
+  m.impl("add.Tensor", TORCH_FN((binary_alpha<kAdd, Arith::Add, &at::cpu::add_out, &at::cpu::add>)));
+  m.impl("sub.Tensor", TORCH_FN((binary_alpha<kSub, Arith::Sub, &at::cpu::sub_out, &at::cpu::sub>)));
+  m.impl("mul.Tensor", TORCH_FN((binary<kMul, Arith::Mul, false, &at::cpu::mul_out, &at::cpu::mul>)));
+  m.impl("div.Tensor", TORCH_FN((binary<kDiv, Arith::Div, true, &at::cpu::div_out, &at::cpu::div>)));
+  m.impl("add_.Tensor", TORCH_FN((inplace_alpha<kAdd_, Arith::Add, &at::cpu::add_>)));
+  m.impl("sub_.Tensor", TORCH_FN((inplace_alpha<kSub_, Arith::Sub, &at::cpu::sub_>)));
+  m.impl("mul_.Tensor", TORCH_FN((inplace<kMul_, Arith::Mul, &at::cpu::mul_>)));
+  m.impl("div_.Tensor", TORCH_FN((inplace<kDiv_, Arith::Div, &at::cpu::div_>)));
   m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out>)));
   m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList",

@@ -1,0 +1,195 @@
+"""Small elementwise ops (csrc/backend/ops.cpp, small_binary): +, -, * and / over contiguous
+float and double operands of up to 2048 elements, same-shaped or a Python number, computed by a
+loop over the device bytes instead of ATen's TensorIterator over CPU aliases. Their results are
+ATen's bit for bit, run synchronously or queued on the execution engine; everything the loop does
+not cover (alpha, broadcasting, overlap, other dtypes) takes the general path and behaves as CPU.
+"""
+
+import math
+
+import pytest
+import torch
+
+import torchneuron
+
+DEV = "neuron"
+engine = torch.neuron.engine
+OPS = (torch.add, torch.sub, torch.mul, torch.div)
+IN_PLACE = ("add_", "sub_", "mul_", "div_")
+# Across the loop's vector width (8 floats, 4 doubles), its remainder and the 2048 limit.
+SIZES = (1, 3, 4, 7, 8, 9, 16, 33, 2048, 2049)
+NUMBERS = (0.5, 3, -7, 0.1, -0.0, 1e40, 1e-320, 2**53 + 1, 2**63 - 1, True, math.inf, math.nan)
+
+
+@pytest.fixture(params=["sync", "engine"], autouse=True)
+def mode(request):
+    was = engine.is_enabled()
+    engine.set_enabled(request.param == "engine")
+    yield request.param
+    try:
+        engine.synchronize()
+    finally:
+        engine.set_enabled(was)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def assert_same_bits(neuron: torch.Tensor, cpu: torch.Tensor) -> None:
+    assert neuron.device.type == DEV
+    assert neuron.dtype == cpu.dtype and neuron.shape == cpu.shape
+    assert torch.equal(bits(neuron), bits(cpu)), (neuron.cpu(), cpu)
+
+
+def operands(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n)
+    # Magnitudes over the whole range, so rounding, overflow and subnormals all occur.
+    a = torch.randn(n, generator=gen, dtype=dtype) * torch.exp(torch.randn(n, generator=gen, dtype=dtype) * 20)
+    b = torch.randn(n, generator=gen, dtype=dtype) * torch.exp(torch.randn(n, generator=gen, dtype=dtype) * 20)
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-40, 3.4e38], dtype=dtype)
+    k = min(n, len(specials))
+    a[:k], b[:k] = specials[:k], specials.flip(0)[:k]
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
+def test_a_small_op_matches_cpu_bit_for_bit(op, n, dtype):
+    a, b = operands(n, dtype)
+    assert_same_bits(op(a.to(DEV), b.to(DEV)), op(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("method", IN_PLACE)
+def test_a_small_in_place_op_matches_cpu_bit_for_bit(method, n, dtype):
+    a, b = operands(n, dtype)
+    x = a.to(DEV)
+    ret = getattr(x, method)(b.to(DEV))
+    assert ret is x
+    assert_same_bits(x, getattr(a.clone(), method)(b))
+
+
+@pytest.mark.parametrize("n", [3, 16])  # the loop's remainder, then its vectors
+@pytest.mark.parametrize("number", NUMBERS, ids=repr)
+@pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
+def test_a_python_number_is_cast_to_the_dtype_as_cpu_casts_it(op, number, n):
+    if number is True and op is torch.sub:
+        pytest.skip("CPU refuses to subtract a bool")
+    a, _ = operands(n, torch.float32)
+    assert_same_bits(op(a.to(DEV), number), op(a, number))
+
+
+@pytest.mark.parametrize("number", NUMBERS, ids=repr)
+@pytest.mark.parametrize("method", IN_PLACE)
+def test_an_in_place_op_with_a_python_number_matches_cpu(method, number):
+    if number is True and method == "sub_":
+        pytest.skip("CPU refuses to subtract a bool")
+    a, _ = operands(16, torch.float64)
+    x = a.to(DEV)
+    getattr(x, method)(number)
+    assert_same_bits(x, getattr(a.clone(), method)(number))
+
+
+def test_an_operand_may_be_the_tensor_written():
+    a, _ = operands(16, torch.float32)
+    x = a.to(DEV)
+    x.mul_(x)
+    flat = x.view(4, 4).view(-1)  # another tensor over the same bytes
+    x.add_(flat)
+    expected = a * a
+    expected += expected
+    assert_same_bits(x, expected)
+
+
+def test_an_operand_may_be_passed_twice():
+    a, _ = operands(33, torch.float32)
+    x = a.to(DEV)
+    assert_same_bits(x - x, a - a)
+
+
+@pytest.mark.parametrize("alpha", [2, 0.5, -3])
+def test_alpha_other_than_one_matches_cpu(alpha):
+    a, b = operands(16, torch.float32)
+    assert_same_bits(torch.add(a.to(DEV), b.to(DEV), alpha=alpha), torch.add(a, b, alpha=alpha))
+    assert_same_bits(torch.sub(a.to(DEV), b.to(DEV), alpha=alpha), torch.sub(a, b, alpha=alpha))
+    x = a.to(DEV)
+    x.add_(b.to(DEV), alpha=alpha)
+    assert_same_bits(x, a.clone().add_(b, alpha=alpha))
+
+
+def test_broadcasting_and_strided_operands_match_cpu():
+    a = torch.randn(4, 4)
+    row = torch.randn(4)
+    assert_same_bits(a.to(DEV) * row.to(DEV), a * row)
+    an = a.to(DEV)
+    assert_same_bits(an.t() + an, a.t() + a)
+    assert_same_bits(an + an.t(), a + a.t())
+    x = torch.randn(4, 4)
+    xn = x.to(DEV)
+    xn.mul_(an.t())
+    assert_same_bits(xn, x * a.t())
+
+
+def test_a_partially_overlapping_in_place_operand_raises_as_on_cpu():
+    x = torch.randn(16)
+    with pytest.raises(RuntimeError, match="unsupported operation") as on_cpu:
+        x[1:].add_(x[:-1])
+    xn = torch.randn(16, device=DEV)
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        xn[1:].add_(xn[:-1])
+    assert "single memory location" in str(on_cpu.value)
+
+
+def test_a_cpu_operand_raises_a_device_mismatch():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(16, device=DEV) + torch.randn(16)
+
+
+def test_operands_on_two_neuron_devices_raise_a_device_mismatch():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(16, device="neuron:0") * torch.randn(16, device="neuron:1")
+
+
+def test_the_result_is_on_its_operands_device():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    a = torch.randn(16, device="neuron:1")
+    with torch.neuron.device(0):
+        r = a + a
+    assert r.device == torch.device("neuron:1")
+    assert_same_bits(r, a.cpu() + a.cpu())
+
+
+def test_small_ops_are_counted_as_executed():
+    a = torch.randn(16, device=DEV)
+    torch.neuron.synchronize()
+    torchneuron.clear_op_tracking()
+    _ = a + a
+    a.mul_(2)
+    torch.neuron.synchronize()
+    ops = torchneuron.get_executed_ops()
+    assert ops.get("aten::add.Tensor") == 1 and ops.get("aten::mul_.Tensor") == 1
+
+
+def test_a_queued_small_op_reads_what_earlier_queued_work_wrote(mode):
+    big = torch.ones(1 << 22, device=DEV)
+    y = torch.ones(16, device=DEV)
+    for _ in range(5):
+        big.mul_(1.0001)  # a few milliseconds queued ahead
+    y.mul_(3)
+    z = y + 1
+    if mode == "engine":
+        assert not torch.neuron.current_stream().query()  # z returned before its kernel ran
+    assert_same_bits(z, torch.full((16,), 4.0))
+
+
+def test_a_complex_number_promotes_as_on_cpu():
+    a, _ = operands(16, torch.float32)
+    r = a.to(DEV) * 2j
+    assert r.dtype == torch.complex64
+    torch.testing.assert_close(r.cpu(), a * 2j, rtol=0, atol=0, equal_nan=True)
