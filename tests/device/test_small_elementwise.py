@@ -193,3 +193,25 @@ def test_a_complex_number_promotes_as_on_cpu():
     r = a.to(DEV) * 2j
     assert r.dtype == torch.complex64
     torch.testing.assert_close(r.cpu(), a * 2j, rtol=0, atol=0, equal_nan=True)
+
+
+def test_gradients_through_small_ops_match_cpu_bit_for_bit():
+    def run(device):
+        gen = torch.Generator().manual_seed(3)
+        a = torch.randn(16, generator=gen).to(device).requires_grad_()
+        b = (torch.rand(16, generator=gen) + 0.5).to(device).requires_grad_()
+        y = ((a * b - a) / b + 2.5) * a
+        y.backward(torch.ones(16, device=device))
+        return y.detach(), a.grad, b.grad
+
+    for got, want in zip(run(DEV), run("cpu")):
+        assert_same_bits(got, want)
+
+
+def test_an_in_place_op_on_a_tensor_saved_for_backward_is_detected():
+    a = torch.randn(16, device=DEV, requires_grad=True)
+    h = a * 2
+    y = h * h  # saves h for backward
+    h.add_(1)  # bumps h's version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
