@@ -6,6 +6,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
@@ -498,8 +499,11 @@ at::Tensor unary_floating(const at::Tensor& self) {
 // evaluation; a number is first cast to the dtype, as TensorIterator casts it). A loop over the
 // device bytes gives ATen's result without either. The one freedom IEEE leaves, which NaN's
 // payload a NaN-NaN operation returns, ATen itself varies by path (its 5- and 16-element muls
-// return different operands'). Above kSmallNumel elements ATen's wider vectors win.
-enum class Arith { Add, Sub, Mul, Div };
+// return different operands'). Comparisons (==, !=, <, <=, >, >=) are exact too, NaN
+// unordered as in ATen's kernels; they write bool. Above kSmallNumel elements ATen's wider
+// vectors win.
+enum class Arith { Add, Sub, Mul, Div, Eq, Ne, Lt, Le, Gt, Ge };
+constexpr bool is_comparison(Arith k) { return k >= Arith::Eq; }
 constexpr int64_t kSmallNumel = 2048;
 
 template <Arith K, class V> inline V arith(V a, V b) {
@@ -507,6 +511,15 @@ template <Arith K, class V> inline V arith(V a, V b) {
   else if constexpr (K == Arith::Sub) return a - b;
   else if constexpr (K == Arith::Mul) return a * b;
   else return a / b;
+}
+
+template <Arith K, class Tp> inline bool compare(Tp a, Tp b) {
+  if constexpr (K == Arith::Eq) return a == b;
+  else if constexpr (K == Arith::Ne) return a != b;
+  else if constexpr (K == Arith::Lt) return a < b;
+  else if constexpr (K == Arith::Le) return a <= b;
+  else if constexpr (K == Arith::Gt) return a > b;
+  else return a >= b;
 }
 
 // GCC's portable vector types, 32 bytes: two SSE2 (or NEON) operations where the build targets no
@@ -534,6 +547,16 @@ void arith_loop(const Tp* a, const Tp* b, Tp number, Tp* o, int64_t n) {
     std::memcpy(o + i, &r, sizeof(V));
   }
   for (; i < n; ++i) o[i] = arith<K>(a[i], b != nullptr ? b[i] : number);
+}
+
+// o[i] = a[i] (cmp) b[i], or a[i] (cmp) number when b is null.
+template <Arith K, class Tp>
+void compare_loop(const Tp* a, const Tp* b, Tp number, bool* o, int64_t n) {
+  if (b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) o[i] = compare<K>(a[i], b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = compare<K>(a[i], number);
+  }
 }
 
 // A real Python number (a wrapped-number CPU tensor) cast to Tp as TensorIterator casts it;
@@ -581,22 +604,31 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
   } else {
     CurrentDevice guard(device);
     *result = at::detail::empty_generic(self.sizes(), device_allocator(),
-                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt, std::nullopt);
+                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                        is_comparison(K) ? at::kBool : dt, std::nullopt);
   }
   auto run = [n, dt, nf, nd, a = self.const_data_ptr(), b = number ? nullptr : other.const_data_ptr(),
               o = result->mutable_data_ptr()] {
     track_hot(Name);
-    if (dt == at::kFloat) {
-      arith_loop<K>(static_cast<const float*>(a), static_cast<const float*>(b), nf, static_cast<float*>(o), n);
+    const auto* fa = static_cast<const float*>(a);
+    const auto* fb = static_cast<const float*>(b);
+    const auto* da = static_cast<const double*>(a);
+    const auto* db = static_cast<const double*>(b);
+    if constexpr (is_comparison(K)) {
+      if (dt == at::kFloat) compare_loop<K>(fa, fb, nf, static_cast<bool*>(o), n);
+      else compare_loop<K>(da, db, nd, static_cast<bool*>(o), n);
     } else {
-      arith_loop<K>(static_cast<const double*>(a), static_cast<const double*>(b), nd, static_cast<double*>(o), n);
+      if (dt == at::kFloat) arith_loop<K>(fa, fb, nf, static_cast<float*>(o), n);
+      else arith_loop<K>(da, db, nd, static_cast<double*>(o), n);
     }
   };
   if (may_enqueue()) {
     // Raw pointers are what a queued kernel's aliases are (release_tensors, zero_copy.h): the
-    // stream-ordered allocator hands a freed block only to later kernels.
+    // stream-ordered allocator hands a freed block only to later kernels. (The fuser takes
+    // arithmetic only.)
     enqueue_kernel(device, Name, run,
-                   fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha) : nullptr);
+                   !is_comparison(K) && fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha)
+                                                          : nullptr);
   } else {
     if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
     run();
@@ -616,6 +648,23 @@ at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
   at::Tensor r;
   if (small_binary<Name, K>(self, other, nullptr, &self, &r)) return self;
   return HotInplace<const at::Tensor&>::template call<F, Name>(self, other);
+}
+
+// Comparisons: the small path, else the boxed fallback (as before they had a kernel here). A
+// Python number arrives as a Scalar; it is wrapped as ATen's meta function wraps it.
+template <const char* Name, Arith K>
+at::Tensor comparison(const at::Tensor& self, const at::Tensor& other) {
+  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, nullptr, &r)) return r;
+  return via_fallback<Name>(self, other).back().toTensor();
+}
+template <const char* Name, Arith K>
+at::Tensor comparison_scalar(const at::Tensor& self, const at::Scalar& other) {
+  if (self.is_privateuseone() && !other.isSymbolic() && self.numel() <= kSmallNumel) {
+    at::Tensor number = c10::scalar_to_tensor(other);
+    number.unsafeGetTensorImpl()->set_wrapped_number(true);
+    if (at::Tensor r; small_binary<Name, K>(self, number, nullptr, nullptr, &r)) return r;
+  }
+  return via_fallback<Name>(self, other).back().toTensor();
 }
 
 template <const char* Name, Arith K, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
@@ -690,6 +739,18 @@ HOT_NAME(kSilu, "aten::silu")
 HOT_NAME(kRelu, "aten::relu")
 HOT_NAME(kThresholdBwd, "aten::threshold_backward")
 HOT_NAME(kIndexSelect, "aten::index_select")
+HOT_NAME(kEq, "aten::eq.Tensor")
+HOT_NAME(kNe, "aten::ne.Tensor")
+HOT_NAME(kLt, "aten::lt.Tensor")
+HOT_NAME(kLe, "aten::le.Tensor")
+HOT_NAME(kGt, "aten::gt.Tensor")
+HOT_NAME(kGe, "aten::ge.Tensor")
+HOT_NAME(kEqS, "aten::eq.Scalar")
+HOT_NAME(kNeS, "aten::ne.Scalar")
+HOT_NAME(kLtS, "aten::lt.Scalar")
+HOT_NAME(kLeS, "aten::le.Scalar")
+HOT_NAME(kGtS, "aten::gt.Scalar")
+HOT_NAME(kGeS, "aten::ge.Scalar")
 #undef HOT_NAME
 
 using T = at::Tensor;
@@ -726,6 +787,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mul_.Tensor", TORCH_FN((inplace<kMul_, Arith::Mul, &at::cpu::mul_>)));
   m.impl("div_.Tensor", TORCH_FN((inplace<kDiv_, Arith::Div, &at::cpu::div_>)));
   m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out>)));
+  m.impl("eq.Tensor", TORCH_FN((comparison<kEq, Arith::Eq>)));
+  m.impl("ne.Tensor", TORCH_FN((comparison<kNe, Arith::Ne>)));
+  m.impl("lt.Tensor", TORCH_FN((comparison<kLt, Arith::Lt>)));
+  m.impl("le.Tensor", TORCH_FN((comparison<kLe, Arith::Le>)));
+  m.impl("gt.Tensor", TORCH_FN((comparison<kGt, Arith::Gt>)));
+  m.impl("ge.Tensor", TORCH_FN((comparison<kGe, Arith::Ge>)));
+  m.impl("eq.Scalar", TORCH_FN((comparison_scalar<kEqS, Arith::Eq>)));
+  m.impl("ne.Scalar", TORCH_FN((comparison_scalar<kNeS, Arith::Ne>)));
+  m.impl("lt.Scalar", TORCH_FN((comparison_scalar<kLtS, Arith::Lt>)));
+  m.impl("le.Scalar", TORCH_FN((comparison_scalar<kLeS, Arith::Le>)));
+  m.impl("gt.Scalar", TORCH_FN((comparison_scalar<kGtS, Arith::Gt>)));
+  m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge>)));
   m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<

@@ -1,5 +1,5 @@
-"""Small elementwise ops (csrc/backend/ops.cpp, small_binary): +, -, * and / over contiguous
-float and double operands of up to 2048 elements, same-shaped or a Python number, computed by a
+"""Small elementwise ops (csrc/backend/ops.cpp, small_binary): +, -, *, / and the comparisons
+over contiguous float and double operands of up to 2048 elements, same-shaped or a Python number, computed by a
 loop over the device bytes instead of ATen's TensorIterator over CPU aliases. Their results are
 ATen's bit for bit, run synchronously or queued on the execution engine; everything the loop does
 not cover (alpha, broadcasting, overlap, other dtypes) takes the general path and behaves as CPU.
@@ -15,6 +15,7 @@ import torchneuron
 DEV = "neuron"
 engine = torch.neuron.engine
 OPS = (torch.add, torch.sub, torch.mul, torch.div)
+COMPARISONS = (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)
 IN_PLACE = ("add_", "sub_", "mul_", "div_")
 # Across the loop's vector width (8 floats, 4 doubles), its remainder and the 2048 limit.
 SIZES = (1, 3, 4, 7, 8, 9, 16, 33, 2048, 2049)
@@ -215,3 +216,32 @@ def test_an_in_place_op_on_a_tensor_saved_for_backward_is_detected():
     h.add_(1)  # bumps h's version
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 16, 2048, 2049])
+@pytest.mark.parametrize("op", COMPARISONS, ids=lambda f: f.__name__)
+def test_a_small_comparison_matches_cpu(op, n, dtype):
+    a, b = operands(n, dtype)
+    b[8:] = a[8:].where(torch.arange(n - 8 if n > 8 else 0) % 3 == 0, b[8:])  # some equal pairs
+    got, want = op(a.to(DEV), b.to(DEV)), op(a, b)
+    assert got.device.type == DEV and got.dtype == torch.bool
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("number", NUMBERS, ids=repr)
+@pytest.mark.parametrize("op", COMPARISONS, ids=lambda f: f.__name__)
+def test_a_comparison_with_a_python_number_casts_it_to_the_dtype_first(op, number):
+    a, _ = operands(16, torch.float32)
+    a[10] = 0.1  # float32(0.1) == 0.1 on CPU: the number is cast to float32 before comparing
+    got, want = op(a.to(DEV), number), op(a, number)
+    assert got.dtype == torch.bool and torch.equal(got.cpu(), want)
+
+
+def test_comparisons_the_loop_does_not_take_match_cpu():
+    i = torch.arange(16)
+    assert torch.equal((i.to(DEV) > 7).cpu(), i > 7)  # integers
+    x = torch.randn(4, 4)
+    assert torch.equal((x.to(DEV) < x[0].to(DEV)).cpu(), x < x[0])  # broadcasting
+    assert torch.equal((x.to(DEV) == 1j).cpu(), x == 1j)  # a complex number promotes
+    assert torch.equal((x.to(DEV) >= x.double().to(DEV)).cpu(), x >= x.double())  # mixed dtypes
