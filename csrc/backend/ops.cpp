@@ -215,8 +215,40 @@ bool enqueue_pinned_copy(const at::Tensor& self, const at::Tensor& dst) {
   return true;
 }
 
+// A small copy between dense neuron tensors of one device and one dtype is a memmove of the
+// bytes: no aliases, no TensorIterator, and with the engine on it is queued like any kernel
+// (a device-to-device copy otherwise runs the queue first). Up to 128 KiB, below ATen's own
+// parallel copy. Conjugate/negative views (resolved by the copy), zero tensors, partial
+// overlap (ATen raises) and profiling (which records the copy) take the general path.
+constexpr int64_t kSmallCopyBytes = 128 << 10;
+
+bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (!src.is_privateuseone() || !dst.is_privateuseone() || src.device() != dst.device() ||
+      src.scalar_type() != dst.scalar_type() || src.sizes() != dst.sizes() || !src.is_contiguous() ||
+      !dst.is_contiguous() || src.is_conj() || dst.is_conj() || src.is_neg() || dst.is_neg() ||
+      src._is_zerotensor() || dst._is_zerotensor()) {
+    return false;
+  }
+  const int64_t nbytes = dst.numel() * static_cast<int64_t>(dst.element_size());
+  if (nbytes == 0 || nbytes > kSmallCopyBytes || partially_overlap(dst, src) ||
+      C10_UNLIKELY(neuron::rt::trace::active())) {
+    return false;
+  }
+  auto run = [from = src.const_data_ptr(), to = dst.mutable_data_ptr(), nbytes] {
+    std::memmove(to, from, static_cast<size_t>(nbytes));
+  };
+  if (may_enqueue()) {
+    enqueue_kernel(dst.device().index(), "Memcpy DtoD", run);  // raw pointers: see small_binary
+  } else {
+    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
+    run();
+  }
+  return true;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   using neuron::rt::trace::CopyKind;
+  if (small_copy(self, dst)) return dst;
   if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
     // neuron:i -> neuron:j is a legal copy, unlike an op mixing devices: alias each side alone.
     ZeroCopy zs, zd;

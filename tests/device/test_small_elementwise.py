@@ -245,3 +245,70 @@ def test_comparisons_the_loop_does_not_take_match_cpu():
     assert torch.equal((x.to(DEV) < x[0].to(DEV)).cpu(), x < x[0])  # broadcasting
     assert torch.equal((x.to(DEV) == 1j).cpu(), x == 1j)  # a complex number promotes
     assert torch.equal((x.to(DEV) >= x.double().to(DEV)).cpu(), x >= x.double())  # mixed dtypes
+
+
+# ---- small device-to-device copies (ops.cpp, small_copy) ----------------------------------------
+
+COPY_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool,
+               torch.complex64]
+
+
+def filled(n: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(n)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=gen) > 0.5
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(n, generator=gen, dtype=dtype)
+    return torch.randint(-100, 100, (n,), generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 32768, 32769])  # 32768 float32 = the 128 KiB limit
+@pytest.mark.parametrize("dtype", COPY_DTYPES, ids=str)
+def test_a_device_to_device_copy_is_exact(dtype, n):
+    x = filled(n, dtype)
+    src = x.to(DEV)
+    dst = torch.zeros(n, dtype=dtype, device=DEV)
+    assert dst.copy_(src) is dst
+    assert torch.equal(dst.cpu(), x)
+    c = src.clone()
+    assert c.data_ptr() != src.data_ptr() and torch.equal(c.cpu(), x)
+
+
+def test_copies_the_memmove_does_not_take_match_cpu():
+    x = torch.randn(8, 8)
+    xn = x.to(DEV)
+    assert torch.equal(torch.empty(8, 8, device=DEV).copy_(xn.t()).cpu(), x.t().contiguous())  # strided
+    assert torch.equal(torch.empty(8, 8, dtype=torch.float64, device=DEV).copy_(xn).cpu(), x.double())  # cast
+    z = torch.randn(16, dtype=torch.complex64)
+    out = torch.empty(16, dtype=torch.complex64, device=DEV).copy_(z.to(DEV).conj())  # a conjugate view
+    assert torch.equal(out.cpu(), z.conj().resolve_conj())
+
+
+def test_a_copy_onto_itself_changes_nothing():
+    x = torch.randn(16)
+    xn = x.to(DEV)
+    xn.copy_(xn)
+    xn.copy_(xn.view(4, 4).view(16))
+    assert torch.equal(xn.cpu(), x)
+
+
+def test_a_partially_overlapping_copy_raises_as_on_cpu():
+    x = torch.randn(16)
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        x[1:].copy_(x[:-1])
+    xn = torch.randn(16, device=DEV)
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        xn[1:].copy_(xn[:-1])
+
+
+def test_a_queued_copy_reads_what_earlier_queued_work_wrote(mode):
+    big = torch.ones(1 << 22, device=DEV)
+    x = torch.ones(16, device=DEV)
+    for _ in range(5):
+        big.mul_(1.0001)
+    x.mul_(3)
+    y = x.clone()
+    if mode == "engine":
+        assert not torch.neuron.current_stream().query()  # the copy did not wait for the queue
+    x.zero_()  # after the copy: y keeps 3
+    assert torch.equal(y.cpu(), torch.full((16,), 3.0))
