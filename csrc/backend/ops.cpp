@@ -699,6 +699,32 @@ at::Tensor comparison_scalar(const at::Tensor& self, const at::Scalar& other) {
   return via_fallback<Name>(self, other).back().toTensor();
 }
 
+// zero_ (torch.zeros, zero_grad without set_to_none) of a small contiguous tensor: a memset,
+// whatever the dtype (every dtype's zero is all-zero bits), queued on the engine like the copies
+// above. (Negative and conjugate views never arrive here: their dispatch keys run the op on a
+// resolved tensor and write back, -0.0 as on CPU.) A zero tensor and profiling (a "Memset"
+// activity) take the boxed fallback as before.
+template <const char* Name>
+at::Tensor& zero_(at::Tensor& self) {
+  const int64_t nbytes = self.numel() * static_cast<int64_t>(self.element_size());
+  if (!self.is_privateuseone() || !self.is_contiguous() || self._is_zerotensor() || nbytes == 0 ||
+      nbytes > kSmallCopyBytes || C10_UNLIKELY(neuron::rt::trace::active())) {
+    via_fallback<Name>(self);
+    return self;
+  }
+  auto run = [to = self.mutable_data_ptr(), nbytes] {
+    track_hot(Name);
+    std::memset(to, 0, static_cast<size_t>(nbytes));
+  };
+  if (may_enqueue()) {
+    enqueue_kernel(self.device().index(), Name, run);
+  } else {
+    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
+    run();
+  }
+  return self;
+}
+
 template <const char* Name, Arith K, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&),
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
@@ -783,6 +809,7 @@ HOT_NAME(kLtS, "aten::lt.Scalar")
 HOT_NAME(kLeS, "aten::le.Scalar")
 HOT_NAME(kGtS, "aten::gt.Scalar")
 HOT_NAME(kGeS, "aten::ge.Scalar")
+HOT_NAME(kZero_, "aten::zero_")
 #undef HOT_NAME
 
 using T = at::Tensor;
@@ -831,6 +858,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("le.Scalar", TORCH_FN((comparison_scalar<kLeS, Arith::Le>)));
   m.impl("gt.Scalar", TORCH_FN((comparison_scalar<kGtS, Arith::Gt>)));
   m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge>)));
+  m.impl("zero_", TORCH_FN(zero_<kZero_>));
   m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList",
          TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<

@@ -312,3 +312,46 @@ def test_a_queued_copy_reads_what_earlier_queued_work_wrote(mode):
         assert not torch.neuron.current_stream().query()  # the copy did not wait for the queue
     x.zero_()  # after the copy: y keeps 3
     assert torch.equal(y.cpu(), torch.full((16,), 3.0))
+
+
+# ---- zero_ (ops.cpp, zero_) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 32768, 32769])  # 32768 float32 = the 128 KiB limit
+@pytest.mark.parametrize("dtype", COPY_DTYPES, ids=str)
+def test_zero__and_zeros_write_zeros_of_every_dtype(dtype, n):
+    x = filled(n, dtype).to(DEV)
+    assert x.zero_() is x
+    assert torch.equal(x.cpu(), torch.zeros(n, dtype=dtype))
+    assert torch.equal(torch.zeros(n, dtype=dtype, device=DEV).cpu(), torch.zeros(n, dtype=dtype))
+
+
+def test_zero__of_views_matches_cpu():
+    x = torch.randn(8, 8)
+    xn = x.to(DEV)
+    x[:, 2].zero_()  # strided: the boxed fallback
+    xn[:, 2].zero_()
+    x[3].zero_()  # a contiguous row inside a larger storage
+    xn[3].zero_()
+    assert torch.equal(xn.cpu(), x)
+    z = torch.randn(16, dtype=torch.complex64)
+    zn = z.to(DEV)
+    torch._neg_view(z).zero_()  # a negative view: CPU stores -0.0
+    torch._neg_view(zn).zero_()
+    assert torch.equal(torch.view_as_real(zn.cpu()).view(torch.int32), torch.view_as_real(z).view(torch.int32))
+    w = torch.randn(16, dtype=torch.complex64)
+    wn = w.to(DEV)
+    w.conj().zero_()  # a conjugate view: CPU stores an imaginary -0.0
+    wn.conj().zero_()
+    assert torch.equal(torch.view_as_real(wn.cpu()).view(torch.int32), torch.view_as_real(w).view(torch.int32))
+
+
+def test_a_queued_zero__runs_after_earlier_queued_work(mode):
+    big = torch.ones(1 << 22, device=DEV)
+    x = torch.ones(16, device=DEV)
+    for _ in range(5):
+        big.mul_(1.0001)
+    x.mul_(3)
+    x.zero_()
+    if mode == "engine":
+        assert not torch.neuron.current_stream().query()  # zero_ did not wait for the queue
+    assert torch.equal(x.cpu(), torch.zeros(16))

@@ -184,3 +184,13 @@ def test_a_failing_kernel_records_nothing_and_leaves_recording_usable(tmp_path):
     t = _trace(prof, tmp_path)
     assert [e["name"] for e in device_events(t, "kernel")] == ["nc::add.Tensor"]
     assert any(e.get("name") == "aten::add" for e in t["traceEvents"])  # RecordFunction back on
+
+
+def test_a_zero_fill_and_a_device_copy_are_memset_and_memcpy_activities(tmp_path):
+    x = torch.randn(16, device="neuron")
+    with profile(activities=ACTIVITIES) as prof:
+        x.zero_()
+        x.clone()
+    evs = device_events(_trace(prof, tmp_path))
+    assert [(e["cat"], e["name"]) for e in evs] == [("gpu_memset", "Memset (zero_)"),
+                                                     ("gpu_memcpy", "Memcpy DtoD")]
