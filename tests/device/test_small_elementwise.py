@@ -33,6 +33,13 @@ def mode(request):
         engine.set_enabled(was)
 
 
+def queue_slow_work() -> None:
+    """A few milliseconds of work (large, so not the small path) ahead in the queue."""
+    big = torch.ones(1 << 22, device=DEV)
+    for _ in range(5):
+        big.mul_(1.0001)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.cpu().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
 
@@ -178,10 +185,8 @@ def test_small_ops_are_counted_as_executed():
 
 
 def test_a_queued_small_op_reads_what_earlier_queued_work_wrote(mode):
-    big = torch.ones(1 << 22, device=DEV)
     y = torch.ones(16, device=DEV)
-    for _ in range(5):
-        big.mul_(1.0001)  # a few milliseconds queued ahead
+    queue_slow_work()
     y.mul_(3)
     z = y + 1
     if mode == "engine":
@@ -302,10 +307,8 @@ def test_a_partially_overlapping_copy_raises_as_on_cpu():
 
 
 def test_a_queued_copy_reads_what_earlier_queued_work_wrote(mode):
-    big = torch.ones(1 << 22, device=DEV)
     x = torch.ones(16, device=DEV)
-    for _ in range(5):
-        big.mul_(1.0001)
+    queue_slow_work()
     x.mul_(3)
     y = x.clone()
     if mode == "engine":
@@ -346,10 +349,8 @@ def test_zero__of_views_matches_cpu():
 
 
 def test_a_queued_zero__runs_after_earlier_queued_work(mode):
-    big = torch.ones(1 << 22, device=DEV)
     x = torch.ones(16, device=DEV)
-    for _ in range(5):
-        big.mul_(1.0001)
+    queue_slow_work()
     x.mul_(3)
     x.zero_()
     if mode == "engine":
