@@ -30,6 +30,18 @@ inline bool is_number(const at::Tensor& t) { return t.is_cpu() && t.unsafeGetTen
 inline bool number_keeps_dtype(const at::Tensor& ref, const at::Tensor& number) {
   return at::result_type(ref, number) == ref.scalar_type();
 }
+// A real Python number's value cast to Tp as TensorIterator casts it (static_cast); false for
+// a complex one.
+template <class Tp> bool number_value(const at::Tensor& number, Tp* out) {
+  const void* p = number.const_data_ptr();
+  switch (number.scalar_type()) {
+    case c10::ScalarType::Double: *out = static_cast<Tp>(*static_cast<const double*>(p)); return true;
+    case c10::ScalarType::Long: *out = static_cast<Tp>(*static_cast<const int64_t*>(p)); return true;
+    case c10::ScalarType::Bool: *out = *static_cast<const bool*>(p) ? Tp(1) : Tp(0); return true;
+    case c10::ScalarType::Float: *out = static_cast<Tp>(*static_cast<const float*>(p)); return true;
+    default: return false;
+  }
+}
 // Two arguments partially overlapping (an element of the other, say): CPU kernels raise for a
 // written one, so such a call runs synchronously and raises at the call.
 inline bool partially_overlap(const at::Tensor& a, const at::Tensor& b) {
@@ -46,5 +58,23 @@ std::string error_text(const std::exception& e);
 // lets the kernel run fused with its neighbours (fusion.h).
 void enqueue_kernel(int device, const char* name, std::function<void()> work,
                     neuron::rt::engine::Record record = nullptr);
+
+// A kernel an op runs itself over raw pointers to device bytes (no ZeroCopy: the small ops in
+// ops.cpp): queued when the engine is on (raw pointers are what a queued kernel's aliases are,
+// release_tensors in zero_copy.h: the stream-ordered allocator hands a freed block only to
+// later kernels), with the fusion record `record()` makes; otherwise run now, after the queue
+// (as ZeroCopy::in does for the kernels it aliases for). `record` is called only when queuing.
+template <class Work, class MakeRecord>
+void run_or_enqueue(int device, const char* name, Work&& work, MakeRecord&& record) {
+  if (may_enqueue()) {
+    enqueue_kernel(device, name, std::forward<Work>(work), record());
+    return;
+  }
+  if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();
+  work();
+}
+template <class Work> void run_or_enqueue(int device, const char* name, Work&& work) {
+  run_or_enqueue(device, name, std::forward<Work>(work), [] { return neuron::rt::engine::Record(); });
+}
 
 }  // namespace torchneuron

@@ -85,15 +85,7 @@ size_t env_limit() {
 
 // One Python number as the ATen CPU kernel reads it (a float32 kernel converts a wrapped
 // number or a Scalar to float directly from its own type).
-bool scalar_of(const at::Tensor& wrapped, float* out) {
-  switch (wrapped.scalar_type()) {
-    case c10::ScalarType::Double: *out = static_cast<float>(*static_cast<const double*>(wrapped.const_data_ptr())); return true;
-    case c10::ScalarType::Long: *out = static_cast<float>(*static_cast<const int64_t*>(wrapped.const_data_ptr())); return true;
-    case c10::ScalarType::Bool: *out = *static_cast<const bool*>(wrapped.const_data_ptr()) ? 1.f : 0.f; return true;
-    case c10::ScalarType::Float: *out = *static_cast<const float*>(wrapped.const_data_ptr()); return true;
-    default: return false;
-  }
-}
+bool scalar_of(const at::Tensor& wrapped, float* out) { return number_value(wrapped, out); }
 
 bool scalar_of(const at::Scalar& s, float* out) {
   if (s.isComplex()) return false;

@@ -220,7 +220,7 @@ bool enqueue_pinned_copy(const at::Tensor& self, const at::Tensor& dst) {
 // (a device-to-device copy otherwise runs the queue first). Up to 128 KiB, below ATen's own
 // parallel copy. Conjugate/negative views (resolved by the copy), zero tensors, partial
 // overlap (ATen raises) and profiling (which records the copy) take the general path.
-constexpr int64_t kSmallCopyBytes = 128 << 10;
+constexpr int64_t kSmallBytes = 128 << 10;  // small copies and zero fills
 
 bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
   if (!src.is_privateuseone() || !dst.is_privateuseone() || src.device() != dst.device() ||
@@ -230,19 +230,13 @@ bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
     return false;
   }
   const int64_t nbytes = dst.numel() * static_cast<int64_t>(dst.element_size());
-  if (nbytes == 0 || nbytes > kSmallCopyBytes || partially_overlap(dst, src) ||
+  if (nbytes == 0 || nbytes > kSmallBytes || partially_overlap(dst, src) ||
       C10_UNLIKELY(neuron::rt::trace::active())) {
     return false;
   }
-  auto run = [from = src.const_data_ptr(), to = dst.mutable_data_ptr(), nbytes] {
+  run_or_enqueue(dst.device().index(), "Memcpy DtoD", [from = src.const_data_ptr(), to = dst.mutable_data_ptr(), nbytes] {
     std::memmove(to, from, static_cast<size_t>(nbytes));
-  };
-  if (may_enqueue()) {
-    enqueue_kernel(dst.device().index(), "Memcpy DtoD", run);  // raw pointers: see small_binary
-  } else {
-    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
-    run();
-  }
+  });
   return true;
 }
 
@@ -591,27 +585,16 @@ void compare_loop(const Tp* a, const Tp* b, Tp number, bool* o, int64_t n) {
   }
 }
 
-// A real Python number (a wrapped-number CPU tensor) cast to Tp as TensorIterator casts it;
-// false for a complex one (it promotes the result).
-template <class Tp> bool number_as(const at::Tensor& t, Tp* v) {
-  switch (t.scalar_type()) {
-    case at::kDouble: *v = static_cast<Tp>(*t.const_data_ptr<double>()); return true;
-    case at::kLong: *v = static_cast<Tp>(*t.const_data_ptr<int64_t>()); return true;
-    case at::kBool: *v = *t.const_data_ptr<bool>() ? Tp(1) : Tp(0); return true;
-    default: return false;
-  }
-}
-
 bool small_operand(const at::Tensor& t, const at::Tensor& ref) {
   return t.is_privateuseone() && t.scalar_type() == ref.scalar_type() && t.device() == ref.device() &&
          t.is_contiguous() && t.sizes() == ref.sizes() && !t._is_zerotensor();
 }
 
-// `self (op) other` into a fresh tensor (dst null) or into `*dst` (= self, in place), computed
-// here; false if the call does not qualify (then the general path runs, and raises what it
-// raises). `result` receives the output.
+// `self (op) other` into a fresh tensor or, in place, into self, computed here; false if the call
+// does not qualify (then the general path runs, and raises what it raises). `result` receives
+// the output.
 template <const char* Name, Arith K>
-bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Scalar* alpha, const at::Tensor* dst,
+bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Scalar* alpha, bool in_place,
                   at::Tensor* result) {
   if (!self.is_privateuseone()) return false;
   const c10::ScalarType dt = self.scalar_type();
@@ -623,16 +606,16 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
   const bool number = is_number(other);  // real numbers never promote a float or double tensor
   if (!number && !small_operand(other, self)) return false;
   // In place over a partially overlapping operand: ATen raises.
-  if (dst != nullptr && !number && partially_overlap(self, other)) return false;
+  if (in_place && !number && partially_overlap(self, other)) return false;
   if (alpha != nullptr && (alpha->isSymbolic() || !alpha->equal(1))) return false;
   // The profiler records a kernel with its tensors (ZeroCopy).
   if (C10_UNLIKELY(neuron::rt::trace::active())) return false;
   float nf = 0.f;
   double nd = 0.0;
-  if (number && !(dt == at::kFloat ? number_as(other, &nf) : number_as(other, &nd))) return false;
+  if (number && !(dt == at::kFloat ? number_value(other, &nf) : number_value(other, &nd))) return false;  // complex
   const int device = self.device().index();
-  if (dst != nullptr) {
-    *result = *dst;
+  if (in_place) {
+    *result = self;
   } else {
     CurrentDevice guard(device);
     *result = at::detail::empty_generic(self.sizes(), device_allocator(),
@@ -654,17 +637,10 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
       else arith_loop<K>(da, db, nd, static_cast<double*>(o), n);
     }
   };
-  if (may_enqueue()) {
-    // Raw pointers are what a queued kernel's aliases are (release_tensors, zero_copy.h): the
-    // stream-ordered allocator hands a freed block only to later kernels. (The fuser takes
-    // arithmetic only.)
-    enqueue_kernel(device, Name, run,
-                   !is_comparison(K) && fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha)
-                                                          : nullptr);
-  } else {
-    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
-    run();
-  }
+  run_or_enqueue(device, Name, run, [&]() -> neuron::rt::engine::Record {
+    // The fuser takes arithmetic only.
+    return !is_comparison(K) && fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha) : nullptr;
+  });
   return true;
 }
 
@@ -672,13 +648,13 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
 template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor& inplace_alpha(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   at::Tensor r;
-  if (small_binary<Name, K>(self, other, &alpha, &self, &r)) return self;
+  if (small_binary<Name, K>(self, other, &alpha, /*in_place=*/true, &r)) return self;
   return HotInplace<const at::Tensor&, const at::Scalar&>::template call<F, Name>(self, other, alpha);
 }
 template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Tensor&)>
 at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
   at::Tensor r;
-  if (small_binary<Name, K>(self, other, nullptr, &self, &r)) return self;
+  if (small_binary<Name, K>(self, other, nullptr, /*in_place=*/true, &r)) return self;
   return HotInplace<const at::Tensor&>::template call<F, Name>(self, other);
 }
 
@@ -686,7 +662,7 @@ at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
 // Python number arrives as a Scalar; it is wrapped as ATen's meta function wraps it.
 template <const char* Name, Arith K>
 at::Tensor comparison(const at::Tensor& self, const at::Tensor& other) {
-  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, nullptr, &r)) return r;
+  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
   return via_fallback<Name>(self, other).back().toTensor();
 }
 template <const char* Name, Arith K>
@@ -694,7 +670,7 @@ at::Tensor comparison_scalar(const at::Tensor& self, const at::Scalar& other) {
   if (self.is_privateuseone() && !other.isSymbolic() && self.numel() <= kSmallNumel) {
     at::Tensor number = c10::scalar_to_tensor(other);
     number.unsafeGetTensorImpl()->set_wrapped_number(true);
-    if (at::Tensor r; small_binary<Name, K>(self, number, nullptr, nullptr, &r)) return r;
+    if (at::Tensor r; small_binary<Name, K>(self, number, nullptr, false, &r)) return r;
   }
   return via_fallback<Name>(self, other).back().toTensor();
 }
@@ -708,20 +684,14 @@ template <const char* Name>
 at::Tensor& zero_(at::Tensor& self) {
   const int64_t nbytes = self.numel() * static_cast<int64_t>(self.element_size());
   if (!self.is_privateuseone() || !self.is_contiguous() || self._is_zerotensor() || nbytes == 0 ||
-      nbytes > kSmallCopyBytes || C10_UNLIKELY(neuron::rt::trace::active())) {
+      nbytes > kSmallBytes || C10_UNLIKELY(neuron::rt::trace::active())) {
     via_fallback<Name>(self);
     return self;
   }
-  auto run = [to = self.mutable_data_ptr(), nbytes] {
+  run_or_enqueue(self.device().index(), Name, [to = self.mutable_data_ptr(), nbytes] {
     track_hot(Name);
     std::memset(to, 0, static_cast<size_t>(nbytes));
-  };
-  if (may_enqueue()) {
-    enqueue_kernel(self.device().index(), Name, run);
-  } else {
-    if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();  // as ZeroCopy::in
-    run();
-  }
+  });
   return self;
 }
 
@@ -729,7 +699,7 @@ template <const char* Name, Arith K, at::Tensor& (*Out)(at::Tensor&, const at::T
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
-  if (at::Tensor r; small_binary<Name, K>(self, other, &alpha, nullptr, &r)) return r;
+  if (at::Tensor r; small_binary<Name, K>(self, other, &alpha, false, &r)) return r;
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, [alpha](at::Tensor& o, const at::Tensor& a,
                                                                      const at::Tensor& b) { Out(o, a, b, alpha); });
       r.defined()) {
@@ -746,7 +716,7 @@ template <const char* Name, Arith K, bool TrueDivide, at::Tensor& (*Out)(at::Ten
           at::Tensor (*Func)(const at::Tensor&, const at::Tensor&)>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
-  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, nullptr, &r)) return r;
+  if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, [](at::Tensor& o, const at::Tensor& a,
                                                                const at::Tensor& b) { Out(o, a, b); });
       r.defined()) {
