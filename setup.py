@@ -85,6 +85,7 @@ _UNITY_GROUPS = {
                 "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp"],
     "dispatch": ["csrc/backend/zero_copy.cpp", "csrc/backend/fallback.cpp",
                  "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp",
+                 "csrc/backend/transpose.cpp", "csrc/backend/extrema.cpp",
                  "csrc/backend/foreach.cpp"],
     "distributed": ["csrc/distributed/backend.cpp", "csrc/distributed/ddp_timer.cpp"],
 }
@@ -126,6 +127,11 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
     # (ops.cpp: 50 s of CPU with it, 26 s without). Symbols stay, so backtraces still name
     # functions; TORCHNEURON_DEBUG_BUILD=1 keeps the debug info for gdb sessions.
     flags.append("-g" if os.environ.get("TORCHNEURON_DEBUG_BUILD") == "1" else "-g0")
+    # at::parallel_for is header code: in a unit compiled without -fopenmp its `omp parallel`
+    # pragma is ignored and every loop runs on one thread. Linked with -fopenmp, the extension
+    # needs libgomp.so.1, which resolves to the copy torch ships and has loaded already (one
+    # OpenMP runtime, so torch.set_num_threads governs our loops too).
+    flags.append("-fopenmp")
     # The wheel ships ATen's per-operator headers (ATen/ops/*.h); with AT_PER_OPERATOR_HEADERS,
     # ATen's own headers (Resize.h, ExpandUtils.h, ...) include those instead of Functions.h and
     # NativeFunctions.h, the declarations of all ~2,500 operators (about 15 s of parsing per
@@ -147,12 +153,12 @@ if os.environ.get("TORCHNEURON_SKIP_EXT") != "1":
         _cpp._write_ninja_file_and_compile_objects)
     ext_modules.append(CppExtension(name="torchneuron._C", sources=core, include_dirs=kineto,
                                     define_macros=macros + [("USE_KINETO", None), ("FMT_HEADER_ONLY", None)],
-                                    extra_compile_args=flags))
+                                    extra_compile_args=flags, extra_link_args=["-fopenmp"]))
     dist = _unity_sources(sorted(glob.glob("csrc/distributed/*.cpp")), os.path.join("build", "unity"))
     if dist:
         ext_modules.append(
             CppExtension(name="torchneuron._C_distributed", sources=dist, define_macros=macros,
-                         extra_compile_args=flags))
+                         extra_compile_args=flags, extra_link_args=["-fopenmp"]))
 
     class _ParallelBuild(BuildExtension.with_options(use_ninja=True)):
         """Builds the two extensions side by side (setuptools' parallel build_ext, each with its

@@ -241,58 +241,7 @@ bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType t
   return false;
 }
 
-namespace {
-// dst (rows x cols, row stride ld_d, unit column stride) = src (rows x cols, unit row stride,
-// column stride ld_s): a byte transpose in 32 x 32 tiles, so both sides stream through cache
-// lines (CPU's copy walks the strided side a byte at a time: ~5x slower at 1024 x 2048).
-void transpose_bytes(const uint8_t* src, int64_t ld_s, uint8_t* dst, int64_t ld_d, int64_t rows,
-                     int64_t cols) {
-  constexpr int64_t kTile = 32;
-  const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  at::parallel_for(0, row_tiles, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols * kTile)),
-                   [&](int64_t t0, int64_t t1) {
-    for (int64_t i0 = t0 * kTile; i0 < std::min(rows, t1 * kTile); i0 += kTile) {
-      const int64_t i1 = std::min(rows, i0 + kTile);
-      for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-        const int64_t j1 = std::min(cols, j0 + kTile);
-        for (int64_t i = i0; i < i1; ++i) {
-          uint8_t* d = dst + i * ld_d;
-          for (int64_t j = j0; j < j1; ++j) d[j] = src[i + j * ld_s];
-        }
-      }
-    }
-  });
-}
-
-bool one_byte(c10::ScalarType t) {
-  return is_fp8(t) || t == at::kByte || t == at::kChar || t == at::kBool;
-}
-
-// A same-dtype 1-byte 2-d copy between a row-major and a column-major layout (torchao's
-// `fp8.t().contiguous()` before every _scaled_mm operand that is not already in layout).
-bool try_transpose_copy(const at::Tensor& dst, const at::Tensor& src) {
-  if (src.scalar_type() != dst.scalar_type() || !one_byte(src.scalar_type())) return false;
-  if (src.dim() != 2 || !src.sizes().equals(dst.sizes()) || src.is_neg() || dst.is_neg()) return false;
-  const int64_t R = src.size(0), C = src.size(1);
-  if (R < 64 || C < 64) return false;  // small: CPU's copy is as good
-  const bool d_row = dst.stride(1) == 1 && dst.stride(0) == C, d_col = dst.stride(0) == 1 && dst.stride(1) == R;
-  const bool s_row = src.stride(1) == 1 && src.stride(0) == C, s_col = src.stride(0) == 1 && src.stride(1) == R;
-  const auto* s = static_cast<const uint8_t*>(src.const_data_ptr());
-  auto* d = static_cast<uint8_t*>(dst.data_ptr());
-  if (s < d + R * C && d < s + R * C) return false;  // overlapping bytes: CPU's handling
-  if (d_row && s_col) {
-    transpose_bytes(s, R, d, C, R, C);
-  } else if (d_col && s_row) {  // the same transpose seen from dst's side: dst^T = src^T
-    transpose_bytes(s, C, d, R, C, R);
-  } else {
-    return false;
-  }
-  return true;
-}
-}  // namespace
-
 bool try_copy(const at::Tensor& dst, const at::Tensor& src) {
-  if (try_transpose_copy(dst, src)) return true;
   const auto from = src.scalar_type(), to = dst.scalar_type();
   if (!((is_fp8(from) && wide(to)) || (wide(from) && is_fp8(to)))) return false;
   if (src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg()) return false;

@@ -49,6 +49,7 @@
 #include "fallback.h"
 #include "fp8.h"
 #include "gpu_trace.h"
+#include "transpose.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -182,6 +183,11 @@ void host_waited_for_stream(c10::DeviceIndex device) {
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
 int64_t copy_bytes(const at::Tensor& dst) { return static_cast<int64_t>(dst.numel()) * dst.element_size(); }
 
+// The copies CPU's kernel does slowly, at memory speed and with its bits: transposes
+// (transpose.h) and fp8 <-> fp32/bf16 conversions, which CPU does element by element through
+// c10's scalar functions (fp8.h). False: the caller runs CPU's copy.
+bool fast_copy(const at::Tensor& d, const at::Tensor& s) { return transpose::try_copy(d, s) || fp8::try_copy(d, s); }
+
 // A non_blocking copy between a neuron tensor and pinned host memory is queued, like CUDA's
 // cudaMemcpyAsync: the host runs ahead and must synchronize before it reads a host destination
 // (a program that does not reads stale bytes, as on a GPU) or writes a host source. The queued
@@ -210,7 +216,7 @@ bool enqueue_pinned_copy(const at::Tensor& self, const at::Tensor& dst) {
   enqueue_kernel(zc->device(), htod ? "Memcpy HtoD (non_blocking)" : "Memcpy DtoH (non_blocking)",
                  [zc, s, d, kind, bytes] {
                    zc->launch_copy(kind, bytes, /*blocking=*/false);
-                   if (!fp8::try_copy(d, s)) d.copy_(s);
+                   if (!fast_copy(d, s)) d.copy_(s);
                  });
   return true;
 }
@@ -262,9 +268,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // A device-to-host copy the caller waits for synchronizes the stream (like cudaMemcpy).
   const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
   zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
-  // fp8 <-> fp32/bf16 in one dense layout: CPU converts element by element through c10's
-  // scalar functions; fp8::try_copy gives the same bits at memory speed (fp8.h).
-  if (!fp8::try_copy(d, src)) d.copy_(src, non_blocking);
+  if (!fast_copy(d, src)) d.copy_(src, non_blocking);
   if (blocking_dtoh) host_waited_for_stream(self.device().index());
   return dst;
 }

@@ -66,6 +66,25 @@ def test_random_words_are_philox_words_at_the_generator_offset(n):
     np.testing.assert_array_equal(got.astype(np.uint32), words(seed, 40, n))
 
 
+@pytest.mark.parametrize("threads", (1, 2))
+def test_words_of_many_tasks_are_philox_words_on_any_number_of_threads(threads):
+    # 200,000 elements: several parallel tasks of 32,768 (random.cpp's kGrain chunks).
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seed, n = 0x0BAD_5EED, 200_000
+        torch.neuron.set_rng_state(state(seed, 8))
+        got = torch.empty(n, dtype=torch.int64, device=DEV).random_(0, 2**32).cpu().numpy()
+        np.testing.assert_array_equal(got.astype(np.uint32), words(seed, 8, n))
+        torch.neuron.set_rng_state(state(seed, 8))
+        u1 = torch.rand(n, device=DEV).cpu()
+        torch.set_num_threads(3 - threads)
+        torch.neuron.set_rng_state(state(seed, 8))
+        assert torch.equal(torch.rand(n, device=DEV).cpu(), u1)
+    finally:
+        torch.set_num_threads(was)
+
+
 def test_words_carry_across_the_32_bit_block_counter():
     # Block indices 2**32 - 40 ... 2**32 + 1210: the low counter word wraps inside a vector step.
     seed, offset, n = 7, 4 * (2**32 - 40), 5000

@@ -1,0 +1,56 @@
+"""Transposed layouts: copies between row-major and column-major layouts (`x.t().contiguous()`),
+whole-tensor max of a transposed tensor, and the fp8 casts of torchao's float8 training, neuron
+against CPU in the same run (csrc/backend/transpose.cpp, extrema.cpp, fp8.cpp).
+
+Times per call with the default intra-op threads on both devices; ratios neuron / CPU, median
+and [min-max] over interleaved rounds. Target: every case <= 1.0 (CPU walks the strided side
+element by element; neuron streams both sides through L1 tiles).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _stats import fmt, fmt_ratio, interleaved, ratios, summary  # noqa: E402
+
+ROUNDS = 11
+
+
+def cases(device: str) -> dict:
+    out = {}
+    for rows, cols in ((1024, 2048), (256, 256)):
+        x = torch.randn(rows, cols, device=device)
+        for name, dt in (("fp8", torch.float8_e4m3fn), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            xt = x.to(dt).t()
+            out[f"{name} {rows}x{cols} .t().contiguous()"] = (lambda xt=xt: xt.contiguous())
+    b = torch.randn(1024, 2048, device=device).bfloat16()
+    out["bf16 1024x2048 max(abs(x.t()))"] = lambda: torch.max(torch.abs(b.t()))
+    out["bf16 1024x2048 .t() -> fp8"] = lambda: b.t().to(torch.float8_e4m3fn)
+    out["attention (4,8,256,64) fp32 .transpose(-1,-2).contiguous()"] = (
+        lambda q=torch.randn(4, 8, 256, 64, device=device): q.transpose(-1, -2).contiguous())
+    return out
+
+
+def main() -> None:
+    import torchneuron  # noqa: F401
+
+    print(f"transposed layouts, {torch.get_num_threads()} intra-op threads; neuron / CPU, target <= 1.0")
+    cpu, dev = cases("cpu"), cases("neuron")
+    missed = []
+    for name in cpu:
+        inner = 20 if "1024" in name or "attention" in name else 200
+        s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, inner, ROUNDS)
+        r = ratios(s["neuron"], s["cpu"])
+        if summary(r)[0] > 1.0:
+            missed.append(name)
+        print(f"  {name:58s} cpu {fmt(s['cpu'], 1e6, 'us', 1)}, neuron {fmt(s['neuron'], 1e6, 'us', 1)}, "
+              f"ratio {fmt_ratio(r)}")
+    print("targets missed: " + ", ".join(missed) if missed else "all targets met")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+// Whole-tensor max/min/amax/amin of a permuted dense tensor (a transpose, a permute) over its
+// memory in address order.
+//
+// CPU's reduction walks such a tensor in its logical order, striding through memory: 1.2 ms for
+// the max of a transposed 1024 x 2048 bf16 tensor against 0.08 ms contiguous. torchao's float8
+// training takes `max(abs(x))` of transposed tensors for every cast scale. An extremum does not
+// depend on the order it is taken in, with two exceptions the kernel leaves to CPU's own walk:
+// a zero result (+0 and -0 compare equal, which one comes first decides its sign) and NaN (which
+// payload). Any other result has exactly one bit pattern, so it is CPU's bit for bit.
+#include <ATen/core/Tensor.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/ops/amax_cpu_dispatch.h>
+#include <ATen/ops/amin_cpu_dispatch.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/max_cpu_dispatch.h>
+#include <ATen/ops/min_cpu_dispatch.h>
+#include <ATen/ops/view.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "zero_copy.h"
+
+namespace torchneuron {
+namespace {
+
+// A permutation of a dense block (not already in order), large enough for the order to matter.
+bool permuted_dense(const at::Tensor& t) {
+  return t.dim() >= 2 && t.numel() >= 4096 && !t.is_complex() && !t.is_contiguous() &&
+         t.is_non_overlapping_and_dense();
+}
+
+// `reduce` of the CPU alias `s` over all its elements (0-dim result).
+template <class Reduce>
+at::Tensor whole(const at::Tensor& s, Reduce reduce) {
+  if (!permuted_dense(s)) return reduce(s);
+  // Non-overlapping and dense: the elements fill numel slots from the lowest address, the
+  // storage offset (strides are never negative).
+  at::Tensor r = reduce(s.as_strided({s.numel()}, {1}, s.storage_offset()));
+  if (c10::isFloatingType(s.scalar_type())) {
+    const double v = r.item<double>();
+    if (v == 0 || std::isnan(v)) r = reduce(s);  // which zero, which NaN: CPU's walk decides
+  }
+  return r;
+}
+
+constexpr char kMax[] = "aten::max";
+constexpr char kMin[] = "aten::min";
+constexpr char kAmax[] = "aten::amax";
+constexpr char kAmin[] = "aten::amin";
+
+template <const char* Name, at::Tensor (*F)(const at::Tensor&)>
+at::Tensor extremum(const at::Tensor& self) {
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self);
+  zc.launch(Name);
+  return zc.out(whole(s, F));
+}
+
+// amax/amin over every dim (an empty list, or all of them) is the whole-tensor reduction.
+bool all_dims(const at::Tensor& t, at::IntArrayRef dim) {
+  if (dim.empty()) return true;
+  std::vector<bool> seen(static_cast<size_t>(t.dim()), false);
+  for (int64_t d : dim) seen[static_cast<size_t>(at::maybe_wrap_dim(d, t.dim()))] = true;
+  for (bool s : seen) {
+    if (!s) return false;
+  }
+  return true;
+}
+
+template <const char* Name, at::Tensor (*F)(const at::Tensor&, at::IntArrayRef, bool)>
+at::Tensor extremum_dims(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self);
+  zc.launch(Name);
+  if (!permuted_dense(s) || !all_dims(s, dim)) return zc.out(F(s, dim, keepdim));
+  at::Tensor r = whole(s, [](const at::Tensor& x) { return F(x, {}, false); });
+  if (keepdim) r = r.view(c10::SmallVector<int64_t, 6>(static_cast<size_t>(s.dim()), 1));
+  return zc.out(r);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("max", TORCH_FN((extremum<kMax, &at::cpu::max>)));
+  m.impl("min", TORCH_FN((extremum<kMin, &at::cpu::min>)));
+  m.impl("amax", TORCH_FN((extremum_dims<kAmax, &at::cpu::amax>)));
+  m.impl("amin", TORCH_FN((extremum_dims<kAmin, &at::cpu::amin>)));
+}
+
+}  // namespace torchneuron
