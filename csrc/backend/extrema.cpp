@@ -60,13 +60,16 @@ at::Tensor extremum(const at::Tensor& self) {
   return zc.out(whole(s, F));
 }
 
-// amax/amin over every dim (an empty list, or all of them) is the whole-tensor reduction.
+// amax/amin over every dim (an empty list, or each dim once) is the whole-tensor reduction. A
+// repeated dim is left to CPU's kernel, which raises on it.
 bool all_dims(const at::Tensor& t, at::IntArrayRef dim) {
   if (dim.empty()) return true;
+  if (static_cast<int64_t>(dim.size()) != t.dim()) return false;
   std::vector<bool> seen(static_cast<size_t>(t.dim()), false);
-  for (int64_t d : dim) seen[static_cast<size_t>(at::maybe_wrap_dim(d, t.dim()))] = true;
-  for (bool s : seen) {
-    if (!s) return false;
+  for (int64_t d : dim) {
+    const auto i = static_cast<size_t>(at::maybe_wrap_dim(d, t.dim()));
+    if (seen[i]) return false;
+    seen[i] = true;
   }
   return true;
 }

@@ -140,6 +140,17 @@ def test_amax_amin_over_all_or_some_dims_of_a_permuted_tensor(name, dim, keepdim
     assert same_bits(got, fn(x.permute(2, 0, 1), dim=dim, keepdim=keepdim))
 
 
+@pytest.mark.parametrize("dim", ((0, 0, 1), (0, 1, 2, 3), (0, 1, -3)), ids=str)
+@pytest.mark.parametrize("name", ("amax", "amin"))
+def test_amax_amin_reject_a_repeated_or_missing_dim_as_cpu_does(name, dim):
+    fn = REDUCTIONS[name]
+    x = sample((6, 40, 50), torch.float32)
+    with pytest.raises((RuntimeError, IndexError)) as cpu:
+        fn(x.permute(2, 0, 1), dim=dim)
+    with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value).split("\n")[0])):
+        fn(x.to(DEV).permute(2, 0, 1), dim=dim)
+
+
 @pytest.mark.parametrize("name", REDUCTIONS)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_a_zero_extremum_has_the_sign_cpus_walk_gives(name, dtype):
