@@ -3,6 +3,7 @@
 #include "transpose.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,19 +16,40 @@
 namespace torchneuron::transpose {
 namespace {
 
-// Whether t's last two dims are (rows x cols) row-major (`row`) or column-major, the leading
-// dims stacking whole matrices densely (so matrix b starts at b * rows * cols).
-bool matrix_stack(const at::Tensor& t, bool row) {
-  const int64_t d = t.dim(), R = t.size(d - 2), C = t.size(d - 1);
-  if (row ? (t.stride(d - 1) != 1 || t.stride(d - 2) != C) : (t.stride(d - 2) != 1 || t.stride(d - 1) != R)) {
-    return false;
+// t's dims of size > 1 in memory order, outermost first. False unless t is dense and
+// non-overlapping (then each dim's stride is the product of the sizes inside it, and every
+// element lies in the numel slots from data_ptr up).
+bool memory_order(const at::Tensor& t, c10::SmallVector<int64_t, 6>* order) {
+  if (!t.is_non_overlapping_and_dense()) return false;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) != 1) order->push_back(i);
   }
-  int64_t expected = R * C;
-  for (int64_t i = d - 3; i >= 0; --i) {
-    if (t.size(i) != 1 && t.stride(i) != expected) return false;
-    expected *= t.size(i);
-  }
+  std::sort(order->begin(), order->end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
   return true;
+}
+
+// The copy as a stack of matrix transposes: src's memory order is batch dims, then P, then Q;
+// dst's is the same batch dims, then Q, then P. In memory, src is batch x (P x Q) row-major and
+// dst batch x (Q x P): 2-d transposes (P, Q one dim each), stacked ones, NCHW <-> NHWC (P = C,
+// Q = H, W). Sets *batch, *p and *q to the sizes; false for any other pair of layouts.
+bool as_transposes(const at::Tensor& dst, const at::Tensor& src, int64_t* batch, int64_t* p, int64_t* q) {
+  c10::SmallVector<int64_t, 6> os, od;
+  if (!memory_order(src, &os) || !memory_order(dst, &od) || os.size() != od.size()) return false;
+  size_t b = 0;
+  while (b < os.size() && os[b] == od[b]) ++b;
+  const size_t rest = os.size() - b;
+  for (size_t k = 1; k < rest; ++k) {  // P = os[b, b + k), Q = os[b + k, end)
+    if (!std::equal(os.begin() + b + k, os.end(), od.begin() + b) ||
+        !std::equal(os.begin() + b, os.begin() + b + k, od.begin() + b + (rest - k))) {
+      continue;
+    }
+    *batch = *p = *q = 1;
+    for (size_t i = 0; i < b; ++i) *batch *= src.size(os[i]);
+    for (size_t i = b; i < b + k; ++i) *p *= src.size(os[i]);
+    for (size_t i = b + k; i < os.size(); ++i) *q *= src.size(os[i]);
+    return true;
+  }
+  return false;
 }
 
 // A B x B block: d[r * ld_d + c] = s[c * ld_s + r]. SSE2 unpack networks (every x86-64 CPU
@@ -145,25 +167,16 @@ bool try_copy(const at::Tensor& dst, const at::Tensor& src) {
       dst._is_zerotensor() || src.layout() != at::kStrided || dst.layout() != at::kStrided) {
     return false;
   }
-  const int64_t d = src.dim(), R = src.size(d - 2), C = src.size(d - 1);
+  int64_t batch, p, q;
+  if (!as_transposes(dst, src, &batch, &p, &q)) return false;
   // Below 16 x 16 elements a side the tiles gain nothing over CPU's loop.
-  if (R < 16 || C < 16) return false;
-  bool dst_row;
-  if (matrix_stack(dst, true) && matrix_stack(src, false)) {
-    dst_row = true;
-  } else if (matrix_stack(dst, false) && matrix_stack(src, true)) {
-    dst_row = false;
-  } else {
-    return false;
-  }
+  if (p < 16 || q < 16) return false;
   const int64_t n = src.numel(), esize = static_cast<int64_t>(src.element_size());
   const auto* s = static_cast<const char*>(src.const_data_ptr());
   auto* o = static_cast<char*>(dst.data_ptr());
   if (s < o + n * esize && o < s + n * esize) return false;  // shared bytes: CPU's overlap handling
-  const int64_t batch = n / (R * C);
-  // dst row-major R x C from src column-major (= row-major C x R); else the same seen from the
-  // other side: dst column-major is row-major C x R, src row-major R x C.
-  const int64_t rows = dst_row ? R : C, cols = dst_row ? C : R;
+  // dst (q x p) = src (p x q) transposed, matrix by matrix.
+  const int64_t rows = q, cols = p;
   switch (esize) {
     case 1: transpose_stack(reinterpret_cast<const uint8_t*>(s), reinterpret_cast<uint8_t*>(o), batch, rows, cols); break;
     case 2: transpose_stack(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<uint16_t*>(o), batch, rows, cols); break;

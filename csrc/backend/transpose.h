@@ -13,12 +13,13 @@
 
 namespace torchneuron::transpose {
 
-// dst.copy_(src) for two tensors of one dtype (1, 2 or 4 bytes an element, no conjugate or
-// negative bit) and one shape whose last two dims are row-major on one side and column-major on
-// the other, each a dense stack of such matrices over any leading dims, with no byte in common.
-// The tensors are CPU tensors (aliases of device memory). Returns false, doing nothing, otherwise
-// (and for matrices too small to gain). 8-byte elements stay with CPU's copy: 64 x 64 tiles of
-// them overflow L1 and smaller ones measured no faster than CPU.
+// dst.copy_(src) for two dense tensors of one dtype (1, 2 or 4 bytes an element, no conjugate or
+// negative bit) and one shape whose memory orders differ by a rotation after common outer dims:
+// src is batch x (P x Q) in memory and dst batch x (Q x P) (`x.t().contiguous()`, stacked
+// matrices, NCHW <-> NHWC), with no byte in common. The tensors are CPU tensors (aliases of
+// device memory). Returns false, doing nothing, otherwise (and when P or Q is below 16
+// elements, too small to gain). 8-byte elements stay with CPU's copy: 64 x 64 tiles of them
+// overflow L1 and smaller ones measured no faster than CPU.
 bool try_copy(const at::Tensor& dst, const at::Tensor& src);
 
 }  // namespace torchneuron::transpose

@@ -61,6 +61,28 @@ def test_contiguous_into_a_column_major_destination_copies_cpus_bytes(dtype, sha
     assert same_bits(dst, x)
 
 
+PERMUTES = {
+    "nchw to nhwc": lambda x: x.contiguous(memory_format=torch.channels_last),
+    "nhwc to nchw": lambda x: x.contiguous(memory_format=torch.channels_last).contiguous(),
+    "ncdhw to ndhwc": lambda x: x.unsqueeze(2).expand(-1, -1, 2, -1, -1).contiguous()
+    .contiguous(memory_format=torch.channels_last_3d),
+    "rotate (0,1,2,3) to (0,2,3,1)": lambda x: x.permute(0, 2, 3, 1).contiguous(),
+    "rotate (0,1,2,3) to (2,3,0,1)": lambda x: x.permute(2, 3, 0, 1).contiguous(),
+    "not a rotation: (0,2,1,3)": lambda x: x.permute(0, 2, 1, 3).contiguous(),
+    "not a rotation: (3,2,1,0)": lambda x: x.permute(3, 2, 1, 0).contiguous(),
+}
+
+
+@pytest.mark.parametrize("shape", ((2, 32, 17, 20), (3, 16, 16, 1), (1, 64, 8, 8), (2, 3, 40, 40)), ids=str)
+@pytest.mark.parametrize("how", PERMUTES)
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.float8_e5m2, torch.float16, torch.float32, torch.float64), ids=str)
+def test_layout_changing_copies_of_4d_tensors_copy_cpus_bytes(dtype, how, shape):
+    x = sample(shape, dtype)
+    got, want = PERMUTES[how](x.to(DEV)), PERMUTES[how](x)
+    assert got.stride() == want.stride()
+    assert same_bits(got, want)
+
+
 @pytest.mark.parametrize("dtype", (torch.float8_e4m3fn, torch.bfloat16, torch.float32), ids=str)
 def test_a_transposed_copy_into_an_offset_view_leaves_its_neighbours(dtype):
     x = sample((40, 70), dtype)

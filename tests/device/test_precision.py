@@ -225,6 +225,24 @@ def test_fp16_conv2d_forward_and_backward_match_fp64_reference(dtype):
         assert_tensore(got, exact, 300, absprod=exact.abs() + 8.0, min_equal=0.95)
 
 
+@pytest.mark.parametrize("weight_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("dtype", HALF)
+def test_fp16_conv2d_output_and_grads_keep_the_layouts_of_fp32s(dtype, memory_format, weight_format):
+    # The routed convolution computes on channels-last fp32 copies (oneDNN's fast layout); what
+    # it returns has the layouts the fp32 convolution gives for the caller's tensors. (Called
+    # directly: autograd would restride a leaf's grad to the leaf's layout anyway.)
+    torch.manual_seed(5)
+    x = rand(2, 16, 20, 20, dtype=dtype).contiguous(memory_format=memory_format)
+    w = rand(16, 16, 3, 3, dtype=dtype).contiguous(memory_format=weight_format)
+    g = rand(2, 16, 20, 20, dtype=dtype).contiguous(memory_format=memory_format)
+    args = ([16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+    got = torch.ops.aten.convolution_backward(g.to(DEV), x.to(DEV), w.to(DEV), *args)
+    want = torch.ops.aten.convolution_backward(g.float(), x.float(), w.float(), *args)
+    assert F.conv2d(x.to(DEV), w.to(DEV), padding=1).is_contiguous()
+    assert [t.stride() for t in got] == [t.stride() for t in want]
+
+
 def _sdpa_reference(q, k, v, causal):
     qd, kd, vd = (t.double() for t in (q, k, v))
     s = qd @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5
