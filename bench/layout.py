@@ -30,6 +30,10 @@ def cases(device: str) -> dict:
     b = torch.randn(1024, 2048, device=device).bfloat16()
     out["bf16 1024x2048 max(abs(x.t()))"] = lambda: torch.max(torch.abs(b.t()))
     out["bf16 1024x2048 .t() -> fp8"] = lambda: b.t().to(torch.float8_e4m3fn)
+    out["stacked 1000x16x16 fp32 .transpose(-1,-2).contiguous()"] = (
+        lambda s=torch.randn(1000, 16, 16, device=device): s.transpose(-1, -2).contiguous())
+    out["NCHW -> NHWC 8x32x32x32 fp32"] = (
+        lambda c=torch.randn(8, 32, 32, 32, device=device): c.contiguous(memory_format=torch.channels_last))
     out["attention (4,8,256,64) fp32 .transpose(-1,-2).contiguous()"] = (
         lambda q=torch.randn(4, 8, 256, 64, device=device): q.transpose(-1, -2).contiguous())
     return out
@@ -42,7 +46,7 @@ def main() -> None:
     cpu, dev = cases("cpu"), cases("neuron")
     missed = []
     for name in cpu:
-        inner = 20 if "1024" in name or "attention" in name else 200
+        inner = 20 if "1024" in name or "attention" in name or "1000x" in name else 200
         s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, inner, ROUNDS)
         r = ratios(s["neuron"], s["cpu"])
         if summary(r)[0] > 1.0:

@@ -128,7 +128,7 @@ void transpose_stack(const E* src, E* dst, int64_t batch, int64_t rows, int64_t 
   const int64_t tiles = row_tiles * col_tiles;
   // Tasks of 8 tiles (32 K elements) or more; a task's tiles run along a row of tiles.
   at::parallel_for(0, batch * tiles, 8, [&](int64_t t0, int64_t t1) {
-    // Zeroed once: a partial tile transposes whole, the unused part carrying zeros, not garbage.
+    // Zeroed once: a partial tile's last blocks read zeros past its edge, not garbage.
     // `out` starts 320 bytes past a 4 KiB multiple from `in`: loads from one buffer right after
     // stores to the other at the same address modulo 4 KiB stall on a false dependency.
     constexpr int64_t kPad = 320 / sizeof(E);
@@ -145,8 +145,9 @@ void transpose_stack(const E* src, E* dst, int64_t batch, int64_t rows, int64_t 
       } else {
         for (int64_t j = 0; j < nj; ++j) std::memcpy(in + j * kTile, s + (j0 + j) * rows + i0, ni * sizeof(E));
       }
-      for (int64_t jb = 0; jb < kTile; jb += Block<E>::B) {
-        for (int64_t ib = 0; ib < kTile; ib += Block<E>::B) {
+      // Only the blocks the tile's ni x nj corner needs (a partial tile's rest is never copied out).
+      for (int64_t jb = 0; jb < nj; jb += Block<E>::B) {
+        for (int64_t ib = 0; ib < ni; ib += Block<E>::B) {
           Block<E>::run(in + jb * kTile + ib, kTile, out + ib * kTile + jb, kTile);
         }
       }
