@@ -197,6 +197,15 @@ def test_an_extremum_at_the_first_or_last_address_is_found(name, where):
 
 
 @pytest.mark.parametrize("name", REDUCTIONS)
+def test_the_extremum_of_a_transposed_slice_reads_only_the_slice(name):
+    fn = REDUCTIONS[name]
+    big = sample((3, 96, 80), torch.float32)
+    big[0].fill_(1e6)
+    big[2].fill_(-1e6)  # the neighbours hold the extremes; the slice must not see them
+    assert same_bits(fn(big.to(DEV)[1].t()), fn(big[1].t()))
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
 def test_a_nan_extremum_is_cpus_nan(name):
     fn = REDUCTIONS[name]
     base = sample((96, 80), torch.float32)
