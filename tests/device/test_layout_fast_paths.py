@@ -236,3 +236,22 @@ def test_extrema_keep_autograd():
     want = sample((64, 80), torch.float32).requires_grad_()
     torch.max(want.t()).backward()
     assert torch.equal(x.grad.cpu(), want.grad)
+
+
+@pytest.mark.parametrize("engine_on", (False, True))
+def test_non_blocking_transposed_copies_with_pinned_memory_arrive_whole(engine_on):
+    # With the engine on, these copies are queued and run the transposer on the executor thread.
+    engine = torch.neuron.engine
+    was = engine.is_enabled()
+    engine.set_enabled(engine_on)
+    try:
+        x = sample((300, 200), torch.float32).pin_memory()
+        d = torch.empty(200, 300, device=DEV)
+        d.copy_(x.t(), non_blocking=True)
+        h = torch.empty(300, 200).pin_memory()
+        h.t().copy_(d, non_blocking=True)  # device row-major into a host column-major view
+        torch.neuron.synchronize()
+        assert same_bits(d, x.t().contiguous())
+        assert same_bits(h, x)
+    finally:
+        engine.set_enabled(was)
