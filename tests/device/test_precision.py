@@ -206,12 +206,15 @@ def test_fp32_and_bf16_still_equal_cpu_bit_for_bit(dtype):
 
 
 # ---- fp16: convolution and attention --------------------------------------------------------
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("dtype", HALF)
-def test_fp16_conv2d_forward_and_backward_match_fp64_reference(dtype):
+def test_fp16_conv2d_forward_and_backward_match_fp64_reference(dtype, memory_format):
     torch.manual_seed(4)
     x, w, b, g = (rand(2, 8, 12, 12, dtype=dtype), rand(16, 8, 3, 3, dtype=dtype), rand(16, dtype=dtype),
                   rand(2, 16, 12, 12, dtype=dtype))
-    X, Wt, Bs = (t.to(DEV).requires_grad_() for t in (x, w, b))
+    # A channels-last input is widened as it is (no transpose); a contiguous one is transposed.
+    X = x.to(DEV).contiguous(memory_format=memory_format).requires_grad_()
+    Wt, Bs = (t.to(DEV).requires_grad_() for t in (w, b))
     out = F.conv2d(X, Wt, Bs, padding=1)
     out.backward(g.to(DEV))
     xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
