@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/allocator.h"
+#include "backend/bf16_gemm.h"
 #include "backend/fp8.h"
 #include "backend/fusion.h"
 #include "backend/gemm.h"
@@ -73,9 +74,11 @@ PYBIND11_MODULE(_C, m) {
     d["bf16_cpu_kernels"] = torchneuron::gemm::cpu_fast_bf16();
     d["lowp_gemm"] = std::string(torchneuron::gemm::lowp_route());
     d["fp8_cast_vectorized"] = torchneuron::fp8::vectorized();
+    d["bf16_fp32_gemm_avx512"] = torchneuron::bf16_gemm::available();
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels, the fp16/bf16 "
-     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized.");
+     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether the "
+     "fp32 accumulator of fp8 GEMMs comes from the AVX512-BF16 kernel (bf16_gemm.h).");
   m.def("_lazy_init", &lazy_init);
   m.def("_is_initialized", &neuron::rt::is_initialized);
   m.def("_in_bad_fork", &neuron::rt::in_bad_fork);

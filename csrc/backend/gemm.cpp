@@ -36,6 +36,7 @@
 #include <limits>
 
 #include "allocator.h"
+#include "bf16_gemm.h"
 #include "gemm.h"
 #include "transpose.h"
 
@@ -171,6 +172,20 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   // fp16 mixed / exact fp32 copies + sgemm / bf16 mixed: 1024x512x128 4.0 / 2.3 / 2.2;
   // 128x1024x512 4.1 / 2.5 / 2.1; 1024^3 32.9 / 31.0 / 29.5; 2048^3 266 / 291 / 258): it
   // made the fp16-AMP GPT step 1.24x the bf16 one.
+  if (a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && bf16_gemm::available() &&
+      acc.scalar_type() == at::kFloat && acc.is_contiguous()) {
+    if (m == 0 || n == 0 || batch == 0) return;
+    const Operand A = operand(zc, a), B = operand(zc, b);
+    const auto* pa = static_cast<const uint16_t*>(A.t.const_data_ptr());
+    const auto* pb = static_cast<const uint16_t*>(B.t.const_data_ptr());
+    auto* pc = static_cast<float*>(acc.data_ptr());
+    const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
+    for (int64_t i = 0; i < batch; ++i) {
+      bf16_gemm::gemm(A.trans == kTrans, B.trans == kTrans, m, n, k, alpha, pa + i * sa, A.ld, pb + i * sb, B.ld,
+                      beta, pc + i * m * n, n);
+    }
+    return;
+  }
   const int64_t min_macs = a.scalar_type() == at::kHalf ? (int64_t{1} << 31) : (int64_t{1} << 25);
   const bool large = batch * m * n * k >= min_macs;
   const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&

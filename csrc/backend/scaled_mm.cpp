@@ -33,6 +33,7 @@
 #endif
 
 #include "allocator.h"
+#include "bf16_gemm.h"
 #include "fp8.h"
 #include "gemm.h"
 
@@ -170,9 +171,11 @@ at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dt
 }
 
 // acc (fp32, contiguous) = alpha * a @ b over exactly widened fp8 operands (2-d or 3-d), the
-// fp32 accumulator itself: MKL's bf16 x bf16 -> fp32 GEMM on hosts without oneDNN (AVX2:
+// fp32 accumulator itself: bf16 operands into bf16_gemm.h's AVX512-BF16 kernel where the CPU
+// has it (bf16 matmul speed), MKL's bf16 x bf16 -> fp32 GEMM on hosts without oneDNN (AVX2:
 // same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.
-bool mixed_route() { return std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
+// With AVX512-BF16, the bf16 operands go to bf16_gemm.h's kernel (through matmul_lowp_f32).
+bool mixed_route() { return bf16_gemm::available() || std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
 
 // An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
 at::Tensor widen_for_gemm(ZeroCopy& zc, const at::Tensor& t) {

@@ -337,6 +337,23 @@ def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, 
     assert_tensore(got, exact, k, absprod=absprod, min_equal=0.0 if out_dtype == torch.float32 else 0.99)
 
 
+# Across the AVX512-BF16 kernel's blocking (bf16_gemm.cpp: 8 x 32 micro-tiles, k slices of 512,
+# 64-row tasks, 1024-column B blocks): odd k, partial tiles and slices, a single row or column.
+@pytest.mark.parametrize("b_col_major", [True, False], ids=["mat2 column-major", "mat2 row-major"])
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (7, 3, 5), (9, 33, 31), (65, 513, 97), (130, 1030, 40), (3, 1025, 1100),
+                                 (16, 2, 16)], ids=str)
+def test_scaled_mm_fp32_accumulator_across_blocking_edges(mkn, b_col_major):
+    torch.manual_seed(11)
+    m, k, n = mkn
+    a, b = _fp8_operands(m, k, n, E4M3, E4M3, b_col_major)
+    sa, sb = torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.float32)
+    ad, bd = a.double(), b.double()
+    exact = (ad @ bd) * sa.double() * sb.double()
+    absprod = (ad.abs() @ bd.abs()) * sa.double() * sb.double()
+    assert_tensore(got, exact, k, absprod=absprod, min_equal=0.0)
+
+
 @pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
 def test_scaled_mm_adds_bias_before_the_one_rounding(bias_dtype):
     torch.manual_seed(8)
