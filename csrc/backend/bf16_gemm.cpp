@@ -34,57 +34,42 @@ struct View {
   uint16_t at(int64_t r, int64_t c) const { return trans ? p[c * ld + r] : p[r * ld + c]; }
 };
 
-// B rows [k0, k0 + kc) x columns [j0, j0 + nc) as panels of kNR columns: [panel][k / 2][kNR][2].
-void pack_b(const View& B, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t k, int64_t n, uint16_t* out) {
+// One panel of W lines (rows of A, columns of B) over k [k0, k0 + kc), as [k / 2][W][2]: line
+// l's values at k and k + 1 side by side, the pair vdpbf16ps multiplies. `lines` reads element
+// (line, k); lines from `end` on and k from k0 + kc on are zeros.
+template <int64_t W>
+void pack_panel(const View& lines, int64_t l0, int64_t end, int64_t k0, int64_t kc, uint16_t* out) {
+  const int64_t kp = (kc + 1) / 2, kend = k0 + kc;
+  const bool full = l0 + W <= end;
+  for (int64_t kk = 0; kk < kp; ++kk) {
+    const int64_t c = k0 + 2 * kk;
+    if (full && !lines.trans && c + 1 < kend) {  // each line's k pair is one 32-bit word
+      auto* o32 = reinterpret_cast<uint32_t*>(out);
+      for (int64_t l = 0; l < W; ++l) std::memcpy(o32 + l, lines.p + (l0 + l) * lines.ld + c, 4);
+      out += W * 2;
+      continue;
+    }
+    for (int64_t l = l0; l < l0 + W; ++l) {
+      *out++ = l < end && c < kend ? lines.at(l, c) : 0;
+      *out++ = l < end && c + 1 < kend ? lines.at(l, c + 1) : 0;
+    }
+  }
+}
+
+// B rows [k0, k0 + kc) x columns [j0, j0 + nc) as panels of kNR columns, packed in parallel.
+// B's columns are the lines: B read transposed (a column-major B is row-major lines).
+void pack_b(const View& B, int64_t k0, int64_t kc, int64_t j0, int64_t nc, uint16_t* out) {
+  const View lines{B.p, B.ld, !B.trans};
   const int64_t panels = (nc + kNR - 1) / kNR, kp = (kc + 1) / 2;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      uint16_t* o = out + p * kp * kNR * 2;
-      const int64_t c0 = j0 + p * kNR;
-      const bool full = c0 + kNR <= std::min(n, j0 + nc);
-      for (int64_t kk = 0; kk < kp; ++kk) {
-        const int64_t r0 = k0 + 2 * kk;
-        if (full && B.trans && r0 + 1 < std::min(k, k0 + kc)) {
-          // Column-major B (mat2 of _scaled_mm): each column's k pair is one 32-bit word.
-          auto* o32 = reinterpret_cast<uint32_t*>(o);
-          for (int64_t j = 0; j < kNR; ++j) std::memcpy(o32 + j, B.p + (c0 + j) * B.ld + r0, 4);
-          o += kNR * 2;
-          continue;
-        }
-        for (int64_t j = 0; j < kNR; ++j) {
-          const int64_t col = j0 + p * kNR + j, r0 = k0 + 2 * kk;
-          const bool in_n = col < n && col < j0 + nc;
-          *o++ = in_n && r0 < k && r0 < k0 + kc ? B.at(r0, col) : 0;
-          *o++ = in_n && r0 + 1 < k && r0 + 1 < k0 + kc ? B.at(r0 + 1, col) : 0;
-        }
-      }
-    }
+    for (int64_t p = p0; p < p1; ++p) pack_panel<kNR>(lines, j0 + p * kNR, j0 + nc, k0, kc, out + p * kp * kNR * 2);
   });
 }
 
-// A rows [i0, i0 + mc) x k [k0, k0 + kc) as panels of kMR rows: [panel][k / 2][kMR][2].
-void pack_a(const View& A, int64_t i0, int64_t mc, int64_t k0, int64_t kc, int64_t m, int64_t k, uint16_t* out) {
+// A rows [i0, i0 + mc) x k [k0, k0 + kc) as panels of kMR rows.
+void pack_a(const View& A, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint16_t* out) {
   const int64_t panels = (mc + kMR - 1) / kMR, kp = (kc + 1) / 2;
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t r0 = i0 + p * kMR;
-    const bool full = r0 + kMR <= std::min(m, i0 + mc);
-    for (int64_t kk = 0; kk < kp; ++kk) {
-      const int64_t c0 = k0 + 2 * kk;
-      if (full && !A.trans && c0 + 1 < std::min(k, k0 + kc)) {
-        // Row-major A: each row's k pair is one 32-bit word.
-        auto* o32 = reinterpret_cast<uint32_t*>(out);
-        for (int64_t i = 0; i < kMR; ++i) std::memcpy(o32 + i, A.p + (r0 + i) * A.ld + c0, 4);
-        out += kMR * 2;
-        continue;
-      }
-      for (int64_t i = 0; i < kMR; ++i) {
-        const int64_t row = i0 + p * kMR + i, c0 = k0 + 2 * kk;
-        const bool in_m = row < m && row < i0 + mc;
-        *out++ = in_m && c0 < k && c0 < k0 + kc ? A.at(row, c0) : 0;
-        *out++ = in_m && c0 + 1 < k && c0 + 1 < k0 + kc ? A.at(row, c0 + 1) : 0;
-      }
-    }
-  }
+  for (int64_t p = 0; p < panels; ++p) pack_panel<kMR>(A, i0 + p * kMR, i0 + mc, k0, kc, out + p * kp * kMR * 2);
 }
 
 // work[r][0:cols] += (packed A panel) x (packed B panel) over kp pairs, for r < rows.
@@ -138,13 +123,13 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     const int64_t nc = std::min(kNC, n - j0);
     for (int64_t k0 = 0; k0 < k; k0 += kKC) {
       const int64_t kc = std::min(kKC, k - k0), kp = (kc + 1) / 2;
-      pack_b(B, k0, kc, j0, nc, k, n, pb.data());
+      pack_b(B, k0, kc, j0, nc, pb.data());
       const int64_t blocks = (m + kMC - 1) / kMC;
       at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
         std::vector<uint16_t> pa(static_cast<size_t>(kMC * (kKC + 1)));
         for (int64_t blk = b0; blk < b1; ++blk) {
           const int64_t i0 = blk * kMC, mc = std::min(kMC, m - i0);
-          pack_a(A, i0, mc, k0, kc, m, k, pa.data());
+          pack_a(A, i0, mc, k0, kc, pa.data());
           for (int64_t jr = 0; jr < nc; jr += kNR) {
             for (int64_t ir = 0; ir < mc; ir += kMR) {
               micro(kp, pa.data() + (ir / kMR) * kp * kMR * 2, pb.data() + (jr / kNR) * kp * kNR * 2,

@@ -164,6 +164,9 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
                      float beta, float alpha) {
   const bool batched = a.dim() == 3;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1), batch = batched ? a.size(0) : 1;
+  // bf16 operands with AVX512-BF16: our kernel (bf16_gemm.h), at bf16 matmul speed at any size.
+  const bool avx = a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
+                   bf16_gemm::available() && acc.scalar_type() == at::kFloat && acc.is_contiguous();
   MixedGemm gemm = mixed_gemm(a.scalar_type());
   // MKL's mixed GEMMs convert internally and pay for it on small products: below 2^25
   // multiply-adds exact fp32 copies and sgemm are faster (64x512x512: 0.7 vs 1.0 ms; 1024^3:
@@ -172,26 +175,12 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   // fp16 mixed / exact fp32 copies + sgemm / bf16 mixed: 1024x512x128 4.0 / 2.3 / 2.2;
   // 128x1024x512 4.1 / 2.5 / 2.1; 1024^3 32.9 / 31.0 / 29.5; 2048^3 266 / 291 / 258): it
   // made the fp16-AMP GPT step 1.24x the bf16 one.
-  if (a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && bf16_gemm::available() &&
-      acc.scalar_type() == at::kFloat && acc.is_contiguous()) {
-    if (m == 0 || n == 0 || batch == 0) return;
-    const Operand A = operand(zc, a), B = operand(zc, b);
-    const auto* pa = static_cast<const uint16_t*>(A.t.const_data_ptr());
-    const auto* pb = static_cast<const uint16_t*>(B.t.const_data_ptr());
-    auto* pc = static_cast<float*>(acc.data_ptr());
-    const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
-    for (int64_t i = 0; i < batch; ++i) {
-      bf16_gemm::gemm(A.trans == kTrans, B.trans == kTrans, m, n, k, alpha, pa + i * sa, A.ld, pb + i * sb, B.ld,
-                      beta, pc + i * m * n, n);
-    }
-    return;
-  }
   const int64_t min_macs = a.scalar_type() == at::kHalf ? (int64_t{1} << 31) : (int64_t{1} << 25);
   const bool large = batch * m * n * k >= min_macs;
-  const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
+  const bool mkl = !avx && large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
                    a.scalar_type() == b.scalar_type() && acc.scalar_type() == at::kFloat &&
                    acc.is_contiguous() && fits_int(m) && fits_int(n) && fits_int(k);
-  if (!mkl) {
+  if (!avx && !mkl) {
     matmul_f32(upcast(zc, a), upcast(zc, b), acc, beta, alpha);
     return;
   }
@@ -202,15 +191,20 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
     return;
   }
   const Operand A = operand(zc, a), B = operand(zc, b);
-  TORCH_CHECK(fits_int(A.ld) && fits_int(B.ld), "matmul: operand strides too large for MKL's GEMM");
+  TORCH_CHECK(avx || (fits_int(A.ld) && fits_int(B.ld)), "matmul: operand strides too large for MKL's GEMM");
   const auto* pa = static_cast<const uint16_t*>(A.t.const_data_ptr());
   const auto* pb = static_cast<const uint16_t*>(B.t.const_data_ptr());
   auto* pc = static_cast<float*>(acc.data_ptr());
   const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
   for (int64_t i = 0; i < batch; ++i) {
-    gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-         alpha, pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta,
-         pc + i * m * n, static_cast<int>(n));
+    if (avx) {
+      bf16_gemm::gemm(A.trans == kTrans, B.trans == kTrans, m, n, k, alpha, pa + i * sa, A.ld, pb + i * sb, B.ld,
+                      beta, pc + i * m * n, n);
+    } else {
+      gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+           alpha, pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta,
+           pc + i * m * n, static_cast<int>(n));
+    }
   }
 }
 
@@ -485,12 +479,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   // Rounded back in the layout CPU's fp32 kernel gives for the caller's tensors (the copies may
   // have been made channels-last): channels-last grads if the input or the weight is, as
   // oneDNN's convolution chooses, else contiguous.
-  const bool cl = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                                       weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+  const bool grads_cl = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                                             weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
   auto back = [&](const at::Tensor& g) {
     if (!g.defined()) return g;
     if (!half) return zc.out(g);
-    return zc.out(g.dim() == 4 ? g.to(dt, false, false, cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)
+    return zc.out(g.dim() == 4 ? g.to(dt, false, false, grads_cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)
                                : g.to(dt));
   };
   return std::make_tuple(back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)));

@@ -174,7 +174,6 @@ at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dt
 // fp32 accumulator itself: bf16 operands into bf16_gemm.h's AVX512-BF16 kernel where the CPU
 // has it (bf16 matmul speed), MKL's bf16 x bf16 -> fp32 GEMM on hosts without oneDNN (AVX2:
 // same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.
-// With AVX512-BF16, the bf16 operands go to bf16_gemm.h's kernel (through matmul_lowp_f32).
 bool mixed_route() { return bf16_gemm::available() || std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
 
 // An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
