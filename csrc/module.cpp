@@ -79,6 +79,8 @@ PYBIND11_MODULE(_C, m) {
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels, the fp16/bf16 "
      "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether the "
      "fp32 accumulator of fp8 GEMMs comes from the AVX512-BF16 kernel (bf16_gemm.h).");
+  m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
+        "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
   m.def("_lazy_init", &lazy_init);
   m.def("_is_initialized", &neuron::rt::is_initialized);
   m.def("_in_bad_fork", &neuron::rt::in_bad_fork);

@@ -5,20 +5,51 @@
 // row-wise scales or an fp32 output, _scaled_grouped_mm) used to cost an fp32 GEMM, 2x a bf16
 // one. This kernel runs at oneDNN's bf16 rate (1024^3: 396 vs 413 GFLOP/s on 2 Zen 4 cores):
 // products of bf16 values are exact in fp32, accumulation is fp32, nothing is rounded to bf16.
+//
+// Operands may also be 1-byte codes of a format whose values are all bf16 values (fp8): they are
+// widened exactly while packed, so an fp8 GEMM needs no widened copies of its operands; and the
+// fp32 sums of a finished tile go through the epilogue (alpha, row and column scales, bias) and,
+// for a bf16 result, the one rounding while they are in cache.
 #pragma once
 
 #include <cstdint>
 
 namespace torchneuron::bf16_gemm {
 
-// Whether this CPU has AVX512-BF16 (and the kernel can run).
+// Whether the kernel runs here: the CPU has AVX512-BF16 and set_enabled(false) was not called.
 bool available();
 
-// c[i * ldc + j] = alpha * sum_k A(i, k) * B(k, j) + beta * c[i * ldc + j] for i < m, j < n, with
-// A(i, k) = a[i * lda + k] (or a[k * lda + i] if trans_a) and B(k, j) = b[k * ldb + j] (or
-// b[j * ldb + k] if trans_b), all as bf16 bit patterns. beta == 0 ignores c's contents.
-// Requires available().
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-          int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Tests turn the kernel off to exercise the routes of hosts without AVX512-BF16.
+void set_enabled(bool enabled);
+
+// Writes the exact bf16 bit patterns of n 1-byte codes (e.g. an fp8 format's values).
+using Widen = void (*)(const uint8_t* src, uint16_t* dst, int64_t n);
+
+// A rows x cols operand: element (r, c) at p[r * ld + c], or p[c * ld + r] if trans; p holds bf16
+// bit patterns, or 1-byte codes that `widen` maps to bf16 when it is set.
+struct Matrix {
+  const void* p = nullptr;
+  int64_t ld = 0;
+  bool trans = false;
+  Widen widen = nullptr;
+};
+
+// Where the m x n result goes: with s = the fp32 sum over k of A(i, k) * B(k, j),
+//   v = ((alpha * s) * row_scale[i]) * col_scale[j] + bias[j]   (null pointers, alpha == 1: skipped)
+// is stored as f32[i * ld + j] = v, or, with bf16 set instead of f32, bf16[i * ld + j] = v rounded
+// to nearest even as CPU's Tensor.to(bfloat16) rounds (subnormals kept, NaN -> 0xFFFF). Exactly
+// one of f32 and bf16 is set.
+struct Output {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  int64_t ld = 0;
+  float alpha = 1.0f;
+  const float* row_scale = nullptr;
+  const float* col_scale = nullptr;
+  const float* bias = nullptr;
+};
+
+// out = epilogue(A @ B) for A m x k and B k x n (see Matrix, Output). Requires available().
+void gemm(int64_t m, int64_t n, int64_t k, const Matrix& a, const Matrix& b, const Output& out);
 
 }  // namespace torchneuron::bf16_gemm

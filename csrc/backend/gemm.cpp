@@ -36,7 +36,6 @@
 #include <limits>
 
 #include "allocator.h"
-#include "bf16_gemm.h"
 #include "gemm.h"
 #include "transpose.h"
 
@@ -164,9 +163,6 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
                      float beta, float alpha) {
   const bool batched = a.dim() == 3;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1), batch = batched ? a.size(0) : 1;
-  // bf16 operands with AVX512-BF16: our kernel (bf16_gemm.h), at bf16 matmul speed at any size.
-  const bool avx = a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
-                   bf16_gemm::available() && acc.scalar_type() == at::kFloat && acc.is_contiguous();
   MixedGemm gemm = mixed_gemm(a.scalar_type());
   // MKL's mixed GEMMs convert internally and pay for it on small products: below 2^25
   // multiply-adds exact fp32 copies and sgemm are faster (64x512x512: 0.7 vs 1.0 ms; 1024^3:
@@ -177,10 +173,10 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   // made the fp16-AMP GPT step 1.24x the bf16 one.
   const int64_t min_macs = a.scalar_type() == at::kHalf ? (int64_t{1} << 31) : (int64_t{1} << 25);
   const bool large = batch * m * n * k >= min_macs;
-  const bool mkl = !avx && large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
+  const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
                    a.scalar_type() == b.scalar_type() && acc.scalar_type() == at::kFloat &&
                    acc.is_contiguous() && fits_int(m) && fits_int(n) && fits_int(k);
-  if (!avx && !mkl) {
+  if (!mkl) {
     matmul_f32(upcast(zc, a), upcast(zc, b), acc, beta, alpha);
     return;
   }
@@ -191,20 +187,15 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
     return;
   }
   const Operand A = operand(zc, a), B = operand(zc, b);
-  TORCH_CHECK(avx || (fits_int(A.ld) && fits_int(B.ld)), "matmul: operand strides too large for MKL's GEMM");
+  TORCH_CHECK(fits_int(A.ld) && fits_int(B.ld), "matmul: operand strides too large for MKL's GEMM");
   const auto* pa = static_cast<const uint16_t*>(A.t.const_data_ptr());
   const auto* pb = static_cast<const uint16_t*>(B.t.const_data_ptr());
   auto* pc = static_cast<float*>(acc.data_ptr());
   const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
   for (int64_t i = 0; i < batch; ++i) {
-    if (avx) {
-      bf16_gemm::gemm(A.trans == kTrans, B.trans == kTrans, m, n, k, alpha, pa + i * sa, A.ld, pb + i * sb, B.ld,
-                      beta, pc + i * m * n, n);
-    } else {
-      gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-           alpha, pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta,
-           pc + i * m * n, static_cast<int>(n));
-    }
+    gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+         pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta, pc + i * m * n,
+         static_cast<int>(n));
   }
 }
 

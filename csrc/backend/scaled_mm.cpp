@@ -5,13 +5,15 @@
 // value is a bf16 value (3 or 2 mantissa bits, exponents well inside bf16's range), so an fp8
 // GEMM is a bf16 GEMM on exactly converted operands: products exact, fp32 accumulation.
 // CPU's own _scaled_mm (no AMX here) widens to fp32 through a scalar conversion and runs
-// MKL's sgemm: 5-7x a bf16 matmul. Here the conversion is a vectorized table-free bit
-// transform and the GEMM oneDNN's:
-//   - bf16 output with tensor-wise scales (and no bias or a bf16 bias): one bf16 GEMM whose
-//     epilogue applies scale_a * scale_b (and adds the bias) in fp32 and rounds once;
-//   - anything else (row-wise scales, fp32/fp16/fp8 output, fp32 bias) needs the fp32
-//     accumulator itself, which ATen's oneDNN entry points give only for fp32 operands: an
-//     fp32 GEMM on exact fp32 copies, the epilogue in fp32, one rounding.
+// MKL's sgemm: 5-7x a bf16 matmul. Here, in order of preference:
+//   - bf16 output with tensor-wise scales (and no bias or a bf16 bias), large enough for
+//     oneDNN: exact bf16 copies (a vectorized table-free bit transform) into one oneDNN bf16
+//     GEMM whose epilogue applies scale_a * scale_b (and adds the bias) and rounds once;
+//   - anything else where the CPU has AVX512-BF16: bf16_gemm.h's kernel reads the fp8 codes
+//     (widened while packed) and applies alpha, the row/column scales and the bias to its fp32
+//     sums, writing a bf16/fp32 result itself (other dtypes round from its fp32 result);
+//   - otherwise the fp32 accumulator from MKL's bf16 x bf16 -> fp32 GEMM (hosts without
+//     oneDNN) or an fp32 GEMM on exact fp32 copies, then the epilogue in fp32, one rounding.
 // use_fast_accum is accepted and ignored: PSUM accumulates in fp32 either way.
 // Semantics otherwise follow CPU's kernel (scale_result divides an fp8 output, the default
 // output dtype is mat_a's).
@@ -170,11 +172,10 @@ at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dt
                                    std::nullopt);
 }
 
-// acc (fp32, contiguous) = alpha * a @ b over exactly widened fp8 operands (2-d or 3-d), the
-// fp32 accumulator itself: bf16 operands into bf16_gemm.h's AVX512-BF16 kernel where the CPU
-// has it (bf16 matmul speed), MKL's bf16 x bf16 -> fp32 GEMM on hosts without oneDNN (AVX2:
-// same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.
-bool mixed_route() { return bf16_gemm::available() || std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
+// Without AVX512-BF16, acc (fp32, contiguous) = alpha * a @ b over exactly widened fp8 operands
+// (2-d or 3-d), the fp32 accumulator itself: MKL's bf16 x bf16 -> fp32 GEMM on hosts without
+// oneDNN (AVX2: same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.
+bool mixed_route() { return std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
 
 // An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
 at::Tensor widen_for_gemm(ZeroCopy& zc, const at::Tensor& t) {
@@ -191,6 +192,62 @@ void accumulate_widened(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, 
 void fp32_accumulate(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
                      float alpha) {
   accumulate_widened(zc, widen_for_gemm(zc, a), widen_for_gemm(zc, b), acc, alpha);
+}
+
+// ---- The fused route: fp8 codes straight into bf16_gemm.h's kernel --------------------------
+// Where the AVX512-BF16 kernel runs, an fp8 GEMM reads the codes themselves (widened exactly
+// while packed, in cache) and its epilogue applies alpha, the row/column scales and the bias to
+// each finished tile and rounds it once: no widened copies, no m x n fp32 accumulator, no
+// separate scale pass. Its products come in the order of the unfused epilogue (scaled_epilogue
+// and the tensor ops below), with the same rounding.
+template <bool E4M3>
+void widen_codes(const uint8_t* src, uint16_t* dst, int64_t n) {
+  const auto& table = E4M3 ? kE4M3 : kE5M2;
+#if defined(__x86_64__)
+  if (has_avx512bw()) {
+    convert_avx512(src, dst, n, table, false);
+    return;
+  }
+#endif
+  convert_scalar(src, dst, n, table);
+}
+
+// A 2-d fp8 tensor as the kernel reads it (either dimension of unit stride); another layout is
+// copied to a contiguous tensor held in `keep`.
+bf16_gemm::Matrix fp8_matrix(const at::Tensor& t, std::vector<at::Tensor>& keep) {
+  bf16_gemm::Matrix mt;
+  mt.widen = t.scalar_type() == at::kFloat8_e4m3fn ? widen_codes<true> : widen_codes<false>;
+  const int64_t rows = t.size(0), cols = t.size(1);
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, cols)) {
+    mt.p = t.const_data_ptr();
+    mt.ld = t.stride(0);
+  } else if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, rows)) {
+    mt.p = t.const_data_ptr();
+    mt.ld = t.stride(1);
+    mt.trans = true;
+  } else {
+    keep.push_back(t.contiguous());
+    mt.p = keep.back().const_data_ptr();
+    mt.ld = std::max<int64_t>(1, cols);
+  }
+  return mt;
+}
+
+// o (2-d, bf16 or fp32, unit column stride) = epilogue(a @ b) for fp8 a and b; rs/cs/bias may be
+// null (see bf16_gemm::Output). Requires bf16_gemm::available().
+void fused_scaled_mm(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b, float alpha, const float* rs,
+                     const float* cs, const float* bias) {
+  TORCH_INTERNAL_ASSERT(o.dim() == 2 && (o.stride(1) == 1 || o.size(1) <= 1));
+  std::vector<at::Tensor> keep;
+  bf16_gemm::Output out;
+  if (o.scalar_type() == at::kBFloat16) out.bf16 = static_cast<uint16_t*>(o.data_ptr());
+  else out.f32 = o.data_ptr<float>();
+  out.ld = o.stride(0);
+  out.alpha = alpha;
+  out.row_scale = rs;
+  out.col_scale = cs;
+  out.bias = bias;
+  bf16_gemm::gemm(a.size(0), b.size(1), a.size(1), fp8_matrix(a, keep), fp8_matrix(b, keep), out);
 }
 
 // o = round(acc * row_scale[i] * col_scale[j]) for acc (M x N, contiguous fp32) and o 2-d of
@@ -290,8 +347,24 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
-  if (dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
-      gemm::onednn_matmul_usable() && gemm::prefer_onednn(M, N, K)) {
+  const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
+                           gemm::onednn_matmul_usable() && gemm::prefer_onednn(M, N, K);
+  const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
+  if (bf16_gemm::available() && !onednn_bf16) {
+    // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32
+    // result itself; another dtype is rounded from its fp32 result.
+    const bool direct = dt == at::kBFloat16 || dt == at::kFloat;
+    const at::Tensor acc = direct ? o : gemm::scratch(zc, {M, N}, at::kFloat);
+    const at::Tensor rs = tensorwise ? at::Tensor() : dense_scale(sa), cs = tensorwise ? at::Tensor() : dense_scale(sb);
+    const at::Tensor bf = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+    auto data = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr<float>() : nullptr; };
+    fused_scaled_mm(acc, a, b, alpha, data(rs), data(cs), data(bf));
+    if (direct) return;
+    if (scale_result && fp8_out) at::Tensor(acc).mul_(1.0f / scale_result->item<float>());
+    at::Tensor(o).copy_(acc);  // the one rounding
+    return;
+  }
+  if (onednn_bf16) {
     float beta = 0.0f;
     if (bias) {
       at::Tensor(o).copy_(bias->reshape({1, N}).expand({M, N}));
@@ -302,7 +375,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   }
   at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
   fp32_accumulate(zc, a, b, acc, alpha);
-  const bool plain = !bias && !(scale_result && (dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2));
+  const bool plain = !bias && !(scale_result && fp8_out);
   if (!tensorwise && plain) {  // row-wise scales and the rounding in one cache-blocked pass
     const at::Tensor rs = dense_scale(sa), cs = dense_scale(sb);
     scaled_epilogue(acc, rs.const_data_ptr<float>(), cs.const_data_ptr<float>(), o);
@@ -313,9 +386,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
     acc.mul_(sb);
   }
   if (bias) acc.add_(bias->reshape({1, N}));
-  if (scale_result && (dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2)) {
-    acc.mul_(1.0f / scale_result->item<float>());
-  }
+  if (scale_result && fp8_out) acc.mul_(1.0f / scale_result->item<float>());
   at::Tensor(o).copy_(acc);  // the one rounding
 }
 
@@ -426,7 +497,20 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
                       " for " + std::to_string(mat.dim()) + "-d operands, got " + c10::str(s.sizes()));
   };
   at::Tensor out, o;
-  const at::Tensor aw = widen_for_gemm(zc, a), bw = widen_for_gemm(zc, b);  // once, then sliced
+  // One group: og = round((ag @ bg) * rs[i] * cs[j]). The fused route reads the fp8 slices; the
+  // unfused one widens both operands once (`aw`, `bw`, sliced like a and b) and accumulates in fp32.
+  const bool fused = bf16_gemm::available();
+  const at::Tensor aw = fused ? a : widen_for_gemm(zc, a), bw = fused ? b : widen_for_gemm(zc, b);
+  auto product = [&](const at::Tensor& ag, const at::Tensor& bg, const float* rs, const float* cs,
+                     const at::Tensor& og) {
+    if (fused) {
+      fused_scaled_mm(og, ag, bg, 1.0f, rs, cs, nullptr);
+      return;
+    }
+    at::Tensor acc = gemm::scratch(zc, {ag.size(0), bg.size(1)}, at::kFloat);
+    accumulate_widened(zc, ag, bg, acc, 1.0f);
+    scaled_epilogue(acc, rs, cs, og);
+  };
   if (a2 && !b2) {  // 2d x 3d
     const int64_t M = a.size(0), G = b.size(0), N = b.size(2);
     check_scale(sa, "scale_a", a, 1, {M});
@@ -440,10 +524,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     for (int64_t g = 0; g < G; ++g) {
       const int64_t end = ends[g];
       if (end > start) {
-        at::Tensor acc = gemm::scratch(zc, {end - start, N}, at::kFloat);
-        accumulate_widened(zc, aw.slice(0, start, end), bw[g], acc, 1.0f);
-        scaled_epilogue(acc, sad.const_data_ptr<float>() + start, sbd[g].const_data_ptr<float>(),
-                        o.slice(0, start, end));
+        product(aw.slice(0, start, end), bw[g], sad.const_data_ptr<float>() + start, sbd[g].const_data_ptr<float>(),
+                o.slice(0, start, end));
       }
       start = end;
     }
@@ -454,11 +536,9 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     check_scale(sb, "scale_b", b, 2, {G, N});
     out = pooled(zc, {G, M, N}, at::kBFloat16);
     o = zc.in_output(out);
-    at::Tensor acc = gemm::scratch(zc, {G, M, N}, at::kFloat);
-    accumulate_widened(zc, aw, bw, acc, 1.0f);
     const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
     for (int64_t g = 0; g < G; ++g) {
-      scaled_epilogue(acc[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
+      product(aw[g], bw[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
     }
   } else if (!a2 && b2) {  // 3d x 2d
     const int64_t G = a.size(0), M = a.size(1), N = b.size(1);
@@ -473,10 +553,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     for (int64_t g = 0; g < G; ++g) {
       const int64_t end = ends[g];
       if (end > start) {
-        at::Tensor acc = gemm::scratch(zc, {M, end - start}, at::kFloat);
-        accumulate_widened(zc, aw[g], bw.slice(1, start, end), acc, 1.0f);
-        scaled_epilogue(acc, sad[g].const_data_ptr<float>(), sbd.const_data_ptr<float>() + start,
-                        o.slice(1, start, end));
+        product(aw[g], bw.slice(1, start, end), sad[g].const_data_ptr<float>(), sbd.const_data_ptr<float>() + start,
+                o.slice(1, start, end));
       }
       start = end;
     }
@@ -495,9 +573,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     for (int64_t g = 0; g < G; ++g) {
       const int64_t end = ends[g];
       if (end > start) {
-        at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
-        accumulate_widened(zc, aw.slice(1, start, end), bw.slice(0, start, end), acc, 1.0f);
-        scaled_epilogue(acc, sad.const_data_ptr<float>() + g * M, sbd.const_data_ptr<float>() + g * N, o[g]);
+        product(aw.slice(1, start, end), bw.slice(0, start, end), sad.const_data_ptr<float>() + g * M,
+                sbd.const_data_ptr<float>() + g * N, o[g]);
       } else {
         o[g].zero_();
       }

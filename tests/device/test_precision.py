@@ -317,10 +317,24 @@ def _to_dev(t):
     return t.to(DEV) if t.is_contiguous() else t.t().contiguous().to(DEV).t()
 
 
+@pytest.fixture(params=["avx512_bf16", "without"])
+def fp8_route(request):
+    """Each fp8 GEMM test on both host routes: bf16_gemm.cpp's AVX512-BF16 kernel reading the fp8
+    codes (where the CPU has it), and the route of hosts without it (widened copies, an fp32
+    accumulator, the epilogue as tensor ops)."""
+    if request.param == "avx512_bf16" and not ROUTES["bf16_fp32_gemm_avx512"]:
+        pytest.skip("this CPU has no AVX512-BF16")
+    _C._set_bf16_gemm_enabled(request.param == "avx512_bf16")
+    try:
+        yield request.param
+    finally:
+        _C._set_bf16_gemm_enabled(True)
+
+
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E4M3)])
-def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, scaling, out_dtype):
+def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, scaling, out_dtype, fp8_route):
     torch.manual_seed(7)
     m, k, n = 96, 256, 80  # large enough for the oneDNN bf16 route (tensorwise -> bf16)
     a, b = _fp8_operands(m, k, n, *dtypes)
@@ -338,24 +352,49 @@ def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, 
 
 
 # Across the AVX512-BF16 kernel's blocking (bf16_gemm.cpp: 8 x 32 micro-tiles, k slices of 512,
-# 64-row tasks, 1024-column B blocks): odd k, partial tiles and slices, a single row or column.
-@pytest.mark.parametrize("b_col_major", [True, False], ids=["mat2 column-major", "mat2 row-major"])
-@pytest.mark.parametrize("mkn", [(1, 1, 1), (7, 3, 5), (9, 33, 31), (65, 513, 97), (130, 1030, 40), (3, 1025, 1100),
-                                 (16, 2, 16)], ids=str)
-def test_scaled_mm_fp32_accumulator_across_blocking_edges(mkn, b_col_major):
+# 64-row tasks, columns split among tasks below 4 row blocks, B packed 1024 columns at a time, fewer
+# for k > 2048; vectorized packing of 8 whole pairs, element loop for the rest): odd k, partial
+# tiles, panels and slices, a single row or column, one and several row blocks.
+EDGE_SHAPES = [(1, 1, 1), (7, 3, 5), (9, 33, 31), (65, 513, 97), (130, 1030, 40), (3, 1025, 1100), (16, 2, 16),
+               (64, 48, 256), (200, 4100, 1100)]
+
+
+@pytest.mark.parametrize("layouts", ["a rows, b columns", "a rows, b rows", "a columns, b columns"])
+@pytest.mark.parametrize("mkn", EDGE_SHAPES, ids=str)
+def test_scaled_mm_fp32_accumulator_across_blocking_edges(mkn, layouts, fp8_route):
     torch.manual_seed(11)
     m, k, n = mkn
-    a, b = _fp8_operands(m, k, n, E4M3, E4M3, b_col_major)
+    a, b = _fp8_operands(m, k, n, E4M3, E4M3, b_col_major=layouts.endswith("b columns"))
+    ad = a.t().contiguous().to(DEV).t() if layouts.startswith("a columns") else a.to(DEV)
     sa, sb = torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
-    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.float32)
-    ad, bd = a.double(), b.double()
-    exact = (ad @ bd) * sa.double() * sb.double()
-    absprod = (ad.abs() @ bd.abs()) * sa.double() * sb.double()
-    assert_tensore(got, exact, k, absprod=absprod, min_equal=0.0)
+    bias = torch.randn(n)
+    got = torch._scaled_mm(ad, _to_dev(b), sa.to(DEV), sb.to(DEV), bias=bias.to(DEV), out_dtype=torch.float32)
+    exact = (a.double() @ b.double()) * sa.double() * sb.double() + bias.double()
+    absprod = (a.double().abs() @ b.double().abs()) * sa.double() * sb.double()
+    assert_tensore(got, exact, k, absprod=absprod, min_equal=0.0, atol=2.0 ** -24 * bias.double().abs())
+    # The bf16 result is the fp32 one rounded once, as CPU rounds it.
+    got16 = torch._scaled_mm(ad, _to_dev(b), sa.to(DEV), sb.to(DEV), bias=bias.to(DEV), out_dtype=torch.bfloat16)
+    assert torch.equal(_bits(got16.cpu()), _bits(got.cpu().to(torch.bfloat16)))
+
+
+def test_scaled_mm_bf16_result_rounds_subnormals_and_nan_like_cpu(fp8_route):
+    # Scales that take the fp32 results into the subnormal range (vcvtneps2bf16 would flush
+    # them to zero) and a NaN row scale (CPU's conversion writes 0xFFFF for every NaN).
+    torch.manual_seed(12)
+    a, b = _fp8_operands(40, 64, 48, E4M3, E4M3)
+    sa = torch.full((40, 1), 1e-41)
+    sa[3, 0] = float("nan")
+    sb = torch.rand(1, 48) + 0.5
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.bfloat16).cpu()
+    acc = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.float32).cpu()
+    sub = (acc[:3] != 0) & (acc[:3].abs() < torch.finfo(torch.float32).tiny)
+    assert bool((sub & (acc[:3].to(torch.bfloat16) != 0)).any())  # subnormals that survive in bf16
+    assert torch.equal(_bits(got), _bits(acc.to(torch.bfloat16)))
+    assert bool(got[3].isnan().all())
 
 
 @pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
-def test_scaled_mm_adds_bias_before_the_one_rounding(bias_dtype):
+def test_scaled_mm_adds_bias_before_the_one_rounding(bias_dtype, fp8_route):
     torch.manual_seed(8)
     a, b = _fp8_operands(64, 128, 96, E4M3, E4M3)
     bias = torch.randn(96).to(bias_dtype)
@@ -378,7 +417,7 @@ def test_scaled_mm_row_major_mat2_and_use_fast_accum_give_the_same_exact_result(
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_scaled_mm_reads_every_fp8_code_exactly(dtype, out_dtype):
+def test_scaled_mm_reads_every_fp8_code_exactly(dtype, out_dtype, fp8_route):
     # Every code (NaNs, Inf for e5m2, subnormals, both zeros) as a column times 1: the output is
     # the code's value. 263 rows cover the vector body and its scalar tail; K=32 rows of zeros
     # but one take the bf16 oneDNN route for a bf16 output.
@@ -397,7 +436,7 @@ def test_scaled_mm_reads_every_fp8_code_exactly(dtype, out_dtype):
     assert torch.equal(got.isinf() & (got > 0), want.isinf() & (want > 0))
 
 
-def test_scaled_mm_fp8_output_divides_by_scale_result_like_cpu():
+def test_scaled_mm_fp8_output_divides_by_scale_result_like_cpu(fp8_route):
     torch.manual_seed(10)
     a, b = _fp8_operands(32, 64, 48, E4M3, E4M3)
     s, sr = torch.tensor(0.125), torch.tensor(4.0)
@@ -636,7 +675,7 @@ def _dev(t):
 
 
 @pytest.mark.parametrize("kind", ["2d3d", "3d3d", "3d2d", "2d2d"])
-def test_scaled_grouped_mm_is_exact_per_group_with_one_rounding(kind):
+def test_scaled_grouped_mm_is_exact_per_group_with_one_rounding(kind, fp8_route):
     a, b, sa, sb, offs = _grouped_operands(kind)
     got = torch._scaled_grouped_mm(_dev(a), _dev(b), _dev(sa), _dev(sb), offs=_dev(offs), out_dtype=torch.bfloat16)
     exact, absout = _grouped_reference(a, b, sa, sb, offs, kind)
@@ -723,7 +762,7 @@ def test_one_byte_transposed_copies_equal_cpu(dtype, direction):
                        _bits(x) if dtype != torch.bool else x)
 
 
-def test_rowwise_scaled_mm_equals_the_unfused_epilogue_bit_for_bit():
+def test_rowwise_scaled_mm_equals_the_unfused_epilogue_bit_for_bit(fp8_route):
     # The fused pass applies (acc * scale_a[i]) * scale_b[j] and rounds once, in row blocks of
     # 256 KiB of accumulator: 2100 x 64 spans three blocks and a partial one.
     torch.manual_seed(32)
@@ -736,7 +775,7 @@ def test_rowwise_scaled_mm_equals_the_unfused_epilogue_bit_for_bit():
     assert torch.equal(_bits(got), _bits(want))
 
 
-def test_scaled_grouped_mm_equals_per_group_unfused_epilogue_bit_for_bit():
+def test_scaled_grouped_mm_equals_per_group_unfused_epilogue_bit_for_bit(fp8_route):
     torch.manual_seed(33)
     G, M, K, N = 3, 600, 64, 48
     a = (torch.randn(M, K) * 4).to(E4M3)
