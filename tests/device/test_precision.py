@@ -393,6 +393,25 @@ def test_scaled_mm_bf16_result_rounds_subnormals_and_nan_like_cpu(fp8_route):
     assert bool(got[3].isnan().all())
 
 
+@pytest.mark.parametrize("mkn", [(16, 600, 520), (300, 1100, 200)], ids=str)
+def test_scaled_mm_bits_do_not_depend_on_the_thread_count(mkn, fp8_route):
+    # The kernel splits rows (and, for few rows, columns) among tasks, never k: each sum runs
+    # in the same order on any number of intra-op threads.
+    torch.manual_seed(13)
+    a, b = _fp8_operands(*mkn, E4M3, E4M3)
+    sa, sb = torch.rand(mkn[0], 1) + 0.5, torch.rand(1, mkn[2]) + 0.5
+    args = (_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch._scaled_mm(*args, out_dtype=torch.float32).cpu()
+        torch.set_num_threads(3)
+        three = torch._scaled_mm(*args, out_dtype=torch.float32).cpu()
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(_bits(one), _bits(three))
+
+
 @pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
 def test_scaled_mm_adds_bias_before_the_one_rounding(bias_dtype, fp8_route):
     torch.manual_seed(8)
