@@ -248,13 +248,15 @@ def _torchao():
         return False
 
 
-def float8_train_case(dev, dt, input_grad=False):
+def float8_train_case(dev, dt, input_grad=False, compiled=False):
     """torchao float8 training (tensorwise) of a bf16 MLP vs the same MLP in bf16.
 
     With ``input_grad`` the input requires grad, as for any MLP after the first layer of a
     network. Without it the bf16 step runs 5 GEMMs and torchao's 6: torchao's backward always
-    computes the first linear's input gradient (it does not check ``needs_input_grad``)."""
-    if dt not in (torch.bfloat16, FP8):
+    computes the first linear's input gradient (it does not check ``needs_input_grad``).
+    With ``compiled`` both models run under ``torch.compile`` (torchao's recommended use: its
+    casts fuse into Inductor kernels); neuron only."""
+    if dt not in (torch.bfloat16, FP8) or (compiled and dev != "neuron"):
         return None
     from torchao.float8 import convert_to_float8_training
     torch.manual_seed(0)
@@ -262,6 +264,8 @@ def float8_train_case(dev, dt, input_grad=False):
                                 torch.nn.Linear(2048, 1024, bias=False)).to(dev, torch.bfloat16)
     if dt == FP8:
         convert_to_float8_training(model)
+    if compiled:
+        model = torch.compile(model, backend="neuron")
     x = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16, requires_grad=input_grad)
 
     def step():
@@ -274,6 +278,10 @@ def float8_train_case(dev, dt, input_grad=False):
 
 def float8_train_input_grad_case(dev, dt):
     return float8_train_case(dev, dt, input_grad=True)
+
+
+def float8_train_compiled_case(dev, dt):
+    return float8_train_case(dev, dt, input_grad=True, compiled=True)
 
 
 def int8_weight_only_case(dev, dt):
@@ -321,6 +329,7 @@ CASES = [
     ("GPT train step (AMP)", gpt_case, ("fp32", "bf16", "fp16"), ("fp16", 1.2)),
     ("torchao float8 MLP train", float8_train_case, ("bf16", "fp8"), ("fp8", 1.0)),
     ("torchao float8 MLP train, input grad", float8_train_input_grad_case, ("bf16", "fp8"), ("fp8", 1.0)),
+    ("torchao float8 MLP, compiled", float8_train_compiled_case, ("bf16", "fp8"), ("fp8", 1.0)),
     ("torchao int8 weight-only linear", int8_weight_only_case, ("bf16", "int8"), ("int8", 1.0)),
 ]
 
