@@ -354,9 +354,9 @@ def test_scaled_mm_is_exact_fp8_products_fp32_accumulation_one_rounding(dtypes, 
 # Across the AVX512-BF16 kernel's blocking (bf16_gemm.cpp: 8 x 32 micro-tiles, k slices of 512,
 # 64-row tasks, columns split among tasks below 4 row blocks, B packed 1024 columns at a time, fewer
 # for k > 2048; vectorized packing of 8 whole pairs, element loop for the rest): odd k, partial
-# tiles, panels and slices, a single row or column, one and several row blocks.
+# tiles, panels and slices, a single row or column, one and several row blocks, an empty sum.
 EDGE_SHAPES = [(1, 1, 1), (7, 3, 5), (9, 33, 31), (65, 513, 97), (130, 1030, 40), (3, 1025, 1100), (16, 2, 16),
-               (64, 48, 256), (200, 4100, 1100)]
+               (64, 48, 256), (200, 4100, 1100), (5, 0, 7)]
 
 
 @pytest.mark.parametrize("layouts", ["a rows, b columns", "a rows, b rows", "a columns, b columns"])
