@@ -2,9 +2,12 @@
 //
 // CPU's copy_ converts float8_e4m3fn / float8_e5m2 element by element through c10's branchy
 // scalar functions (~6 ns an element from fp8, ~1 ns to fp8 on the AVX2 host), a cost torchao's
-// float8 training pays on every cast of every linear. Here: fp8 -> fp32/bf16 through 256-entry tables built from c10's own conversions
-// (exact by construction, NaN bit patterns included), fp32/bf16 -> fp8 with c10's integer
-// algorithm on 8 lanes at a time (AVX2), c10's scalar function for tails and other CPUs.
+// float8 training pays on every cast of every linear. Here: fp8 -> fp32/bf16 from tables of
+// c10's own conversions (exact by construction, NaN bit patterns included), held in registers
+// and indexed 32 codes at a time with AVX-512BW (else AVX2 bit arithmetic, or a load per
+// element); fp32/bf16 -> fp8 with c10's integer algorithm on 8 lanes at a time (AVX2), c10's
+// scalar function for tails and other CPUs. Also the widening of fp8 GEMM operands
+// (scaled_mm.cpp, bf16_gemm.cpp's packing).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -3,11 +3,11 @@
 //
 // TensorE multiplies fp8 exactly and accumulates in fp32. Every float8_e4m3fn and float8_e5m2
 // value is a bf16 value (3 or 2 mantissa bits, exponents well inside bf16's range), so an fp8
-// GEMM is a bf16 GEMM on exactly converted operands: products exact, fp32 accumulation.
+// GEMM is a bf16 GEMM on exactly converted operands (fp8.h): products exact, fp32 accumulation.
 // CPU's own _scaled_mm (no AMX here) widens to fp32 through a scalar conversion and runs
 // MKL's sgemm: 5-7x a bf16 matmul. Here, in order of preference:
 //   - bf16 output with tensor-wise scales (and no bias or a bf16 bias), large enough for
-//     oneDNN: exact bf16 copies (a vectorized table-free bit transform) into one oneDNN bf16
+//     oneDNN: exact bf16 copies (fp8.h's vectorized conversion) into one oneDNN bf16
 //     GEMM whose epilogue applies scale_a * scale_b (and adds the bias) and rounds once;
 //   - anything else where the CPU has AVX512-BF16: bf16_gemm.h's kernel reads the fp8 codes
 //     (widened while packed) and applies alpha, the row/column scales and the bias to its fp32
@@ -25,7 +25,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,118 +41,16 @@
 namespace torchneuron {
 namespace {
 
-// ---- fp8 -> bf16 / fp32, exact ------------------------------------------------------------
-// Bit transform per format: normal numbers re-bias the exponent (a shift and an add),
-// subnormals (<= 3 values) come from a tiny table, then NaN/Inf codes; the sign is kept.
-template <bool E4M3>
-constexpr uint16_t fp8_to_bf16_bits(uint8_t x) {
-  const uint16_t sign = static_cast<uint16_t>((x & 0x80) << 8);
-  const uint16_t m = x & 0x7F;
-  if constexpr (E4M3) {  // s eeee mmm, bias 7; no Inf; 0x7F is NaN
-    if (m == 0x7F) return sign | 0x7FC0;
-    if (m >= 8) return sign | static_cast<uint16_t>((m << 4) + (120 << 7));
-    // m * 2^-9: exponent of the leading bit, remaining bits as mantissa.
-    if (m == 0) return sign;
-    int e = 0;
-    while ((m >> (e + 1)) != 0) ++e;  // leading-one position, 0..2
-    const uint16_t mant = static_cast<uint16_t>((m - (1 << e)) << (7 - e));
-    return sign | static_cast<uint16_t>(((127 - 9 + e) << 7) | mant);
-  } else {  // s eeeee mm, bias 15; 0x7C Inf, 0x7D-0x7F NaN
-    if (m == 0x7C) return sign | 0x7F80;
-    if (m > 0x7C) return sign | 0x7FC0;
-    if (m >= 4) return sign | static_cast<uint16_t>((m << 5) + (112 << 7));
-    if (m == 0) return sign;
-    const int e = m >> 1;  // 1 -> 0, 2..3 -> 1
-    const uint16_t mant = static_cast<uint16_t>((m - (1 << e)) << (7 - e));
-    return sign | static_cast<uint16_t>(((127 - 16 + e) << 7) | mant);
-  }
-}
-
-template <bool E4M3>
-constexpr std::array<uint16_t, 256> make_table() {
-  std::array<uint16_t, 256> t{};
-  for (int i = 0; i < 256; ++i) t[i] = fp8_to_bf16_bits<E4M3>(static_cast<uint8_t>(i));
-  return t;
-}
-constexpr auto kE4M3 = make_table<true>();
-constexpr auto kE5M2 = make_table<false>();
-
-template <class Out>
-void convert_scalar(const uint8_t* src, Out* dst, int64_t n, const std::array<uint16_t, 256>& table) {
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (sizeof(Out) == 2) dst[i] = table[src[i]];
-    else dst[i] = static_cast<uint32_t>(table[src[i]]) << 16;
-  }
-}
-
-#if defined(__x86_64__)
-// 32 codes per step: the low 7 bits index a 128-entry table of magnitudes held in four
-// registers (vpermi2w twice, then a blend on bit 6), the sign is or-ed back.
-__attribute__((target("avx512bw"))) void convert_avx512(const uint8_t* src, void* dst, int64_t n,
-                                                         const std::array<uint16_t, 256>& table,
-                                                         bool to_f32) {
-  const __m512i t0 = _mm512_loadu_si512(table.data());
-  const __m512i t1 = _mm512_loadu_si512(table.data() + 32);
-  const __m512i t2 = _mm512_loadu_si512(table.data() + 64);
-  const __m512i t3 = _mm512_loadu_si512(table.data() + 96);
-  const __m512i low7 = _mm512_set1_epi16(0x7F), bit6 = _mm512_set1_epi16(0x40);
-  const __m512i signbit = _mm512_set1_epi16(0x80);
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    const __m512i m = _mm512_and_si512(x, low7);
-    const __m512i lo = _mm512_permutex2var_epi16(t0, m, t1);  // index bits 0-5: entries 0-63
-    const __m512i hi = _mm512_permutex2var_epi16(t2, m, t3);  // entries 64-127
-    const __mmask32 upper = _mm512_test_epi16_mask(m, bit6);
-    __m512i r = _mm512_mask_blend_epi16(upper, lo, hi);
-    r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(x, signbit), 8));
-    if (!to_f32) {
-      _mm512_storeu_si512(static_cast<uint16_t*>(dst) + i, r);
-    } else {
-      uint32_t* d = static_cast<uint32_t*>(dst) + i;
-      const __m512i a = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
-      const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
-      _mm512_storeu_si512(d, a);
-      _mm512_storeu_si512(d + 16, b);
-    }
-  }
-  if (to_f32) convert_scalar(src + i, static_cast<uint32_t*>(dst) + i, n - i, table);
-  else convert_scalar(src + i, static_cast<uint16_t*>(dst) + i, n - i, table);
-}
-#endif
-
-bool has_avx512bw() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx512bw");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-// Exact copy of an fp8 tensor as bf16 or fp32 in a scratch buffer of the same dense layout.
+// Exact copy of an fp8 tensor as bf16 or fp32 in a scratch buffer of the same dense layout
+// (fp8.h's conversion: c10's values).
 at::Tensor widen_fp8(ZeroCopy& zc, const at::Tensor& t, c10::ScalarType to) {
   const at::Tensor src = t.is_non_overlapping_and_dense() ? t : t.contiguous();
   at::Tensor dst = gemm::scratch(zc, src.sizes(), to, src.strides());
-  const auto& table = src.scalar_type() == at::kFloat8_e4m3fn ? kE4M3 : kE5M2;
   const auto* in = static_cast<const uint8_t*>(src.const_data_ptr());
-  void* out = dst.data_ptr();
-  const bool f32 = to == at::kFloat;
+  auto* out = static_cast<char*>(dst.data_ptr());
+  const int64_t width = dst.element_size();
   at::parallel_for(0, src.numel(), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
-#if defined(__x86_64__)
-    if (has_avx512bw()) {
-      convert_avx512(in + begin, static_cast<char*>(out) + begin * (f32 ? 4 : 2), end - begin, table, f32);
-      return;
-    }
-#endif
-    // fp8.cpp's conversion (AVX2 bit arithmetic; c10's values, NaN payloads aside, which the
-    // GEMM does not keep either).
-    if (fp8::convert(in + begin, src.scalar_type(), static_cast<char*>(out) + begin * (f32 ? 4 : 2), to,
-                     end - begin)) {
-      return;
-    }
-    if (f32) convert_scalar(in + begin, static_cast<uint32_t*>(out) + begin, end - begin, table);
-    else convert_scalar(in + begin, static_cast<uint16_t*>(out) + begin, end - begin, table);
+    fp8::convert(in + begin, src.scalar_type(), out + begin * width, to, end - begin);
   });
   return dst;
 }
@@ -202,14 +99,7 @@ void fp32_accumulate(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 // and the tensor ops below), with the same rounding.
 template <bool E4M3>
 void widen_codes(const uint8_t* src, uint16_t* dst, int64_t n) {
-  const auto& table = E4M3 ? kE4M3 : kE5M2;
-#if defined(__x86_64__)
-  if (has_avx512bw()) {
-    convert_avx512(src, dst, n, table, false);
-    return;
-  }
-#endif
-  convert_scalar(src, dst, n, table);
+  fp8::convert(src, E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2, dst, at::kBFloat16, n);
 }
 
 // A 2-d fp8 tensor as the kernel reads it (either dimension of unit stride); another layout is
