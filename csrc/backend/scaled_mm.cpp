@@ -102,23 +102,23 @@ void widen_codes(const uint8_t* src, uint16_t* dst, int64_t n) {
   fp8::convert(src, E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2, dst, at::kBFloat16, n);
 }
 
-// A 2-d fp8 tensor as the kernel reads it (either dimension of unit stride); another layout is
-// copied to a contiguous tensor held in `keep`.
+// A 2-d fp8 tensor as the kernel reads it: either dimension of unit stride, read in place (any
+// leading dimension, 0 for a broadcast row or column: the operand is only read); another layout
+// is copied to a contiguous tensor held in `keep`.
 bf16_gemm::Matrix fp8_matrix(const at::Tensor& t, std::vector<at::Tensor>& keep) {
   bf16_gemm::Matrix mt;
   mt.widen = t.scalar_type() == at::kFloat8_e4m3fn ? widen_codes<true> : widen_codes<false>;
-  const int64_t rows = t.size(0), cols = t.size(1);
-  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, cols)) {
+  if (t.stride(1) == 1) {
     mt.p = t.const_data_ptr();
     mt.ld = t.stride(0);
-  } else if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, rows)) {
+  } else if (t.stride(0) == 1) {
     mt.p = t.const_data_ptr();
     mt.ld = t.stride(1);
     mt.trans = true;
   } else {
     keep.push_back(t.contiguous());
     mt.p = keep.back().const_data_ptr();
-    mt.ld = std::max<int64_t>(1, cols);
+    mt.ld = t.size(1);
   }
   return mt;
 }

@@ -393,6 +393,27 @@ def test_scaled_mm_bf16_result_rounds_subnormals_and_nan_like_cpu(fp8_route):
     assert bool(got[3].isnan().all())
 
 
+def test_scaled_mm_reads_strided_and_broadcast_operands(fp8_route):
+    # Every other column (copied first), a broadcast row (read in place at a leading dimension of
+    # 0), a column slice of a column-major mat2: the same exact product.
+    torch.manual_seed(14)
+    wide = (torch.randn(40, 192) * 4).to(E4M3)
+    a = wide.to(DEV)[:, ::2]                                    # strides (192, 2)
+    row = (torch.randn(1, 96) * 4).to(E4M3)
+    a_bcast = row.to(DEV).expand(40, 96)                        # strides (0, 1)
+    bt = (torch.randn(72, 96) * 4).to(E4M3)
+    b = bt.to(DEV).t()[:, 5:53]                                  # column-major, offset
+    sa, sb = torch.rand(40, 1) + 0.5, torch.rand(1, 48) + 0.5
+    col = (torch.randn(96, 1) * 4).to(E4M3)
+    cases = ((a, wide[:, ::2], b, bt.t()[:, 5:53]), (a_bcast, row.expand(40, 96), b, bt.t()[:, 5:53]),
+             (a, wide[:, ::2], col.to(DEV).expand(96, 48), col.expand(96, 48)))  # mat2 strides (1, 0)
+    for dev_a, cpu_a, dev_b, cpu_b in cases:
+        got = torch._scaled_mm(dev_a, dev_b, sa.to(DEV), sb.to(DEV), out_dtype=torch.float32)
+        ad, bd = cpu_a.double(), cpu_b.double()
+        exact = (ad @ bd) * sa.double() * sb.double()
+        assert_tensore(got, exact, 96, absprod=(ad.abs() @ bd.abs()) * sa.double() * sb.double(), min_equal=0.0)
+
+
 @pytest.mark.parametrize("mkn", [(16, 600, 520), (300, 1100, 200)], ids=str)
 def test_scaled_mm_bits_do_not_depend_on_the_thread_count(mkn, fp8_route):
     # The kernel splits rows (and, for few rows, columns) among tasks, never k: each sum runs
