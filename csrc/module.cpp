@@ -77,8 +77,8 @@ PYBIND11_MODULE(_C, m) {
     d["bf16_fp32_gemm_avx512"] = torchneuron::bf16_gemm::available();
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels, the fp16/bf16 "
-     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether the "
-     "fp32 accumulator of fp8 GEMMs comes from the AVX512-BF16 kernel (bf16_gemm.h).");
+     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
+     "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted).");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
         "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
   m.def("_lazy_init", &lazy_init);
