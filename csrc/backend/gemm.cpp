@@ -193,9 +193,9 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   auto* pc = static_cast<float*>(acc.data_ptr());
   const int64_t sa = batched ? A.t.stride(0) : 0, sb = batched ? B.t.stride(0) : 0;
   for (int64_t i = 0; i < batch; ++i) {
-    gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
-         pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta, pc + i * m * n,
-         static_cast<int>(n));
+    gemm(kRowMajor, A.trans, B.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+         alpha, pa + i * sa, static_cast<int>(A.ld), pb + i * sb, static_cast<int>(B.ld), beta,
+         pc + i * m * n, static_cast<int>(n));
   }
 }
 

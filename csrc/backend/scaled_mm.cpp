@@ -427,8 +427,16 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     out = pooled(zc, {G, M, N}, at::kBFloat16);
     o = zc.in_output(out);
     const at::Tensor sad = dense_scale(sa), sbd = dense_scale(sb);
-    for (int64_t g = 0; g < G; ++g) {
-      product(aw[g], bw[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
+    if (fused) {
+      for (int64_t g = 0; g < G; ++g) {
+        product(aw[g], bw[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
+      }
+    } else {  // the unfused route accumulates every group in one batched GEMM
+      at::Tensor acc = gemm::scratch(zc, {G, M, N}, at::kFloat);
+      accumulate_widened(zc, aw, bw, acc, 1.0f);
+      for (int64_t g = 0; g < G; ++g) {
+        scaled_epilogue(acc[g], sad[g].const_data_ptr<float>(), sbd[g].const_data_ptr<float>(), o[g]);
+      }
     }
   } else if (!a2 && b2) {  // 3d x 2d
     const int64_t G = a.size(0), M = a.size(1), N = b.size(1);
