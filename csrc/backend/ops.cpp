@@ -8,6 +8,15 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/TensorUtils.h>
+#include <ATen/TensorIterator.h>
+// ATen's DispatchStub signatures list one pointer per CPU capability libtorch was compiled
+// with; the x86-64 wheels compile AVX2 and AVX-512 kernels (nm: DispatchStubImpl::get_call_ptr
+// takes DEFAULT, AVX512, AVX2). The header needs the same macros to call a stub (GELU below).
+#if defined(__x86_64__)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+#include <ATen/native/Activation.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
@@ -24,6 +33,10 @@
 #include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
+#include <ATen/ops/gelu_backward_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
+#include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/silu_cpu_dispatch.h>
 #include <ATen/ops/threshold_backward_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
@@ -37,9 +50,11 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../runtime/runtime.h"
@@ -320,9 +335,15 @@ template <class T> struct Arg { using type = T; };
 template <> struct Arg<const at::Tensor&> { using type = at::Tensor; };
 template <> struct Arg<at::Tensor&> { using type = at::Tensor; };
 
+template <> struct Arg<const std::optional<at::Tensor>&> { using type = std::optional<at::Tensor>; };
+
 template <class T> T&& map_in(ZeroCopy&, T&& v) { return std::forward<T>(v); }
 inline at::Tensor map_in(ZeroCopy& zc, const at::Tensor& t) { return zc.in(t); }
 inline at::Tensor map_in(ZeroCopy& zc, at::Tensor& t) { return zc.in(t); }
+inline std::optional<at::Tensor> map_in(ZeroCopy& zc, const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined()) return zc.in(*t);
+  return t;
+}
 
 template <class R> struct Out {
   static R map(ZeroCopy&, R&& r) { return std::move(r); }
@@ -349,6 +370,7 @@ template <> struct Out<std::tuple<at::Tensor, at::Tensor, at::Tensor>> {
 // per tensor argument: fp32/fp16/bf16 calls stay on the unboxed path, with CPU's results.
 inline bool is_chalf(const at::Tensor& t) { return t.defined() && t.scalar_type() == c10::ScalarType::ComplexHalf; }
 inline bool is_chalf(const std::optional<c10::ScalarType>& t) { return t == c10::ScalarType::ComplexHalf; }
+inline bool is_chalf(const std::optional<at::Tensor>& t) { return t.has_value() && is_chalf(*t); }
 template <class V> bool is_chalf(const V&) { return false; }
 template <class... A> bool any_chalf(const A&... args) { return (is_chalf(args) || ...); }
 
@@ -373,12 +395,27 @@ template <const char* Name, class... A> torch::jit::Stack via_fallback(const A&.
   return stack;
 }
 
+// The op's results, the last entries of the fallback's stack, as the kernel's return type.
+template <class R> struct FromStack {
+  static R get(torch::jit::Stack&& s) { return s.back().template to<R>(); }
+};
+template <class... T> struct FromStack<std::tuple<T...>> {
+  static std::tuple<T...> get(torch::jit::Stack&& s) {
+    return get(std::move(s), std::index_sequence_for<T...>{});
+  }
+  template <size_t... I>
+  static std::tuple<T...> get(torch::jit::Stack&& s, std::index_sequence<I...>) {
+    const size_t first = s.size() - sizeof...(T);
+    return {std::move(s[first + I]).template to<T>()...};
+  }
+};
+
 template <class Sig> struct Hot;
 template <class R, class... A> struct Hot<R(A...)> {
   // Functional ops: alias the inputs, run the CPU kernel, adopt the result.
   template <R (*F)(A...), const char* Name>
   static R call(A... args) {
-    if (C10_UNLIKELY(any_chalf(args...))) return via_fallback<Name>(args...).back().template to<R>();
+    if (C10_UNLIKELY(any_chalf(args...))) return FromStack<R>::get(via_fallback<Name>(args...));
     ZeroCopy zc;
     // Braced initialisation evaluates left to right, so device checks see arguments in order.
     std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
@@ -503,7 +540,8 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 
 // Functional unary ops of floating inputs (sqrt, so that the optimizers' _foreach_sqrt does
 // not synchronize): like enqueue_elementwise, else the boxed fallback as before.
-template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&)>
+template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&),
+          at::Tensor (*Func)(const at::Tensor&)>
 at::Tensor unary_floating(const at::Tensor& self) {
   if (may_enqueue() && enqueueable(self) && plain(self)) {
     auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
@@ -517,7 +555,7 @@ at::Tensor unary_floating(const at::Tensor& self) {
     });
     return out;
   }
-  return via_fallback<Name>(self).back().toTensor();
+  return Hot<at::Tensor(const at::Tensor&)>::call<Func, Name>(self);
 }
 
 // ---- small IEEE elementwise ops without aliases or TensorIterator ---------------------------
@@ -767,6 +805,10 @@ HOT_NAME(kSoftmax, "aten::_softmax")
 HOT_NAME(kMseLoss, "aten::mse_loss")
 HOT_NAME(kLogSoftmax, "aten::_log_softmax")
 HOT_NAME(kGelu, "aten::gelu")
+HOT_NAME(kGeluBwd, "aten::gelu_backward")
+HOT_NAME(kLayerNorm, "aten::native_layer_norm")
+HOT_NAME(kLayerNormBwd, "aten::native_layer_norm_backward")
+HOT_NAME(kPowScalar, "aten::pow.Tensor_Scalar")
 HOT_NAME(kSilu, "aten::silu")
 HOT_NAME(kRelu, "aten::relu")
 HOT_NAME(kThresholdBwd, "aten::threshold_backward")
@@ -785,6 +827,54 @@ HOT_NAME(kGtS, "aten::gt.Scalar")
 HOT_NAME(kGeS, "aten::ge.Scalar")
 HOT_NAME(kZero_, "aten::zero_")
 #undef HOT_NAME
+
+// ---- GELU: ATen's own kernel below oneDNN's break-even ----------------------------------------
+// CPU's exact ("none") GELU over a contiguous float/bf16/fp16 input of more than one element
+// runs oneDNN's eltwise primitive, whose per-call setup (primitive descriptor, memory objects)
+// costs 7-14 us: a 2,048-element GELU takes 10 us forward and 17 us backward that way against
+// 3.6 and 5.0 through ATen's vectorized kernel, the one CPU itself runs for strided inputs or
+// with oneDNN off (bench figures in architecture.md, *GELU*). The two agree to about 1 ulp, not
+// bit for bit. Below kGeluAtenNumel elements (oneDNN's break-even on this host class, 2
+// threads) neuron runs ATen's kernel; at and above it, CPU's kernel (oneDNN) as before. Only
+// contiguous same-shaped operands take the ATen route (its output then has CPU's layout).
+constexpr int64_t kGeluAtenNumel = 16384;
+
+bool gelu_aten_route(const at::Tensor& self) {
+  return self.numel() < kGeluAtenNumel && plain(self) && self.is_privateuseone();
+}
+
+at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
+  const auto type = at::native::get_gelutype_enum(approximate);  // validates the string first
+  if (!gelu_aten_route(self) || !c10::isFloatingType(self.scalar_type())) {
+    return Hot<at::Tensor(const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu, kGelu>(self, approximate);
+  }
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self);
+  zc.launch(kGelu);
+  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
+  at::Tensor o = zc.in_output(out);
+  auto iter = at::TensorIterator::unary_op(o, a);
+  at::native::GeluKernel(c10::kCPU, iter, type);
+  return out;
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
+  const auto type = at::native::get_gelutype_enum(approximate);
+  if (!gelu_aten_route(self) || !plain(grad) || grad.sizes() != self.sizes() ||
+      grad.scalar_type() != self.scalar_type() || !c10::isFloatingType(self.scalar_type())) {
+    return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu_backward,
+                                                                                          kGeluBwd>(grad, self,
+                                                                                                    approximate);
+  }
+  ZeroCopy zc;
+  at::Tensor g = zc.in(grad), a = zc.in(self);
+  zc.launch(kGeluBwd);
+  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
+  at::Tensor o = zc.in_output(out);
+  auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
+  at::native::GeluBackwardKernel(c10::kCPU, iter, type);
+  return out;
+}
 
 using T = at::Tensor;
 using CT = const at::Tensor&;
@@ -819,7 +909,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sub_.Tensor", TORCH_FN((inplace_alpha<kSub_, Arith::Sub, &at::cpu::sub_>)));
   m.impl("mul_.Tensor", TORCH_FN((inplace<kMul_, Arith::Mul, &at::cpu::mul_>)));
   m.impl("div_.Tensor", TORCH_FN((inplace<kDiv_, Arith::Div, &at::cpu::div_>)));
-  m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out>)));
+  m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out, &at::cpu::sqrt>)));
   m.impl("eq.Tensor", TORCH_FN((comparison<kEq, Arith::Eq>)));
   m.impl("ne.Tensor", TORCH_FN((comparison<kNe, Arith::Ne>)));
   m.impl("lt.Tensor", TORCH_FN((comparison<kLt, Arith::Lt>)));
@@ -845,7 +935,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_softmax", TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, kSoftmax>)));
   m.impl("_log_softmax",
          TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax, kLogSoftmax>)));
-  m.impl("gelu", TORCH_FN((Hot<T(CT, c10::string_view)>::call<&at::cpu::gelu, kGelu>)));
+  m.impl("gelu", TORCH_FN(gelu));
+  m.impl("gelu_backward", TORCH_FN(gelu_backward));
+  m.impl("pow.Tensor_Scalar", TORCH_FN((Hot<T(CT, S)>::call<&at::cpu::pow, kPowScalar>)));
+  // Also in fallback.cpp's list of ops kept off their math composite; registered here unboxed.
+  m.impl("native_layer_norm",
+         TORCH_FN((Hot<std::tuple<T, T, T>(CT, at::IntArrayRef, const std::optional<T>&,
+                                           const std::optional<T>&, double)>::call<&at::cpu::native_layer_norm,
+                                                                                   kLayerNorm>)));
+  m.impl("native_layer_norm_backward",
+         TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, at::IntArrayRef, CT, CT, const std::optional<T>&,
+                                           const std::optional<T>&, std::array<bool, 3>)>::
+                       call<&at::cpu::native_layer_norm_backward, kLayerNormBwd>)));
   m.impl("silu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::silu, kSilu>)));
   m.impl("relu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::relu, kRelu>)));
   m.impl("threshold_backward",
