@@ -833,19 +833,16 @@ HOT_NAME(kZero_, "aten::zero_")
 // runs oneDNN's eltwise primitive, whose per-call setup (primitive descriptor, memory objects)
 // costs 7-14 us: a 2,048-element GELU takes 10 us forward and 17 us backward that way against
 // 3.6 and 5.0 through ATen's vectorized kernel, the one CPU itself runs for strided inputs or
-// with oneDNN off (bench figures in architecture.md, *GELU*). The two agree to about 1 ulp, not
-// bit for bit. Below kGeluAtenNumel elements (oneDNN's break-even on this host class, 2
-// threads) neuron runs ATen's kernel; at and above it, CPU's kernel (oneDNN) as before. Only
-// contiguous same-shaped operands take the ATen route (its output then has CPU's layout).
+// with oneDNN off (figures in architecture.md, *GELU*). The two agree to about 1 ulp, not bit
+// for bit. Below kGeluAtenNumel elements (oneDNN's break-even on this host class, 2 threads)
+// neuron runs ATen's kernel; at and above it, CPU's `out=` kernel (oneDNN). Either way a
+// contiguous input's result comes from the device pool (its layout is CPU's); strided inputs
+// and mixed dtypes run CPU's functional kernel unchanged.
 constexpr int64_t kGeluAtenNumel = 16384;
-
-bool gelu_aten_route(const at::Tensor& self) {
-  return self.numel() < kGeluAtenNumel && plain(self) && self.is_privateuseone();
-}
 
 at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
   const auto type = at::native::get_gelutype_enum(approximate);  // validates the string first
-  if (!gelu_aten_route(self) || !c10::isFloatingType(self.scalar_type())) {
+  if (!plain(self) || !c10::isFloatingType(self.scalar_type())) {
     return Hot<at::Tensor(const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu, kGelu>(self, approximate);
   }
   ZeroCopy zc;
@@ -853,15 +850,19 @@ at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
   zc.launch(kGelu);
   at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
   at::Tensor o = zc.in_output(out);
-  auto iter = at::TensorIterator::unary_op(o, a);
-  at::native::GeluKernel(c10::kCPU, iter, type);
+  if (a.numel() < kGeluAtenNumel) {
+    auto iter = at::TensorIterator::unary_op(o, a);
+    at::native::GeluKernel(c10::kCPU, iter, type);
+  } else {
+    at::cpu::gelu_out(o, a, approximate);
+  }
   return out;
 }
 
 at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
   const auto type = at::native::get_gelutype_enum(approximate);
-  if (!gelu_aten_route(self) || !plain(grad) || grad.sizes() != self.sizes() ||
-      grad.scalar_type() != self.scalar_type() || !c10::isFloatingType(self.scalar_type())) {
+  if (!plain(self) || !plain(grad) || grad.sizes() != self.sizes() || grad.scalar_type() != self.scalar_type() ||
+      !c10::isFloatingType(self.scalar_type())) {
     return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu_backward,
                                                                                           kGeluBwd>(grad, self,
                                                                                                     approximate);
@@ -871,8 +872,12 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::st
   zc.launch(kGeluBwd);
   at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
   at::Tensor o = zc.in_output(out);
-  auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
-  at::native::GeluBackwardKernel(c10::kCPU, iter, type);
+  if (a.numel() < kGeluAtenNumel) {
+    auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
+    at::native::GeluBackwardKernel(c10::kCPU, iter, type);
+  } else {
+    at::cpu::gelu_backward_out(o, g, a, approximate);
+  }
   return out;
 }
 
