@@ -11,6 +11,7 @@
 // slices, and the epilogue turns them into the result the moment they are final, so no m x n
 // fp32 accumulator goes through memory. B is packed once per column block over all of k.
 #include "bf16_gemm.h"
+#include "cpu_features.h"
 
 #include <ATen/Parallel.h>
 
@@ -227,9 +228,7 @@ std::atomic<bool> enabled{true};
 }
 
 bool available() {
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512bf16");
-  return cpu && enabled.load(std::memory_order_relaxed);
+  return cpu_features::avx512bf16() && enabled.load(std::memory_order_relaxed);
 }
 
 void set_enabled(bool on) { enabled.store(on); }

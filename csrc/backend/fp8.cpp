@@ -1,6 +1,7 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // Fast, exact fp8 conversions (see fp8.h).
 #include "fp8.h"
+#include "cpu_features.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -239,27 +240,9 @@ __attribute__((target("avx2,fma"))) void narrow_avx2(const void* src, uint8_t* d
 }
 #endif
 
-bool has_avx2() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-bool has_avx512bw() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return yes;
-#else
-  return false;
-#endif
-}
-
 void narrow(const void* src, bool bf16, uint8_t* dst, bool e4m3, int64_t n) {
 #if defined(__x86_64__)
-  if (has_avx2()) {
+  if (cpu_features::avx2_fma()) {
     if (e4m3) bf16 ? narrow_avx2<true, true>(src, dst, n) : narrow_avx2<true, false>(src, dst, n);
     else bf16 ? narrow_avx2<false, true>(src, dst, n) : narrow_avx2<false, false>(src, dst, n);
     return;
@@ -275,7 +258,7 @@ bool wide(c10::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
 }  // namespace
 
-bool vectorized() { return has_avx2(); }
+bool vectorized() { return cpu_features::avx2_fma(); }
 
 bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType to, int64_t n) {
   if (is_fp8(from) && wide(to)) {
@@ -283,13 +266,13 @@ bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType t
     const uint32_t* t32 = f32_of(from).data();
     const uint16_t* t16 = bf16_of(from).data();
 #if defined(__x86_64__)
-    if (has_avx512bw()) {
+    if (cpu_features::avx512bw()) {
       const uint16_t* up = upper_of(from).data();
       if (to == at::kFloat) widen_avx512<true>(s, dst, n, up, t32, t16);
       else widen_avx512<false>(s, dst, n, up, t32, t16);
       return true;
     }
-    if (has_avx2()) {
+    if (cpu_features::avx2_fma()) {
       const bool e4m3 = from == at::kFloat8_e4m3fn, f32 = to == at::kFloat;
       if (e4m3) f32 ? widen_avx2<true, true>(s, dst, n, t32, t16) : widen_avx2<true, false>(s, dst, n, t32, t16);
       else f32 ? widen_avx2<false, true>(s, dst, n, t32, t16) : widen_avx2<false, false>(s, dst, n, t32, t16);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "generator.h"
+#include "cpu_features.h"
 #include "philox.h"
 #include "zero_copy.h"
 
@@ -148,7 +149,7 @@ __attribute__((target("avx2"))) int64_t fill_avx2(uint64_t seed, uint64_t first_
   return i;
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+const bool kHaveAvx2 = cpu_features::avx2();
 
 }  // namespace
 

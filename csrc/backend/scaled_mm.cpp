@@ -35,6 +35,7 @@
 
 #include "allocator.h"
 #include "bf16_gemm.h"
+#include "cpu_features.h"
 #include "fp8.h"
 #include "gemm.h"
 
@@ -170,8 +171,7 @@ __attribute__((target("avx2"))) void scale_rows_cols_avx2(float* acc, int64_t ro
 
 void scale_rows_cols(float* acc, int64_t rows, int64_t N, const float* rs, const float* cs) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) {
+  if (cpu_features::avx2()) {
     scale_rows_cols_avx2(acc, rows, N, rs, cs);
     return;
   }

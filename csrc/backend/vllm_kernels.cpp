@@ -28,6 +28,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_features.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -135,10 +136,7 @@ __attribute__((target("avx2,fma"))) void pv_avx2(float* a, float corr, const flo
     _mm256_storeu_ps(a + c, x);
   }
 }
-bool have_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
+bool have_avx2() { return cpu_features::avx2_fma(); }
 #else
 bool have_avx2() { return false; }
 void scores_avx2(const float* q, const float* const* k, int64_t d, float* s) { scores_scalar(q, k, d, s); }
