@@ -77,15 +77,7 @@ bool onednn_matmul_usable() {
 
 at::Tensor scratch(ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype,
                    c10::IntArrayRef strides) {
-  c10::OptionalDeviceGuard guard;
-  if (zc.device() >= 0) {
-    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(zc.device())));
-  }
-  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
-  at::Tensor dev = strides.empty()
-      ? at::detail::empty_generic(sizes, device_allocator(), keys, dtype, std::nullopt)
-      : at::detail::empty_strided_generic(sizes, strides, device_allocator(), keys, dtype);
-  return zc.in(dev);
+  return zc.in(pooled(zc, sizes, dtype, strides));
 }
 
 at::Tensor upcast(ZeroCopy& zc, const at::Tensor& t) {
@@ -205,16 +197,6 @@ namespace torchneuron {
 namespace {
 
 using gemm::routed;
-
-at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  c10::OptionalDeviceGuard guard;
-  if (zc.device() >= 0) {
-    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(zc.device())));
-  }
-  return at::detail::empty_generic(sizes, device_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
-                                   std::nullopt);
-}
 
 // Routed operands (fp16; bf16 on hosts without fast bf16 kernels) of one product, of one
 // dtype and well-formed (anything else takes CPU's kernel, which also raises CPU's errors).

@@ -484,18 +484,7 @@ template <class... Rest> struct HotInplace {
   }
 };
 
-// ---- hot ops with outputs from the device pool ----------------------------------------------
-// The functional CPU kernels allocate their result with the host allocator, which for large
-// results means fresh pages (page faults) on every call, plus adoption bookkeeping. When the
-// result's shape and dtype are plain to compute, take it from the device's caching allocator
-// instead and let the CPU `.out` kernel write it.
-at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  CurrentDevice guard(zc.device() >= 0 ? zc.device() : neuron::rt::current_device());
-  return at::detail::empty_generic(sizes, device_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
-                                   std::nullopt);
-}
-
+// ---- hot ops with outputs from the device pool (zero_copy.h, pooled) -------------------------
 bool plain(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
 
 // Elementwise ops over same-shaped contiguous operands (or 0-dim scalars).

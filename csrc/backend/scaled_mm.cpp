@@ -60,16 +60,6 @@ bool fp8(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
 }
 
-at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  c10::OptionalDeviceGuard guard;
-  if (zc.device() >= 0) {
-    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(zc.device())));
-  }
-  return at::detail::empty_generic(sizes, device_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
-                                   std::nullopt);
-}
-
 // Without AVX512-BF16, acc (fp32, contiguous) = alpha * a @ b over exactly widened fp8 operands
 // (2-d or 3-d), the fp32 accumulator itself: MKL's bf16 x bf16 -> fp32 GEMM on hosts without
 // oneDNN (AVX2: same speed as a bf16 matmul there), else an fp32 GEMM (oneDNN) on fp32 copies.

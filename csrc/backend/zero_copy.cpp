@@ -3,8 +3,10 @@
 
 #include "../runtime/engine.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -208,6 +210,16 @@ void ZeroCopy::launch_copy(neuron::rt::trace::CopyKind kind, int64_t bytes, bool
   trace_->rec.bytes = bytes;
   trace_->rec.blocking = blocking;
   prof::begin_execution(*trace_, neuron::rt::trace::Kind::Memcpy, std::string("Memcpy ") + dir);
+}
+
+at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides) {
+  c10::OptionalDeviceGuard guard;
+  if (zc.device() >= 0) {
+    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(zc.device())));
+  }
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  return strides.empty() ? at::detail::empty_generic(sizes, device_allocator(), keys, dtype, std::nullopt)
+                         : at::detail::empty_strided_generic(sizes, strides, device_allocator(), keys, dtype);
 }
 
 at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like) {

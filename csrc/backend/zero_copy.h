@@ -116,6 +116,12 @@ class ZeroCopy {
 // Wrap CPU bytes as a device tensor (used for adoption and by the c10d backend).
 at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like);
 
+// A fresh result on the op's device (the current device if no neuron tensor was seen) from
+// the device's caching allocator, contiguous unless `strides` are given, for kernels that write
+// it through an out= CPU kernel on its alias: functional CPU kernels would take host memory,
+// fresh pages for large results on every call, and adoption bookkeeping.
+at::Tensor pooled(const ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides = {});
+
 // Storage growth on the storage's device, keeping the old bytes (resize_, set_, hooks).
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
