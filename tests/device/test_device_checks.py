@@ -133,3 +133,17 @@ def test_avg_pool3d_into_a_strided_out_writes_through_its_strides():
     torch._C._nn.avg_pool3d(n(x), 2, out=out)
     assert out.stride() == strides and out.data_ptr() == ptr
     torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_layer_norm_with_a_cpu_weight_is_refused():
+    # native_layer_norm runs unboxed (ops.cpp): its optional tensors get the device check too.
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.nn.functional.layer_norm(n(torch.randn(4, 8)), (8,), torch.ones(8))
+
+
+def test_layer_norm_backward_with_a_cpu_bias_is_refused():
+    x, g = n(torch.randn(4, 8)), n(torch.randn(4, 8))
+    mean, rstd = n(torch.zeros(4, 1)), n(torch.ones(4, 1))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, n(torch.ones(8)), torch.zeros(8),
+                                                  [True, True, True])
