@@ -528,7 +528,7 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 }
 
 // Functional unary ops of floating inputs (sqrt, so that the optimizers' _foreach_sqrt does
-// not synchronize): like enqueue_elementwise, else the boxed fallback as before.
+// not synchronize): like enqueue_elementwise, else CPU's kernel unboxed (Hot).
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&),
           at::Tensor (*Func)(const at::Tensor&)>
 at::Tensor unary_floating(const at::Tensor& self) {
@@ -932,7 +932,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gelu", TORCH_FN(gelu));
   m.impl("gelu_backward", TORCH_FN(gelu_backward));
   m.impl("pow.Tensor_Scalar", TORCH_FN((Hot<T(CT, S)>::call<&at::cpu::pow, kPowScalar>)));
-  // Also in fallback.cpp's list of ops kept off their math composite; registered here unboxed.
+  // Ops with a CPU kernel and a math composite (see fallback.cpp's list): CPU's kernel, unboxed.
   m.impl("native_layer_norm",
          TORCH_FN((Hot<std::tuple<T, T, T>(CT, at::IntArrayRef, const std::optional<T>&,
                                            const std::optional<T>&, double)>::call<&at::cpu::native_layer_norm,
