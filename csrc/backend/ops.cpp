@@ -38,6 +38,7 @@
 #include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/silu_cpu_dispatch.h>
+#include <ATen/ops/silu_backward_cpu_dispatch.h>
 #include <ATen/ops/threshold_backward_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
@@ -799,6 +800,7 @@ HOT_NAME(kLayerNorm, "aten::native_layer_norm")
 HOT_NAME(kLayerNormBwd, "aten::native_layer_norm_backward")
 HOT_NAME(kPowScalar, "aten::pow.Tensor_Scalar")
 HOT_NAME(kSilu, "aten::silu")
+HOT_NAME(kSiluBwd, "aten::silu_backward")
 HOT_NAME(kRelu, "aten::relu")
 HOT_NAME(kThresholdBwd, "aten::threshold_backward")
 HOT_NAME(kIndexSelect, "aten::index_select")
@@ -942,6 +944,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                                            const std::optional<T>&, std::array<bool, 3>)>::
                        call<&at::cpu::native_layer_norm_backward, kLayerNormBwd>)));
   m.impl("silu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::silu, kSilu>)));
+  // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which
+  // autograd would run on a backend without a kernel of its own: five ops, other roundings.
+  m.impl("silu_backward", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::silu_backward, kSiluBwd>)));
   m.impl("relu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::relu, kRelu>)));
   m.impl("threshold_backward",
          TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::threshold_backward, kThresholdBwd>)));

@@ -1,6 +1,7 @@
 """How ops reach the neuron device: every op has a route, and none takes a slower or
 numerically different path than on CPU."""
 
+import pytest
 import torch
 
 
@@ -20,6 +21,36 @@ def test_no_op_silently_uses_a_math_composite_instead_of_its_cpu_kernel():
                 and not _has(name, "PrivateUse1")):
             offenders.append(name)
     assert offenders == []
+
+
+def test_no_op_silently_decomposes_in_autograd_instead_of_running_its_cpu_kernel():
+    # An op with a CPU kernel and a CompositeImplicitAutograd kernel (silu_backward's
+    # math_silu_backward) runs the composite under AutogradPrivateUse1 unless neuron has a
+    # kernel of its own: the fallback is not one.
+    offenders = [name for name in torch._C._dispatch_get_all_op_names()
+                 if name.startswith("aten::") and _has(name, "CPU") and _has(name, "CompositeImplicitAutograd")
+                 and not _has(name, "PrivateUse1")]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_backward_is_cpus_kernel_bit_for_bit(dtype):
+    x = torch.randn(64, 300).to(dtype)
+    xn = x.to("neuron").requires_grad_()
+    torch.nn.functional.silu(xn).sum().backward()
+    xc = x.clone().requires_grad_()
+    torch.nn.functional.silu(xc).sum().backward()
+    assert torch.equal(xn.grad.cpu(), xc.grad)
+
+
+def test_mish_backward_and_channel_shuffle_are_cpus_kernels_bit_for_bit():
+    x = torch.randn(2, 6, 5, 5)
+    xn = x.to("neuron").requires_grad_()
+    torch.nn.functional.mish(xn).sum().backward()
+    xc = x.clone().requires_grad_()
+    torch.nn.functional.mish(xc).sum().backward()
+    assert torch.equal(xn.grad.cpu(), xc.grad)
+    assert torch.equal(torch.native_channel_shuffle(x.to("neuron"), 3).cpu(), torch.native_channel_shuffle(x, 3))
 
 
 def test_boxed_fallback_is_registered_for_every_op():
