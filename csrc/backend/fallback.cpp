@@ -461,10 +461,10 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // Ops with both a CPU kernel and a CompositeExplicitAutograd or CompositeImplicitAutograd
 // "math" kernel: PrivateUse1 would get the math version (different numerics, many small ops).
 // Send them to the CPU kernel, so neuron results are bit-identical to CPU. The list is every
-// such op in torch 2.13 (tests/device/test_dispatch.py keeps it complete); native_layer_norm
-// and silu_backward, also such ops, are registered unboxed in ops.cpp.
+// such op in torch 2.13 (tests/device/test_dispatch.py keeps it complete); native_layer_norm,
+// native_group_norm and silu_backward, also such ops, are registered unboxed in ops.cpp.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* name : {"native_group_norm", "mish_backward", "native_channel_shuffle", "addr", "addr.out", "_stack",
+  for (const char* name : {"mish_backward", "native_channel_shuffle", "addr", "addr.out", "_stack",
                            "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }

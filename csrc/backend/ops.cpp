@@ -34,6 +34,8 @@
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
 #include <ATen/ops/gelu_backward_cpu_dispatch.h>
+#include <ATen/ops/native_group_norm_cpu_dispatch.h>
+#include <ATen/ops/native_group_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
@@ -798,6 +800,8 @@ HOT_NAME(kGelu, "aten::gelu")
 HOT_NAME(kGeluBwd, "aten::gelu_backward")
 HOT_NAME(kLayerNorm, "aten::native_layer_norm")
 HOT_NAME(kLayerNormBwd, "aten::native_layer_norm_backward")
+HOT_NAME(kGroupNorm, "aten::native_group_norm")
+HOT_NAME(kGroupNormBwd, "aten::native_group_norm_backward")
 HOT_NAME(kPowScalar, "aten::pow.Tensor_Scalar")
 HOT_NAME(kSilu, "aten::silu")
 HOT_NAME(kSiluBwd, "aten::silu_backward")
@@ -943,6 +947,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, at::IntArrayRef, CT, CT, const std::optional<T>&,
                                            const std::optional<T>&, std::array<bool, 3>)>::
                        call<&at::cpu::native_layer_norm_backward, kLayerNormBwd>)));
+  m.impl("native_group_norm",
+         TORCH_FN((Hot<std::tuple<T, T, T>(CT, const std::optional<T>&, const std::optional<T>&, int64_t, int64_t,
+                                           int64_t, int64_t, double)>::call<&at::cpu::native_group_norm,
+                                                                             kGroupNorm>)));
+  m.impl("native_group_norm_backward",
+         TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, CT, CT, const std::optional<T>&, int64_t, int64_t, int64_t,
+                                           int64_t, std::array<bool, 3>)>::call<&at::cpu::native_group_norm_backward,
+                                                                                 kGroupNormBwd>)));
   m.impl("silu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::silu, kSilu>)));
   // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which
   // autograd would run on a backend without a kernel of its own: five ops, other roundings.

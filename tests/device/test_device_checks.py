@@ -147,3 +147,8 @@ def test_layer_norm_backward_with_a_cpu_bias_is_refused():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, n(torch.ones(8)), torch.zeros(8),
                                                   [True, True, True])
+
+
+def test_group_norm_with_a_cpu_weight_is_refused():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.nn.functional.group_norm(n(torch.randn(2, 4, 3, 3)), 2, torch.ones(4))

@@ -66,3 +66,16 @@ def test_layer_norm_bf16_is_bit_identical_to_cpu():
     expected = torch.nn.functional.layer_norm(x, (16,), w)
     got = torch.nn.functional.layer_norm(x.to("neuron"), (16,), w.to("neuron"))
     assert torch.equal(got.cpu(), expected)
+
+
+def test_group_norm_forward_and_backward_are_cpus_kernels_bit_for_bit():
+    x, w, b = torch.randn(4, 8, 5, 5), torch.randn(8), torch.randn(8)
+    cpu = [t.clone().requires_grad_() for t in (x, w, b)]
+    dev = [t.to("neuron").requires_grad_() for t in (x, w, b)]
+    out_c = torch.nn.functional.group_norm(cpu[0], 4, cpu[1], cpu[2])
+    out_n = torch.nn.functional.group_norm(dev[0], 4, dev[1], dev[2])
+    assert torch.equal(out_n.cpu(), out_c)
+    out_c.square().sum().backward()
+    out_n.square().sum().backward()
+    for c, d in zip(cpu, dev):
+        assert torch.equal(d.grad.cpu(), c.grad)
