@@ -16,7 +16,6 @@
 //     kernels need AVX512-FP16 or AMX, which these hosts lack.
 //   - AVX2 hosts: MKL's mixed-precision GEMMs (cblas_gemm_f16f16f32, cblas_gemm_bf16bf16f32)
 //     read the 16-bit operands directly at fp32 GEMM speed and return the fp32 accumulator.
-#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/native/Resize.h>
@@ -29,7 +28,6 @@
 #include <ATen/ops/dot_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/result_type.h>
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <cstring>

@@ -149,12 +149,10 @@ __attribute__((target("avx2"))) int64_t fill_avx2(uint64_t seed, uint64_t first_
   return i;
 }
 
-const bool kHaveAvx2 = cpu_features::avx2();
-
 }  // namespace
 
 void fill(uint64_t seed, uint64_t first_block, uint32_t subsequence, int64_t nblocks, uint32_t* words) {
-  int64_t done = kHaveAvx2 ? fill_avx2(seed, first_block, subsequence, nblocks, words) : 0;
+  int64_t done = cpu_features::avx2() ? fill_avx2(seed, first_block, subsequence, nblocks, words) : 0;
   fill_scalar(seed, first_block + static_cast<uint64_t>(done), subsequence, nblocks - done, words + 4 * done);
 }
 
@@ -178,7 +176,7 @@ __attribute__((target("avx2"))) void sincos_avx2(const float* t, float* s, float
 }
 
 void log_f32(float* x, int64_t n) {
-  if (philox::kHaveAvx2) {
+  if (cpu_features::avx2()) {
     for (int64_t k = n; k < (n + 7) / 8 * 8; ++k) x[k] = 1.0f;  // padding lanes
     log_avx2(x, n);
   } else {
@@ -186,7 +184,7 @@ void log_f32(float* x, int64_t n) {
   }
 }
 void sincos_f32(float* t, float* s, float* c, int64_t n) {
-  if (philox::kHaveAvx2) {
+  if (cpu_features::avx2()) {
     for (int64_t k = n; k < (n + 7) / 8 * 8; ++k) t[k] = 0.0f;
     sincos_avx2(t, s, c, n);
   } else {

@@ -17,11 +17,9 @@
 // use_fast_accum is accepted and ignored: PSUM accumulates in fp32 either way.
 // Semantics otherwise follow CPU's kernel (scale_result divides an fp8 output, the default
 // output dtype is mat_a's).
-#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_int_mm_cpu_dispatch.h>
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>

@@ -136,9 +136,7 @@ __attribute__((target("avx2,fma"))) void pv_avx2(float* a, float corr, const flo
     _mm256_storeu_ps(a + c, x);
   }
 }
-bool have_avx2() { return cpu_features::avx2_fma(); }
 #else
-bool have_avx2() { return false; }
 void scores_avx2(const float* q, const float* const* k, int64_t d, float* s) { scores_scalar(q, k, d, s); }
 void exp_avx2(float* s) { exp_scalar(s); }
 void pv_avx2(float* a, float corr, const float* p, const float* const* v, int cnt, int64_t d) {
@@ -219,7 +217,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tenso
   const float sc = static_cast<float>(scale);
   const int64_t token_row = kvh * 2 * d;  // one token: every KV head's key then value
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    const bool vec = have_avx2();
+    const bool vec = cpu_features::avx2_fma();
     auto scores = vec ? scores_avx2 : scores_scalar;
     auto expv = vec ? exp_avx2 : exp_scalar;
     auto pv = vec ? pv_avx2 : pv_scalar;
