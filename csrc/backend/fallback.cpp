@@ -19,6 +19,7 @@
 #include "fusion.h"
 #include "fallback.h"
 #include "sparse.h"
+#include "vml_threads.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -202,6 +203,10 @@ void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema&
 // Run the CPU kernel on the aliased arguments at stack[begin:], with the widening retry for
 // narrow dtypes CPU refuses; leaves the results on the stack.
 void run_on_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin, c10::DispatchKey cpu_key) {
+  // A small vector-math call on one MKL thread (vml_threads.h); the first argument is the input.
+  const bool serial_vml = begin < stack->size() && (*stack)[begin].isTensor() &&
+                          (*stack)[begin].toTensor().numel() < serial_vml_bound(op.operator_name());
+  SerialVml vml(serial_vml);
   // Dense ops with a narrow floating argument keep their arguments for the widening retry.
   bool narrow = false;
   if (cpu_key == c10::DispatchKey::CPU) {

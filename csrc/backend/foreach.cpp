@@ -11,12 +11,25 @@
 // The slow path stays for what one list kernel cannot take: lists spanning devices or holding
 // CPU tensors (the fallback would refuse the mix; the slow path copies per tensor). Adaptive
 // Eager fuses a queued list kernel whole, from one record per element (fusion.cpp).
+//
+// One functional list op is here too: `_foreach_sqrt`, the Adam family's denominators, between
+// the in-place lists of the step. As one kernel it joins Adaptive Eager's region with them (the
+// whole AdamW step then runs as one fused kernel per element count).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_foreach_sqrt_ops.h>
+#include <ATen/ops/sqrt_cpu_dispatch.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "enqueue.h"
 #include "fallback.h"
+#include "fusion.h"
+#include "vml_threads.h"
+#include "zero_copy.h"
 
 namespace torchneuron {
 namespace {
@@ -54,6 +67,49 @@ void foreach_inplace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // calls the per-tensor op on these (neuron) tensors.
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
+
+constexpr const char* kForeachSqrt = "aten::_foreach_sqrt";
+
+// `_foreach_sqrt` over contiguous floating neuron tensors of one device: per element CPU's sqrt
+// kernel on the alias into a result from the device pool, as the slow path's per-tensor sqrt
+// does on neuron (ops.cpp), so the same bits; one dispatch, one aliasing pass, one queued
+// kernel. Anything else (CPU tensors, mixed devices, strided or integer elements, an empty
+// list and its error) takes the slow path.
+std::vector<at::Tensor> foreach_sqrt(at::TensorList self) {
+  const bool fast = !self.empty() && std::all_of(self.begin(), self.end(), [&](const at::Tensor& t) {
+    return t.defined() && t.is_privateuseone() && t.device() == self.front().device() &&
+           c10::isFloatingType(t.scalar_type()) && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+  });
+  if (!fast) return at::_ops::_foreach_sqrt::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self);
+  const bool queued = may_enqueue();
+  auto zc = queued ? std::make_shared<ZeroCopy>(ZeroCopy::Queued{}) : std::make_shared<ZeroCopy>();
+  std::vector<at::Tensor> outs, in, out;
+  outs.reserve(self.size());
+  in.reserve(self.size());
+  out.reserve(self.size());
+  for (const at::Tensor& t : self) {
+    in.push_back(zc->in(t));
+    outs.push_back(pooled(*zc, t.sizes(), t.scalar_type()));
+    out.push_back(zc->in_output(outs.back()));
+  }
+  auto run = [zc, in = std::move(in), out = std::move(out)]() mutable {
+    zc->launch(kForeachSqrt);
+    for (size_t i = 0; i < in.size(); ++i) {
+      SerialVml vml(in[i].numel() < kCheapVmlBound);  // vml_threads.h
+      at::cpu::sqrt_out(out[i], in[i]);
+    }
+  };
+  if (!queued) {
+    run();
+    return outs;
+  }
+  auto record = fusion::enabled() ? fusion::list_sqrt(outs, self.vec(), kForeachSqrt) : nullptr;
+  zc->release_tensors();
+  enqueue_kernel(zc->device(), kForeachSqrt, std::move(run), std::move(record));
+  return outs;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_foreach_sqrt", TORCH_FN(foreach_sqrt)); }
 
 // Registered at load for every in-place foreach op whose CPU entry is the composite slow path
 // (all of them in torch 2.13; tests/device/test_foreach.py checks the list is not empty).

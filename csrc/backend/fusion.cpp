@@ -4,6 +4,7 @@
 #include "enqueue.h"
 #include "zero_copy.h"
 
+#include <ATen/Config.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
@@ -15,6 +16,7 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/lerp_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/sqrt_cpu_dispatch.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -32,8 +34,11 @@ namespace torchneuron::fusion {
 
 namespace {
 
-constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3};    // buffers: out, then inputs
-constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1};  // Python numbers, in order
+constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2};    // buffers: out, then inputs
+constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0};  // Python numbers, in order
+// ATen computes float sqrt with MKL's vmsSqrt, and the generated kernels call it too
+// (eager_fusion.py); a build without MKL computes it otherwise, so sqrt does not fuse there.
+constexpr bool kSqrtFuses = AT_MKL_ENABLED();
 constexpr size_t kMaxSlots = 255;  // buffers per group (one byte each in a signature)
 constexpr int kCompileAfter = 2;   // a signature seen this often is compiled (adaptive)
 
@@ -196,6 +201,8 @@ neuron::rt::engine::Record list_records(const c10::OperatorName& name, const tor
   } else if (op == "lerp_" && o == "Scalar" && args.size() == 3 && numbers(2)) {
     const auto end = list(1);
     for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], kLerpScalar, {&self[i], &self[i], &end[i]}, {values[i]});
+  } else if (op == "sqrt_" && o.empty() && args.size() == 1 && kSqrtFuses) {
+    for (size_t i = 0; i < len && ok; ++i) ok = fill(recs[i], kSqrt, {&self[i], &self[i]}, {});
   } else {
     return nullptr;
   }
@@ -258,6 +265,7 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
       case kAddcmul: at::cpu::addcmul_out(t[0], t[1], t[2], t[3], static_cast<double>(s[0])); break;
       case kAddcdiv: at::cpu::addcdiv_out(t[0], t[1], t[2], t[3], static_cast<double>(s[0])); break;
       case kLerpScalar: at::cpu::lerp_out(t[0], t[1], t[2], static_cast<double>(s[0])); break;
+      case kSqrt: at::cpu::sqrt_out(t[0], t[1]); break;
     }
     at_op += 1 + kArity[kind];
     at_scalar += kScalars[kind];
@@ -312,6 +320,23 @@ neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const
     return make(mul ? kMul : kDiv, {&out, &self, &other}, {}, name);
   }
   return nullptr;
+}
+
+neuron::rt::engine::Record sqrt(const char* name, const at::Tensor& out, const at::Tensor& self) {
+  return kSqrtFuses ? make(kSqrt, {&out, &self}, {}, name) : nullptr;
+}
+
+neuron::rt::engine::Record list_sqrt(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& self,
+                                     const char* name) {
+  const size_t len = self.size();
+  if (!kSqrtFuses || len == 0 || outs.size() != len) return nullptr;
+  std::shared_ptr<Record[]> recs(new Record[len]);
+  for (size_t i = 0; i < len; ++i) {
+    if (!fill(recs[i], kSqrt, {&outs[i], &self[i]}, {})) return nullptr;
+  }
+  recs[0].count = static_cast<uint32_t>(len);
+  recs[0].hot = name;
+  return recs;
 }
 
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args) {

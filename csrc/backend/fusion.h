@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../runtime/engine.h"
 
@@ -38,6 +39,7 @@ enum Kind : uint8_t {
   kAddcmul,     // out = a + value * b * c
   kAddcdiv,     // out = a + value * b / c
   kLerpScalar,  // out = lerp(a, b, weight)
+  kSqrt,        // out = sqrt(a)                        (MKL's vmsSqrt, as ATen calls it)
 };
 
 namespace detail {
@@ -51,6 +53,11 @@ void set_enabled(bool on) noexcept;
 // `out` is the tensor written. Null when the call is outside fusion's scope.
 neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
                                   const at::Tensor& other, const at::Scalar* alpha);
+// The record of sqrt(self) into `out` (ops.cpp's queued sqrt, `name` its hot-op name).
+neuron::rt::engine::Record sqrt(const char* name, const at::Tensor& out, const at::Tensor& self);
+// One record per element of a list sqrt, outs[i] = sqrt(self[i]); null unless all can join.
+neuron::rt::engine::Record list_sqrt(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& self,
+                                     const char* name);
 // Records of ops queued by the boxed fallback (fallback.cpp), from their arguments.
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args);
 

@@ -68,6 +68,7 @@
 #include "fp8.h"
 #include "gpu_trace.h"
 #include "transpose.h"
+#include "vml_threads.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -535,18 +536,24 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&),
           at::Tensor (*Func)(const at::Tensor&)>
 at::Tensor unary_floating(const at::Tensor& self) {
+  const bool small = self.numel() < kCheapVmlBound;  // a vector-math call on one MKL thread (vml_threads.h)
   if (may_enqueue() && enqueueable(self) && plain(self)) {
     auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
     at::Tensor a = zc->in(self);
     at::Tensor out = pooled(*zc, self.sizes(), self.scalar_type());
     at::Tensor o = zc->in_output(out);
     zc->release_tensors();
-    enqueue_kernel(zc->device(), Name, [zc, a, o]() mutable {
-      zc->launch(Name);
-      Out(o, a);
-    });
+    enqueue_kernel(
+        zc->device(), Name,
+        [zc, a, o, small]() mutable {
+          zc->launch(Name);
+          SerialVml vml(small);
+          Out(o, a);
+        },
+        Out == &at::cpu::sqrt_out && fusion::enabled() ? fusion::sqrt(Name, out, self) : nullptr);
     return out;
   }
+  SerialVml vml(small);
   return Hot<at::Tensor(const at::Tensor&)>::call<Func, Name>(self);
 }
 

@@ -113,8 +113,88 @@ def test_every_inplace_foreach_op_has_a_neuron_kernel():
              "aten::_foreach_sqrt_", "aten::_foreach_zero_"]
     for name in names:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"), name
-    # functional foreach ops keep the per-tensor path (each result queued on its own)
-    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_sqrt", "PrivateUse1")
+    # functional foreach ops keep the per-tensor path (each result queued on its own), except
+    # _foreach_sqrt (below)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_exp", "PrivateUse1")
+
+
+# ---- functional _foreach_sqrt: one kernel, results from the device pool ----------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_foreach_sqrt_matches_cpu_bit_for_bit(dtype):
+    # Sizes below and above ATen's 2,048-element grain, one empty; negative values give NaN.
+    gen = torch.Generator().manual_seed(4)
+    cpu = [torch.randn(n, generator=gen).to(dtype) for n in (1, 256, 5000, 0, 40003)]
+    want = torch._foreach_sqrt(cpu)
+    got = torch._foreach_sqrt(on_neuron(cpu))
+    for w, g in zip(want, got):
+        assert g.device.type == "neuron" and g.dtype == dtype and g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_foreach_sqrt_runs_as_one_kernel_and_leaves_its_inputs():
+    x = on_neuron(lists(1, positive=True)[0])
+    before = [t.cpu() for t in x]
+    torchneuron.clear_op_tracking()
+    out = torch._foreach_sqrt(x)
+    ops = torchneuron.get_executed_ops()
+    assert ops.get("aten::_foreach_sqrt") == 1 and "aten::sqrt" not in ops
+    for t, b, o in zip(x, before, out):
+        assert torch.equal(t.cpu(), b) and o.data_ptr() != t.data_ptr()
+
+
+def test_foreach_sqrt_of_strided_or_integer_elements_matches_cpu():
+    # Not the one-kernel case: the per-tensor path, with CPU's result layouts and dtypes.
+    base = torch.rand(6, 8) + 0.5
+    dev_base = base.to("neuron")
+    ints = [torch.arange(5), torch.arange(3)]
+    for cpu, dev in (([base.t(), base[:, ::2], base], [dev_base.t(), dev_base[:, ::2], dev_base]),
+                     (ints, [t.to("neuron") for t in ints])):
+        want = torch._foreach_sqrt(cpu)
+        got = torch._foreach_sqrt(dev)
+        for w, g in zip(want, got):
+            assert g.dtype == w.dtype and g.stride() == w.stride()
+            torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+
+
+def test_foreach_sqrt_of_an_empty_list_raises_as_on_cpu():
+    with pytest.raises(RuntimeError, match="at least one tensor"):
+        torch._foreach_sqrt([])
+
+
+def test_foreach_sqrt_of_a_list_mixing_devices_computes_each_on_its_own():
+    # as the per-tensor path does on any device
+    a, b = torch.rand(3) + 0.5, torch.rand(4) + 0.5
+    got = torch._foreach_sqrt([a.to("neuron"), b])
+    assert got[0].device.type == "neuron" and got[1].device.type == "cpu"
+    torch.testing.assert_close(got[0].cpu(), a.sqrt(), rtol=0, atol=0)
+    torch.testing.assert_close(got[1], b.sqrt(), rtol=0, atol=0)
+
+
+def test_foreach_sqrt_queued_reads_its_inputs_in_stream_order():
+    engine = torch.neuron.engine
+    was = engine.is_enabled()
+    engine.set_enabled(True)
+    try:
+        x = on_neuron(lists(1, positive=True)[0])
+        want = torch._foreach_sqrt([t.cpu() * 4.0 for t in x])
+        torch._foreach_mul_(x, 4.0)    # queued before the sqrt
+        out = torch._foreach_sqrt(x)
+        torch._foreach_add_(x, 100.0)  # queued behind it
+        for w, o in zip(want, out):
+            torch.testing.assert_close(o.cpu(), w, rtol=0, atol=0)
+    finally:
+        torch.neuron.synchronize()
+        engine.set_enabled(was)
+
+
+def test_foreach_sqrt_backward_matches_cpu():
+    cpu = [t.requires_grad_() for t in lists(1, positive=True)[0]]
+    dev = [t.detach().to("neuron").requires_grad_() for t in cpu]
+    for ts in (cpu, dev):
+        sum(o.sum() for o in torch._foreach_sqrt(ts)).backward()
+    for c, d in zip(cpu, dev):
+        torch.testing.assert_close(d.grad.cpu(), c.grad, rtol=0, atol=0)
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")

@@ -76,7 +76,7 @@ def random_program(seed: int, sizes: list[int], per_size: int = 4):
     steps = []
     for _ in range(60):
         kind = rng.choice(["add_", "sub_", "add_s", "mul_", "mul_s", "div_", "div_s", "addcmul_",
-                           "addcdiv_", "lerp_", "add", "mul_out", "sub"])
+                           "addcdiv_", "lerp_", "add", "mul_out", "sub", "sqrt", "sqrt_list"])
         base = per_size * rng.randrange(len(sizes))
         a, b, c, d = (base + rng.randrange(per_size) for _ in range(4))
         v = rng.choice([-1.5, -0.3, 0.25, 0.7, 2.0, 3])
@@ -110,6 +110,10 @@ def random_program(seed: int, sizes: list[int], per_size: int = 4):
                 torch.mul(t[a], t[b], out=t[d]) if d not in (a, b) else t[d].mul_(t[a])
             elif kind == "sub":
                 t[d] = t[a] - t[b]
+            elif kind == "sqrt":  # negative values give NaN, compared as such
+                t[d] = torch.sqrt(t[a])
+            elif kind == "sqrt_list" and a != b:
+                t[c], t[d] = torch._foreach_sqrt([t[a], t[b]])
     return program
 
 
@@ -150,6 +154,26 @@ def test_adamw_foreach_step_fused_bit_identical_to_unfused(fusing):
         assert torch.equal(f, e)
 
 
+def test_adamw_foreach_step_runs_as_one_fused_region(fusing):
+    # Its lists (weight decay, lerp, mul, addcmul, sqrt, div, add, addcdiv) over parameters of
+    # three sizes, a one-element bias among them: one region, every list kernel in it.
+    sizes = [40003, 256, 1]
+    params = [torch.randn(n).to("neuron").requires_grad_() for n in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-2, foreach=True)
+    for _ in range(3):
+        opt.step()
+        torch.neuron.synchronize()
+    eager_fusion.wait()
+    before = engine.stats()
+    opt.step()
+    torch.neuron.synchronize()
+    after = engine.stats()
+    assert after["regions"] - before["regions"] == 1
+    assert after["fused"] - before["fused"] == after["enqueued"] - before["enqueued"] == 8
+
+
 def test_every_foreach_list_form_fused_bit_identical_to_unfused(fusing):
     # Each in-place foreach overload the fuser takes (List with alpha, Scalar, ScalarList; sub,
     # mul, div, addcmul, addcdiv, lerp): a list kernel runs fused whole, one record per element.
@@ -176,11 +200,13 @@ def test_every_foreach_list_form_fused_bit_identical_to_unfused(fusing):
         torch._foreach_addcdiv_(b, c, d, value=-0.7)
         torch._foreach_addcdiv_(c, a, d, [1e-3, 2.0, -0.5])
         torch._foreach_lerp_(d, a, 0.6)
+        torch._foreach_sqrt_(b)  # NaN for negative elements, compared as such
+        torch._foreach_add_(c, torch._foreach_sqrt(d), alpha=0.5)
 
     fused, expected, ran_fused = fused_and_unfused(program, make_inputs)
-    assert ran_fused >= 15          # list kernels, counted as queued items
+    assert ran_fused >= 18          # list kernels, counted as queued items
     for f, e in zip(fused, expected):
-        assert torch.equal(f, e)
+        assert torch.equal(f.nan_to_num(), e.nan_to_num()) and torch.equal(f.isnan(), e.isnan())
 
 
 def test_a_list_kernel_that_cannot_join_a_region_joins_none_of_it(fusing):
@@ -243,6 +269,39 @@ def test_generated_kernel_follows_aten_vector_formula_per_op():
            remainders)
     for (kind, _, _), first, e in zip(ops, firsts, expected):
         assert torch.equal(bufs[first], e), eager_fusion.KINDS[kind][0]
+
+
+def _run_kernel(signature: bytes, bufs: list, scalars: list, n: int) -> None:
+    kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
+        eager_fusion.compile_signature(signature))
+    remainders = (ctypes.c_int64 * 64)()
+    kernel((ctypes.c_void_p * len(bufs))(*[b.data_ptr() for b in bufs]), (ctypes.c_float * max(1, len(scalars)))(*scalars),
+           n, remainders)
+    assert remainders[0] == remainders[1]  # vectors only: no scalar remainder left
+
+
+def test_generated_kernel_with_sqrt_matches_aten_across_tiles():
+    # sqrt is MKL's vmsSqrt over tiles: a chain over three tiles and a half (n = 1,792 with
+    # 512-element tiles) with sqrt first, in the middle (in place on an unstored slot, which then
+    # crosses the call in its scratch tile) and writing a stored slot, against ATen op by op;
+    # the unstored slot's memory is never written.
+    sqrt = next(i for i, k in enumerate(eager_fusion.KINDS) if k[0] == "sqrt")
+    mul, add_scalar, div = 2, 1, 4
+    # slots: 0 a, 1 b, 2 t (unstored), 3 out, 4 r
+    sig = bytes([5, sqrt, 4, 0, mul, 2, 4, 1, sqrt, 2, 2, add_scalar, 2, 2, sqrt, 3, 2, div, 3, 3, 0,
+                 eager_fusion.UNSTORED, 2])
+    n = 1792
+    g = torch.Generator().manual_seed(8)
+    a, b = torch.rand(n, generator=g) * 1e3, torch.rand(n, generator=g)
+    a[::7] *= 1e-42  # subnormals: ATen's mode keeps them (flushing them to zero would not)
+    t, out, r = torch.full((n,), 7.0), torch.empty(n), torch.empty(n)
+    _run_kernel(sig, [a, b, t, out, r], [0.5, 1.0], n)
+    want_r = torch.sqrt(a)
+    want_t = torch.add(torch.sqrt(want_r * b), 0.5)
+    torch.testing.assert_close(r, want_r, rtol=0, atol=0)
+    torch.testing.assert_close(out, torch.sqrt(want_t) / a, rtol=0, atol=0)
+    assert torch.equal(t, torch.full((n,), 7.0))  # never stored
+    assert "vmsSqrt" in eager_fusion.source([sig]) and "store(b2" not in eager_fusion.source([sig])
 
 
 def test_deterministic_algorithms_turn_fusion_off(fusing):

@@ -17,9 +17,18 @@ two vectors per thread) are handed back to the fuser, which runs them through th
 themselves. So every element goes through the same arithmetic in the same order as unfused; only
 the trips through memory between ops disappear. What this rules out (docs/architecture.md,
 Adaptive Eager): reductions (a fused reduction would re-associate), other dtypes (bf16/fp16 ops
-round each result to 16 bits), ops ATen computes with MKL (sqrt, exp, ...), and Inductor's own
-pointwise codegen, which measured 1-ulp to many-ulp differences from ATen on add with alpha,
-lerp, addcmul, addcdiv, sqrt, exp and tanh (its vector math and FMA use differ).
+round each result to 16 bits), ops ATen computes with MKL's vector math (exp, tanh, ...) except
+sqrt, and Inductor's own pointwise codegen, which measured 1-ulp to many-ulp differences from
+ATen on add with alpha, lerp, addcmul, addcdiv, sqrt, exp and tanh (its vector math and FMA use
+differ).
+
+sqrt is the one MKL op taken, because the Adam family calls it in the middle of its step: ATen
+computes float sqrt with MKL's ``vmsSqrt`` (not correctly rounded: ~20 % of results differ from
+IEEE sqrt by an ulp), whose result per element does not depend on how the array is cut into
+calls (checked at sizes 5 to 1 M, any offset, 1 and 2 threads). A kernel holding a sqrt runs
+each thread's vector range in tiles of ``_TILE`` elements: the ops before the sqrt over the
+tile, then ``vmsSqrt`` on it with ATen's mode, then the ops after; values an unstored slot
+carries across a sqrt wait in a per-thread scratch tile instead of device memory.
 """
 
 from __future__ import annotations
@@ -41,9 +50,8 @@ __all__ = ["KINDS", "UNSTORED", "parse", "unstored", "source", "compile_signatur
 # (mul, div), PointwiseOpsKernel (addcmul, whose build contracts s*t1*t2 + self into one FMA;
 # addcdiv), LerpKernel (lerp_vec). Only vector formulas: ATen's scalar remainders are compiled
 # loops whose auto-vectorization (and so rounding) depends on the address alignment, so the
-# fuser runs the remainders through ATen's kernels themselves (fusion.cpp). sqrt is not here:
-# ATen computes it with MKL's vector math, which is not correctly rounded and not reproducible
-# outside MKL.
+# fuser runs the remainders through ATen's kernels themselves (fusion.cpp). sqrt has no vector
+# formula: it is a call of MKL's vmsSqrt over a tile (the module docstring).
 KINDS = (
     ("add", 3, 1, "at::vec::fmadd({x1}, Vec({s0}), {x0})"),
     ("add_scalar", 2, 2, "at::vec::fmadd(Vec({s0}), Vec({s1}), {x0})"),
@@ -54,14 +62,17 @@ KINDS = (
     ("addcmul", 4, 1, "at::vec::fmadd(Vec({s0}) * {x1}, {x2}, {x0})"),
     ("addcdiv", 4, 1, "{x0} + Vec({s0}) * {x1} / {x2}"),
     ("lerp_scalar", 3, 1, "lerp_vec({x0}, {x1}, {s0})"),
+    ("sqrt", 2, 0, None),
 )
 
 _PRELUDE = r"""
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 using Vec = at::vec::Vectorized<float>;
 
@@ -74,11 +85,21 @@ static inline Vec lerp_vec(Vec start, Vec end, float w) {
   return at::vec::fmadd(coeff, end - start, base);
 }
 
+// MKL's vector sqrt (LP64, exported by libtorch_cpu), called as ATen/cpu/vml.h calls it.
+extern "C" void vmsSqrt(int n, const float* a, float* r, long long mode);
+// MKL would open an OpenMP team of its own for each tile called from a thread outside a parallel
+// region (a range below the grain size runs on the caller): one MKL thread per call instead.
+extern "C" int MKL_Set_Num_Threads_Local(int n);
+constexpr long long kVmlMode = 0x2 | 0x140000 | 0x100;  // VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE
+
 extern "C" int vec_size() { return Vec::size(); }
 """
 
 # TensorIterator's grain size (at::internal::GRAIN_SIZE): the same split as unfused kernels.
 _GRAIN = 32768
+# Elements per tile of a kernel holding a sqrt (a multiple of two vectors of any width): 2 KB a
+# buffer, so a tile's buffers stay in the first-level cache between the phases.
+_TILE = 512
 
 
 # In a signature, after the kernels: the slots not to store (intermediates nothing references).
@@ -109,41 +130,138 @@ def unstored(signature: bytes) -> set[int]:
     return set(signature[end + 1:]) if end < len(signature) else set()
 
 
-def _body(ops, skip: set[int] = frozenset()) -> list[str]:
-    """One vector's sequence: loads on first read, stores of the written slots at the end
-    (except the `skip` slots)."""
+def _vector_phase(ops, load, store) -> list[str]:
+    """One vector's sequence over `ops` [(kind, slots, first scalar)]: each slot loaded from
+    ``load(slot)`` on first read, the written slots stored at the end to ``store(slot)`` (None:
+    not stored)."""
     current: dict[int, str] = {}
     written: list[int] = []
     lines: list[str] = []
-    scalar = 0
-    for n, (kind, slots) in enumerate(ops):
+    for kind, slots, first in ops:
         _, _, nscalars, formula = KINDS[kind]
         names = {}
         for j, slot in enumerate(slots[1:]):
             if slot not in current:
                 current[slot] = f"l{slot}"
-                lines.append(f"const Vec l{slot} = Vec::loadu(b{slot} + i);")
+                lines.append(f"const Vec l{slot} = Vec::loadu({load(slot)});")
             names[f"x{j}"] = current[slot]
         for j in range(nscalars):
-            names[f"s{j}"] = f"s[{scalar + j}]"
-        scalar += nscalars
-        out = f"t{n}"
+            names[f"s{j}"] = f"s[{first + j}]"
+        out = f"t{len(lines)}"
         lines.append(f"const Vec {out} = {formula.format(**names)};")
         current[slots[0]] = out
         if slots[0] not in written:
             written.append(slots[0])
     for slot in written:
-        if slot not in skip:
-            lines.append(f"{current[slot]}.store(b{slot} + i);")
+        where = store(slot)
+        if where is not None:
+            lines.append(f"{current[slot]}.store({where});")
     return lines
+
+
+def _with_scalars(ops) -> list[tuple[int, tuple[int, ...], int]]:
+    """`ops` with the index of each op's first Python number."""
+    out, scalar = [], 0
+    for kind, slots in ops:
+        out.append((kind, slots, scalar))
+        scalar += KINDS[kind][2]
+    return out
+
+
+def _body(ops, skip: set[int] = frozenset()) -> list[str]:
+    """One vector's sequence: loads on first read, stores of the written slots at the end
+    (except the `skip` slots)."""
+    return _vector_phase(_with_scalars(ops), lambda slot: f"b{slot} + i",
+                         lambda slot: None if slot in skip else f"b{slot} + i")
+
+
+def _tiled_body(ops, skip: set[int]) -> tuple[list[str], list[int]]:
+    """The tile loop's body for a sequence holding sqrt: phases of vector ops split by the sqrt
+    calls. A slot's current value is in device memory (``b<k>``) or, for an unstored slot a
+    later phase reads, in its scratch tile (``c<k>``). Returns the lines and the scratch slots."""
+    phases: list = []  # ("vec", [(kind, slots, first scalar)]) or ("sqrt", slots)
+    for kind, slots, first in _with_scalars(ops):
+        if KINDS[kind][3] is None:
+            phases.append(("sqrt", slots))
+        else:
+            if not phases or phases[-1][0] != "vec":
+                phases.append(("vec", []))
+            phases[-1][1].append((kind, slots, first))
+
+    def read_after(p: int) -> set[int]:
+        later = set()
+        for what, body in phases[p + 1:]:
+            if what == "sqrt":
+                later.add(body[1])
+            else:
+                for _, slots, _ in body:
+                    later.update(slots[1:])
+        return later
+
+    where: dict[int, str] = {}  # slot -> "c" once its value moved to scratch
+    scratch: list[int] = []
+
+    def addr(slot: int, vec: bool) -> str:
+        if where.get(slot) == "c":
+            return f"c{slot} + (i - i0)" if vec else f"c{slot}"
+        return f"b{slot} + i" if vec else f"b{slot} + i0"
+
+    def to_scratch(slot: int) -> None:
+        where[slot] = "c"
+        if slot not in scratch:
+            scratch.append(slot)
+
+    lines: list[str] = []
+    for p, (what, body) in enumerate(phases):
+        later = read_after(p)
+
+        def place(slot: int, later=later) -> bool:
+            """Where a value written in this phase goes: False if nowhere (unstored, and no
+            later phase reads it), else device memory or (unstored) the scratch tile."""
+            if slot in skip:
+                if slot not in later:
+                    return False
+                to_scratch(slot)
+            else:
+                where.pop(slot, None)
+            return True
+
+        if what == "sqrt":
+            dst, src = body
+            source = addr(src, False)
+            if place(dst):
+                lines.append(f"vmsSqrt(static_cast<int>(i1 - i0), {source}, {addr(dst, False)}, kVmlMode);")
+            continue
+        vec = _vector_phase(body, lambda slot: addr(slot, True),
+                            lambda slot: addr(slot, True) if place(slot) else None)
+        lines.append("for (int64_t i = i0; i < i1; i += Vec::size()) {")
+        lines += ["  " + line for line in vec]
+        lines.append("}")
+    return lines, scratch
 
 
 def _kernel(signature: bytes, name: str) -> str:
     nbufs, ops = parse(signature)
     bufs = "\n".join(f"  float* const b{k} = buffers[{k}];" for k in range(nbufs))
     skip = unstored(signature)
-    vec = "\n".join("        " + line for line in _body(ops, skip))
     doc = "; ".join(f"{KINDS[k][0]}{list(slots)}" for k, slots in ops) + (f"; unstored {sorted(skip)}" if skip else "")
+    if not any(KINDS[kind][3] is None for kind, _ in ops):
+        vec = "\n".join("      " + line for line in _body(ops, skip))
+        loop = f"""    for (int64_t i = lo; i < vend; i += Vec::size()) {{
+{vec}
+    }}"""
+    else:  # in tiles, for the sqrt calls (module docstring), on one MKL thread
+        body, scratch = _tiled_body(ops, skip)
+        alloc = f"new float[{len(scratch) * _TILE}]" if scratch else "nullptr"
+        tiles = "".join(f"\n    float* const c{slot} = scratch.get() + {j * _TILE};" for j, slot in enumerate(scratch))
+        inner = "\n".join("      " + line for line in body)
+        loop = f"""    const int mkl_threads = MKL_Set_Num_Threads_Local(1);
+    std::unique_ptr<float[]> scratch({alloc});{tiles}
+    for (int64_t i0 = lo; i0 < vend; i0 += {_TILE}) {{
+      const int64_t i1 = std::min<int64_t>(i0 + {_TILE}, vend);
+{inner}
+    }}
+    MKL_Set_Num_Threads_Local(mkl_threads);"""
     return f"""
 // {doc}
 extern "C" void {name}(float* const* buffers, const float* s, int64_t n, int64_t* remainders) {{
@@ -151,9 +269,7 @@ extern "C" void {name}(float* const* buffers, const float* s, int64_t n, int64_t
   at::parallel_for(0, n, {_GRAIN}, [&](int64_t lo, int64_t hi) {{
     // As ATen's vectorized_loop: whole pairs of vectors here, the remainder by ATen's kernels.
     const int64_t vend = lo + (hi - lo) / (2 * Vec::size()) * (2 * Vec::size());
-    for (int64_t i = lo; i < vend; i += Vec::size()) {{
-{vec}
-    }}
+{loop}
     const int t = at::get_thread_num();
     remainders[2 * t] = vend;
     remainders[2 * t + 1] = hi;
