@@ -1,7 +1,10 @@
 """Eager overhead of the neuron device against native CPU, measured interleaved in one run.
 
 Ratios neuron time / CPU time (targets): (a) 16-element add <= 1.6, (b) 512x512 matmul <= 1.02,
-(c) one training step of the demo GPT with identical optimizer settings <= 1.10. Each is the
+(c) one training step of the demo GPT with identical optimizer settings <= 1.10; a 256-element
+sqrt (MKL's vector math on both) (d) in MKL's default threading <= 1.6, as the small add, and
+(e) once torch.set_num_threads was called, after which MKL opens its OpenMP team even for small
+calls on CPU, and neuron makes them on one MKL thread (csrc/backend/vml_threads.h): <= 1.0. Each is the
 median of per-round ratios with its min-max (bench/_stats.py); targets are judged on the median.
 """
 
@@ -29,6 +32,16 @@ def add_case(device):
 def matmul_case(device):
     a, b = torch.randn(512, 512, device=device), torch.randn(512, 512, device=device)
     return lambda: torch.mm(a, b)
+
+
+def sqrt_case(device):
+    a = torch.rand(256, device=device) + 0.5
+    return lambda: torch.sqrt(a)
+
+
+def sqrt_set_threads_case(device):
+    torch.set_num_threads(torch.get_num_threads())  # sticky: this case runs last
+    return sqrt_case(device)
 
 
 def train_case(device):
@@ -73,6 +86,8 @@ def main() -> None:
         ("(a) add, 16 elements", add_case, 20000, 15, 1.6),
         ("(b) matmul 512x512", matmul_case, 40, 15, 1.02),
         ("(c) GPT train step", train_case, 10, 15, 1.10),
+        ("(d) sqrt, 256 elements", sqrt_case, 20000, 15, 1.6),
+        ("(e) (d) after set_num_threads", sqrt_set_threads_case, 20000, 15, 1.0),
     ]:
         t = interleaved({"cpu": make("cpu"), "neuron": make("neuron")}, inner, rounds)
         rows.append((name, t["cpu"], t["neuron"], ratios(t["neuron"], t["cpu"]), target))

@@ -554,7 +554,17 @@ at::Tensor unary_floating(const at::Tensor& self) {
     return out;
   }
   SerialVml vml(small);
-  return Hot<at::Tensor(const at::Tensor&)>::call<Func, Name>(self);
+  if (!plain(self) || !c10::isFloatingType(self.scalar_type())) {
+    return Hot<at::Tensor(const at::Tensor&)>::call<Func, Name>(self);
+  }
+  // The result from the device pool (CPU's functional kernel would take host memory to adopt).
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self);
+  zc.launch(Name);
+  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
+  at::Tensor o = zc.in_output(out);
+  Out(o, a);
+  return out;
 }
 
 // ---- small IEEE elementwise ops without aliases or TensorIterator ---------------------------
