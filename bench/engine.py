@@ -66,9 +66,16 @@ def interleaved(make, inner: int, rounds: int) -> dict:
     for m in MODES:
         run(fns[m], m, max(1, inner // 4))
     # Adaptive Eager compiles a region's kernels in the background once it has seen it twice:
-    # let that finish before timing (the steady state of a training loop).
-    run(fns["engine"], "engine", 3)
-    eager_fusion.wait()
+    # let that finish before timing (the steady state of a training loop). A loop's first steps
+    # cut their regions differently (an optimizer's first step creates its state), so warm up
+    # until a few steps ask for no new kernel: a compile during the timed rounds would take a
+    # core for seconds.
+    for _ in range(10):
+        requested = engine.stats()["kernels_requested"]
+        run(fns["engine"], "engine", 3)
+        eager_fusion.wait()
+        if engine.stats()["kernels_requested"] == requested:
+            break
     samples = {m: [] for m in MODES}
     for _ in range(rounds):
         for m in MODES:
