@@ -445,13 +445,25 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       ++fused_records;
       continue;
     }
-    auto saved_groups = groups;  // a list kernel joins whole or not at all
-    auto saved_bufs = bufs;
+    // A list kernel joins whole or not at all: what its elements added to the groups is undone
+    // if one cannot join (add() only appends, so the sizes before it suffice; the region ends
+    // there, so `bufs` is not read again). Copying the groups and buffers for every list kernel
+    // instead made the fuser quadratic in the region's size.
+    struct Sizes {
+      size_t buffers, signature, scalars, written;
+    };
+    c10::SmallVector<Sizes, 4> before;
+    for (const Group& grp : groups) before.push_back({grp.buffers.size(), grp.signature.size(), grp.scalars.size(), grp.written.size()});
     uint32_t e = 0;
     while (e < r->count && add(r[e])) ++e;
     if (e < r->count) {
-      groups = std::move(saved_groups);
-      bufs = std::move(saved_bufs);
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(before.size()), groups.end());
+      for (size_t g = 0; g < before.size(); ++g) {
+        groups[g].buffers.resize(before[g].buffers);
+        groups[g].signature.resize(before[g].signature);
+        groups[g].scalars.resize(before[g].scalars);
+        groups[g].written.resize(before[g].written);
+      }
       break;
     }
     fused_records += e;

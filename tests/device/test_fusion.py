@@ -209,25 +209,29 @@ def test_every_foreach_list_form_fused_bit_identical_to_unfused(fusing):
         assert torch.equal(f.nan_to_num(), e.nan_to_num()) and torch.equal(f.isnan(), e.isnan())
 
 
-def test_a_list_kernel_that_cannot_join_a_region_joins_none_of_it(fusing):
+@pytest.mark.parametrize("first", [600, 500], ids=["element0-joins-a-group", "element0-opens-a-group"])
+def test_a_list_kernel_that_cannot_join_a_region_joins_none_of_it(fusing, first):
     # Element 1 of the list overlaps the queued mul's buffer partially, so the list must not join
     # the region of the two kernels before it, not even its element 0 (y would be added twice:
-    # once fused, once when the list runs).
+    # once fused, once when the list runs), whether element 0 went into the region's group of
+    # 600 elements or opened a group of its own; and what it added is undone cleanly (the
+    # region's signature compiles).
     def run(device):
         g = torch.Generator().manual_seed(3)
-        base, x, y = (torch.rand(n, generator=g).to(device) for n in (1000, 600, 600))
+        base, x, y, w = (torch.rand(n, generator=g).to(device) for n in (1000, 600, first, first))
         x.mul_(2.0)
         base[:600].mul_(x)
-        torch._foreach_add_([y, base[300:900]], [x, x])
+        torch._foreach_add_([y, base[300:900]], [w, x])
         return base.cpu(), y.cpu()
 
     want = run("cpu")
-    before = engine.stats()["fused"]
+    before, errors = engine.stats()["fused"], len(eager_fusion.errors)
     for _ in range(3):
         got = run("neuron")
         eager_fusion.wait()
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert engine.stats()["fused"] > before   # the two kernels before the list ran fused
+    assert len(eager_fusion.errors) == errors
 
 
 def test_generated_kernel_follows_aten_vector_formula_per_op():
