@@ -1,6 +1,7 @@
 """The execution engine (torch.neuron.engine): queued kernels, host run-ahead, synchronization
 points, asynchronous errors. Results are compared with CPU PyTorch."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -588,6 +589,7 @@ def test_a_collective_waits_for_queued_writes_on_every_stream():
 
 def test_a_tensor_dropped_while_its_kernel_is_queued_is_freed_at_once():
     # CUDA's stream-ordered free: the block returns to the pool now; only later kernels write it
+    gc.collect()  # garbage of earlier tests (autograd cycles) would be freed mid-test otherwise
     torch.neuron.synchronize()
     base = torch.neuron.memory_allocated()
     x = torch.ones(BIG, device="neuron")
