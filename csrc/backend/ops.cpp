@@ -491,6 +491,40 @@ template <class... Rest> struct HotInplace {
 // ---- hot ops with outputs from the device pool (zero_copy.h, pooled) -------------------------
 bool plain(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
 
+// Functional ops whose result has the shape and dtype of their first argument (silu, softmax,
+// their backward, ...): CPU's out= kernel `O` writes a result from the device pool. CPU's
+// functional kernel would take host memory to adopt: ≈ 1 us a call at small sizes (a 256-element
+// sqrt 2.9 -> 1.9 us), fresh pages at large ones. Taken when every tensor argument is contiguous,
+// of the first one's floating dtype and shape (then the out= kernel computes what the functional
+// one does, into the same layout); otherwise CPU's functional kernel `F` (Hot).
+template <class T> bool pooled_arg_fits(const at::Tensor& first, const T& arg) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    return plain(arg) && arg.scalar_type() == first.scalar_type() && arg.sizes().equals(first.sizes());
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return !arg;  // softmax's half_to_float: another result dtype (and CPU's own error)
+  } else {
+    return true;
+  }
+}
+
+template <class Sig> struct Pooled;
+template <class... A> struct Pooled<at::Tensor(A...)> {
+  template <at::Tensor (*F)(A...), at::Tensor& (*O)(at::Tensor&, A...), const char* Name>
+  static at::Tensor call(A... args) {
+    const at::Tensor& first = std::get<0>(std::forward_as_tuple(args...));
+    if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
+      return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
+    }
+    ZeroCopy zc;
+    std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
+    zc.launch(Name);
+    at::Tensor out = pooled(zc, first.sizes(), first.scalar_type());
+    at::Tensor o = zc.in_output(out);
+    std::apply([&](auto&... a) { O(o, a...); }, cpu);
+    return out;
+  }
+};
+
 // Elementwise ops over same-shaped contiguous operands (or 0-dim scalars).
 template <class OutCall, class FuncCall>
 at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c10::ScalarType dtype,
@@ -971,9 +1005,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                    &at::cpu::mean, kMean>)));
   // Registered directly: through the fallback its composite passes a 0-dim out= and warns.
   m.impl("mse_loss", TORCH_FN((Hot<T(CT, CT, int64_t)>::call<&at::cpu::mse_loss, kMseLoss>)));
-  m.impl("_softmax", TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, kSoftmax>)));
-  m.impl("_log_softmax",
-         TORCH_FN((Hot<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax, kLogSoftmax>)));
+  m.impl("_softmax",
+         TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, &at::cpu::_softmax_out, kSoftmax>)));
+  m.impl("_log_softmax", TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax,
+                                                                      &at::cpu::_log_softmax_out, kLogSoftmax>)));
   m.impl("gelu", TORCH_FN(gelu));
   m.impl("gelu_backward", TORCH_FN(gelu_backward));
   m.impl("pow.Tensor_Scalar", TORCH_FN((Hot<T(CT, S)>::call<&at::cpu::pow, kPowScalar>)));
@@ -994,13 +1029,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, CT, CT, const std::optional<T>&, int64_t, int64_t, int64_t,
                                            int64_t, std::array<bool, 3>)>::call<&at::cpu::native_group_norm_backward,
                                                                                  kGroupNormBwd>)));
-  m.impl("silu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::silu, kSilu>)));
+  m.impl("silu", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::silu, &at::cpu::silu_out, kSilu>)));
   // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which
   // autograd would run on a backend without a kernel of its own: five ops, other roundings.
-  m.impl("silu_backward", TORCH_FN((Hot<T(CT, CT)>::call<&at::cpu::silu_backward, kSiluBwd>)));
+  m.impl("silu_backward",
+         TORCH_FN((Pooled<T(CT, CT)>::call<&at::cpu::silu_backward, &at::cpu::silu_backward_out, kSiluBwd>)));
   m.impl("relu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::relu, kRelu>)));
-  m.impl("threshold_backward",
-         TORCH_FN((Hot<T(CT, CT, S)>::call<&at::cpu::threshold_backward, kThresholdBwd>)));
+  m.impl("threshold_backward", TORCH_FN((Pooled<T(CT, CT, S)>::call<&at::cpu::threshold_backward,
+                                                                    &at::cpu::threshold_backward_out, kThresholdBwd>)));
   m.impl("index_select", TORCH_FN(index_select_hot));
 }
 
