@@ -29,6 +29,18 @@
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/sqrt_cpu_dispatch.h>
+#include <ATen/ops/cos_cpu_dispatch.h>
+#include <ATen/ops/erf_cpu_dispatch.h>
+#include <ATen/ops/exp_cpu_dispatch.h>
+#include <ATen/ops/expm1_cpu_dispatch.h>
+#include <ATen/ops/log_cpu_dispatch.h>
+#include <ATen/ops/log1p_cpu_dispatch.h>
+#include <ATen/ops/neg_cpu_dispatch.h>
+#include <ATen/ops/reciprocal_cpu_dispatch.h>
+#include <ATen/ops/rsqrt_cpu_dispatch.h>
+#include <ATen/ops/sigmoid_cpu_dispatch.h>
+#include <ATen/ops/sin_cpu_dispatch.h>
+#include <ATen/ops/tanh_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
 #include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
@@ -512,6 +524,8 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
   template <at::Tensor (*F)(A...), at::Tensor& (*O)(at::Tensor&, A...), const char* Name>
   static at::Tensor call(A... args) {
     const at::Tensor& first = std::get<0>(std::forward_as_tuple(args...));
+    static const int64_t vml_bound = serial_vml_bound(op_handle<Name>().operator_name());
+    SerialVml vml(first.numel() < vml_bound);  // MKL's vector math on one thread (vml_threads.h)
     if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
       return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
     }
@@ -834,6 +848,18 @@ at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::T
 
 #define HOT_NAME(var, str) constexpr char var[] = str;
 HOT_NAME(kAdd, "aten::add.Tensor")
+HOT_NAME(kU_neg, "aten::neg")
+HOT_NAME(kU_exp, "aten::exp")
+HOT_NAME(kU_log, "aten::log")
+HOT_NAME(kU_tanh, "aten::tanh")
+HOT_NAME(kU_sigmoid, "aten::sigmoid")
+HOT_NAME(kU_rsqrt, "aten::rsqrt")
+HOT_NAME(kU_reciprocal, "aten::reciprocal")
+HOT_NAME(kU_erf, "aten::erf")
+HOT_NAME(kU_sin, "aten::sin")
+HOT_NAME(kU_cos, "aten::cos")
+HOT_NAME(kU_log1p, "aten::log1p")
+HOT_NAME(kU_expm1, "aten::expm1")
 HOT_NAME(kSub, "aten::sub.Tensor")
 HOT_NAME(kMul, "aten::mul.Tensor")
 HOT_NAME(kDiv, "aten::div.Tensor")
@@ -1038,6 +1064,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("threshold_backward", TORCH_FN((Pooled<T(CT, CT, S)>::call<&at::cpu::threshold_backward,
                                                                     &at::cpu::threshold_backward_out, kThresholdBwd>)));
   m.impl("index_select", TORCH_FN(index_select_hot));
+  // Unary elementwise ops: unboxed, results from the device pool (Pooled).
+  m.impl("neg", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::neg, &at::cpu::neg_out, kU_neg>)));
+  m.impl("exp", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::exp, &at::cpu::exp_out, kU_exp>)));
+  m.impl("log", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::log, &at::cpu::log_out, kU_log>)));
+  m.impl("tanh", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::tanh, &at::cpu::tanh_out, kU_tanh>)));
+  m.impl("sigmoid", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::sigmoid, &at::cpu::sigmoid_out, kU_sigmoid>)));
+  m.impl("rsqrt", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::rsqrt, &at::cpu::rsqrt_out, kU_rsqrt>)));
+  m.impl("reciprocal", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::reciprocal, &at::cpu::reciprocal_out, kU_reciprocal>)));
+  m.impl("erf", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::erf, &at::cpu::erf_out, kU_erf>)));
+  m.impl("sin", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::sin, &at::cpu::sin_out, kU_sin>)));
+  m.impl("cos", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::cos, &at::cpu::cos_out, kU_cos>)));
+  m.impl("log1p", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::log1p, &at::cpu::log1p_out, kU_log1p>)));
+  m.impl("expm1", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::expm1, &at::cpu::expm1_out, kU_expm1>)));
 }
 
 // The conj/neg bits must reach the CPU copy kernel, which resolves them; without these

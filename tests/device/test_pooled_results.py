@@ -1,5 +1,6 @@
 """Functional ops whose result CPU's out= kernel writes into the device pool (ops.cpp, Pooled):
-silu, softmax, log_softmax and the backward of silu and relu (threshold_backward); sqrt. Each
+silu, softmax, log_softmax, the backward of silu and relu (threshold_backward), sqrt and twelve
+unary elementwise ops (neg, exp, log, tanh, sigmoid, ...). Each
 result is CPU's, bit for bit, with CPU's shape, strides and dtype, for contiguous arguments (the
 pooled route) and others (CPU's functional kernel); errors are CPU's. The oracle is the same call
 on CPU."""
@@ -22,6 +23,9 @@ OPS = {
     "_log_softmax": (lambda a: aten._log_softmax(a[0], 1, False), 1),
     "sqrt": (lambda a: aten.sqrt(a[0]), 1),
 }
+UNARY = ["neg", "exp", "log", "tanh", "sigmoid", "rsqrt", "reciprocal", "erf", "sin", "cos", "log1p", "expm1"]
+for _name in UNARY:
+    OPS[_name] = ((lambda op: lambda a: op(a[0]))(getattr(aten, _name)), 1)
 SHAPES = [(8, 256), (3, 1000, 7), (0, 5), (17,)]
 
 
@@ -42,8 +46,6 @@ def check(name, cpu_args, dev_args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_pooled_op_matches_cpu_bit_for_bit(name, dtype):
-    if dtype == torch.float16 and name == "sqrt":
-        pytest.skip("covered by test_vml_threads / test_opinfo")
     for shape in SHAPES:
         if name.endswith("softmax") and len(shape) < 2:
             continue
@@ -120,3 +122,19 @@ def test_broadcast_arguments_match_cpu(name):
     small, big = torch.randn(256, generator=g), torch.randn(8, 256, generator=g)
     for a, b in ((small, big), (big, small)):
         check(name, [a, b], [a.to("neuron"), b.to("neuron")])
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_op_of_integers_matches_cpu(name):
+    # not the pooled route: an integer input gives a float result (or CPU's error)
+    x = torch.arange(-3, 5)
+    try:
+        want = OPS[name][0]([x])
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as err:
+            OPS[name][0]([x.to("neuron")])
+        assert str(err.value) == str(e)
+        return
+    got = OPS[name][0]([x.to("neuron")])
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
