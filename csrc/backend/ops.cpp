@@ -580,7 +580,7 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 }
 
 // Functional unary ops of floating inputs (sqrt, so that the optimizers' _foreach_sqrt does
-// not synchronize): like enqueue_elementwise, else CPU's kernel unboxed (Hot).
+// not synchronize): like enqueue_elementwise, else synchronously (Pooled).
 template <const char* Name, at::Tensor& (*Out)(at::Tensor&, const at::Tensor&),
           at::Tensor (*Func)(const at::Tensor&)>
 at::Tensor unary_floating(const at::Tensor& self) {
@@ -601,18 +601,7 @@ at::Tensor unary_floating(const at::Tensor& self) {
         Out == &at::cpu::sqrt_out && fusion::enabled() ? fusion::sqrt(Name, out, self) : nullptr);
     return out;
   }
-  SerialVml vml(small);
-  if (!plain(self) || !c10::isFloatingType(self.scalar_type())) {
-    return Hot<at::Tensor(const at::Tensor&)>::call<Func, Name>(self);
-  }
-  // The result from the device pool (CPU's functional kernel would take host memory to adopt).
-  ZeroCopy zc;
-  at::Tensor a = zc.in(self);
-  zc.launch(Name);
-  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
-  at::Tensor o = zc.in_output(out);
-  Out(o, a);
-  return out;
+  return Pooled<at::Tensor(const at::Tensor&)>::call<Func, Out, Name>(self);
 }
 
 // ---- small IEEE elementwise ops without aliases or TensorIterator ---------------------------
