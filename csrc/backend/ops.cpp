@@ -29,6 +29,7 @@
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/sqrt_cpu_dispatch.h>
+#include <ATen/ops/clamp_cpu_dispatch.h>
 #include <ATen/ops/cos_cpu_dispatch.h>
 #include <ATen/ops/erf_cpu_dispatch.h>
 #include <ATen/ops/exp_cpu_dispatch.h>
@@ -838,6 +839,7 @@ at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::T
 #define HOT_NAME(var, str) constexpr char var[] = str;
 HOT_NAME(kAdd, "aten::add.Tensor")
 HOT_NAME(kU_neg, "aten::neg")
+HOT_NAME(kClamp, "aten::clamp")
 HOT_NAME(kU_exp, "aten::exp")
 HOT_NAME(kU_log, "aten::log")
 HOT_NAME(kU_tanh, "aten::tanh")
@@ -1066,6 +1068,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cos", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::cos, &at::cpu::cos_out, kU_cos>)));
   m.impl("log1p", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::log1p, &at::cpu::log1p_out, kU_log1p>)));
   m.impl("expm1", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::expm1, &at::cpu::expm1_out, kU_expm1>)));
+  m.impl("clamp", TORCH_FN((Pooled<T(CT, const std::optional<at::Scalar>&, const std::optional<at::Scalar>&)>::call<
+                            &at::cpu::clamp, &at::cpu::clamp_out, kClamp>)));
 }
 
 // The conj/neg bits must reach the CPU copy kernel, which resolves them; without these

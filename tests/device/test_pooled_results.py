@@ -23,9 +23,12 @@ OPS = {
     "_log_softmax": (lambda a: aten._log_softmax(a[0], 1, False), 1),
     "sqrt": (lambda a: aten.sqrt(a[0]), 1),
 }
-UNARY = ["neg", "exp", "log", "tanh", "sigmoid", "rsqrt", "reciprocal", "erf", "sin", "cos", "log1p", "expm1"]
+UNARY = ["neg", "exp", "log", "tanh", "sigmoid", "rsqrt", "reciprocal", "erf", "sin", "cos", "log1p",
+         "expm1"]
 for _name in UNARY:
     OPS[_name] = ((lambda op: lambda a: op(a[0]))(getattr(aten, _name)), 1)
+OPS["clamp"] = (lambda a: aten.clamp(a[0], -0.5, 0.75), 1)
+OPS["clamp_min"] = (lambda a: aten.clamp(a[0], None, 0.3), 1)
 SHAPES = [(8, 256), (3, 1000, 7), (0, 5), (17,)]
 
 
@@ -138,3 +141,11 @@ def test_unary_op_of_integers_matches_cpu(name):
     got = OPS[name][0]([x.to("neuron")])
     assert got.dtype == want.dtype
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_clamp_without_bounds_raises_as_on_cpu():
+    with pytest.raises(RuntimeError) as cpu_err:
+        aten.clamp(torch.randn(4), None, None)
+    with pytest.raises(RuntimeError) as dev_err:
+        aten.clamp(torch.randn(4, device="neuron"), None, None)
+    assert str(dev_err.value) == str(cpu_err.value)
