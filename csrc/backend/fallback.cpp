@@ -204,7 +204,10 @@ void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema&
 // narrow dtypes CPU refuses; leaves the results on the stack.
 void run_on_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin, c10::DispatchKey cpu_key) {
   // A small vector-math call on one MKL thread (vml_threads.h); the first argument is the input.
+  // Every bound is at most ATen's grain: larger calls skip the op lookup (every fallback call
+  // comes here).
   const bool serial_vml = begin < stack->size() && (*stack)[begin].isTensor() &&
+                          (*stack)[begin].toTensor().numel() < kVmlGrain &&
                           (*stack)[begin].toTensor().numel() < serial_vml_bound(op.operator_name());
   SerialVml vml(serial_vml);
   // Dense ops with a narrow floating argument keep their arguments for the widening retry.

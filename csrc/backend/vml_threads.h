@@ -29,7 +29,7 @@ constexpr int64_t kVmlGrain = 2048;
 constexpr int64_t kCheapVmlBound = kVmlGrain;
 
 // For an ATen op computed with MKL's vector math (functional, in-place, out=): the element count
-// below which it runs on one MKL thread; 0 for any other op.
+// below which it runs on one MKL thread (at most kVmlGrain); 0 for any other op.
 int64_t serial_vml_bound(const c10::OperatorName& op);
 
 // RAII: one MKL thread for the calling thread while alive, if `on`.
