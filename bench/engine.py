@@ -15,6 +15,7 @@ after its kernels compiled; "engine unfused" without it.
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import sys
 import time
@@ -101,6 +102,36 @@ def enqueue_rate(n: int = 20000, rounds: int = 7) -> tuple[list, list]:
     return host, total
 
 
+def new_signature(rng: random.Random, nbufs: int = 6, nops: int = 12) -> bytes:
+    """A random group signature of vector ops (no sqrt) over `nbufs` slots, in first-use order:
+    new to the code cache, so loading it compiles."""
+    vector_kinds = [k for k, (_, _, _, formula) in enumerate(eager_fusion.KINDS) if formula]
+    sig = [nbufs]
+    for i in range(nops):
+        kind = rng.choice(vector_kinds)
+        arity = eager_fusion.KINDS[kind][1]
+        sig += [kind] + [min(i, nbufs - 1) if j == 0 else rng.randrange(nbufs) for j in range(arity)]
+    return bytes(sig)
+
+
+def compile_times(rounds: int = 3) -> tuple[list, list]:
+    """Seconds to compile one new Adaptive Eager kernel: through the code cache Adaptive Eager
+    uses (Inductor's precompiled cpp_prefix.h), and through Inductor's plain C++ code cache."""
+    from torch._inductor.codecache import CppCodeCache
+
+    eager_fusion.compile_signature(new_signature(random.Random()))  # Inductor's one-time set-up
+    rng = random.Random()
+    with_pch, without = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        eager_fusion.compile_signature(new_signature(rng))
+        with_pch.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        CppCodeCache.load(eager_fusion.source([new_signature(rng)]))
+        without.append(time.perf_counter() - start)
+    return with_pch, without
+
+
 def main() -> None:
     was, was_fusing = engine.is_enabled(), engine.is_fusion_enabled()
     try:
@@ -125,6 +156,9 @@ def main() -> None:
             print(f"{name:<26}{fmt(t['cpu'], scale, unit):>26}{fmt(t['sync'], scale, unit):>26}"
                   f"{fmt(t['engine'], scale, unit):>26}{fmt_ratio(r_sync):>18}{fmt_ratio(r_unf):>18}{fmt_ratio(r_eng):>18}"
                   f"{target:8.2f}  {'yes' if ok else 'NO'}")
+        with_pch, without = compile_times()
+        print(f"Adaptive Eager compile of a new 12-op kernel: {fmt(with_pch, 1, 's')} (precompiled header), "
+              f"{fmt(without, 1, 's')} without")
         s = engine.stats()
         print(f"engine: {s['enqueued']} kernels enqueued, {s['drains']} host waits found work queued; "
               f"Adaptive Eager: {s['fused']} kernels ran fused in {s['regions']} generated-kernel calls, "

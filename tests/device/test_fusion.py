@@ -336,6 +336,45 @@ def test_fusion_configured_by_environment(value, on):
     assert r.stdout.strip() == str(on)
 
 
+EXIT_WITH_COMPILES_QUEUED = """
+import sys, time
+import torch
+from torchneuron.compile import eager_fusion
+
+def slow_compile(signature):
+    print("compiled", flush=True)
+    time.sleep(0.5)
+    return 0
+
+eager_fusion.compile_signature = slow_compile
+eager_fusion.request([bytes([3, 2, 0, 1, 2]), bytes([3, 4, 0, 1, 2]), bytes([3, 2, 1, 0, 2]),
+                      bytes([3, 4, 1, 0, 2]), bytes([3, 2, 2, 0, 1]), bytes([3, 4, 2, 0, 1])])
+time.sleep(0.1)  # the first compile has started
+print("exit", flush=True)
+"""
+
+
+def test_a_program_exits_without_waiting_for_queued_compiles():
+    # A short script should not linger at exit compiling kernels it will never run; the compile
+    # in progress finishes (a half-written library must not stay in the code cache).
+    r = run_python(EXIT_WITH_COMPILES_QUEUED)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines.count("exit") == 1
+    assert lines.count("compiled") == 1, r.stdout
+
+
+def test_each_signature_is_its_own_library(monkeypatch):
+    # The code cache is keyed by a library's source: with one library per request, a kernel
+    # requested with others would be compiled again by a program requesting it alone.
+    compiled = []
+    monkeypatch.setattr(eager_fusion, "compile_signatures", lambda sigs: compiled.append(list(sigs)) or [0] * len(sigs))
+    sigs = [bytes([9, 2, 8, 7, 6]), bytes([9, 4, 8, 7, 6])]  # slots out of first-use order: no
+    eager_fusion.request(sigs)                              # region of a test has them
+    eager_fusion.wait()
+    assert compiled == [[s] for s in sigs]
+
+
 def test_region_that_fails_to_compile_runs_unfused_and_is_not_retried(fusing, monkeypatch):
     def fail(signatures):
         raise RuntimeError("no compiler today")

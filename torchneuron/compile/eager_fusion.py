@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import os
 import threading
 
@@ -282,8 +283,8 @@ def source(signatures: list[bytes]) -> str:
     """The C++ of one library holding the kernel of each signature, ``kernel_<i>``:
     ``void kernel_i(float* const* buffers, const float* scalars, int64_t n, int64_t* remainders)``.
     Each runs the vector part of every thread's range and leaves ``[begin, end)`` of the scalar
-    remainder of thread t's range in ``remainders[2t], remainders[2t+1]``. (One library per
-    batch: a compile is ~4 s of header parsing, whatever the kernels.)"""
+    remainder of thread t's range in ``remainders[2t], remainders[2t+1]``. (Adaptive Eager
+    compiles one signature per library: ``request``.)"""
     return _PRELUDE + "".join(_kernel(sig, f"kernel_{i}") for i, sig in enumerate(signatures))
 
 
@@ -294,17 +295,34 @@ def _expected_vec_size() -> int | None:
 _libs: list = []  # compiled libraries stay loaded (their kernels are installed in the fuser)
 
 
+@functools.cache
+def _code_cache() -> type:
+    """Inductor's C++ code cache, compiling against a precompiled header: the one Inductor
+    precompiles for its own CPU kernels (``torch/csrc/inductor/cpp_prefix.h``, which holds
+    ATen's vector headers), built once per compiler and flags in Inductor's cache directory. A
+    kernel then compiles in ~1.2 s instead of ~3 s, most of it parsing headers
+    (bench/engine.py prints both)."""
+    from torch._inductor import codecache
+
+    class FusionCodeCache(codecache.CppCodeCache):
+        cache: dict = {}
+
+        @classmethod
+        def _get_uncompiled_header(cls, device: str) -> str | None:
+            return codecache._get_cpp_prefix_header(device)
+
+    return FusionCodeCache
+
+
 def compile_signatures(signatures: list[bytes]) -> list[int]:
     """Compile the kernels for `signatures` into one library; their addresses. Raises if they
     cannot match ATen."""
-    from torch._inductor.codecache import CppCodeCache
-
     expected = _expected_vec_size()
     if expected is None:
         raise NotImplementedError(
             f"Adaptive Eager matches ATen's AVX2 and AVX512 kernels only; this CPU runs ATen's "
             f"{torch.backends.cpu.get_cpu_capability()} kernels")
-    lib = CppCodeCache.load(source(signatures))
+    lib = _code_cache().load(source(signatures))
     if lib.vec_size() != expected:
         raise RuntimeError(f"generated kernel vector width {lib.vec_size()} != ATen's {expected}")
     _libs.append(lib)
@@ -318,6 +336,7 @@ def compile_signature(signature: bytes) -> int:
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: list[concurrent.futures.Future] = []
+_exiting = False
 _lock = threading.Lock()
 errors: list[str] = []  # why signatures failed to compile (their kernels run unfused)
 
@@ -334,31 +353,43 @@ def _forget_executor() -> None:
 os.register_at_fork(after_in_child=_forget_executor)
 
 
-def _compile_and_install(signatures: list[bytes]) -> None:
+def _stop_compiling() -> None:
+    """At interpreter exit, before its threads are joined: compiles not started are dropped (a
+    compile in progress finishes, so no half-written library is left in the code cache). The
+    program is over; a kernel compiled now would never run."""
+    global _exiting
+    _exiting = True
+
+
+try:  # concurrent.futures' own hook: runs before non-daemon threads are joined (atexit runs after)
+    threading._register_atexit(_stop_compiling)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):  # another Python, or imported during shutdown
+    pass
+
+
+def _compile_and_install(signature: bytes) -> None:
     from .. import _C
 
+    if _exiting:
+        return
     try:
-        addresses = compile_signatures(signatures)
-    except Exception:  # noqa: BLE001 - find the culprit: the others still compile
-        addresses = []
-        for sig in signatures:
-            try:
-                addresses.append(compile_signature(sig))
-            except Exception as e:  # noqa: BLE001 - the group runs unfused, for good
-                errors.append(f"{parse(sig)}: {type(e).__name__}: {e}")
-                addresses.append(0)
-    for sig, address in zip(signatures, addresses):
-        _C._fusion_install(sig, address)
+        address = compile_signature(signature)
+    except Exception as e:  # noqa: BLE001 - the group runs unfused, for good
+        errors.append(f"{parse(signature)}: {type(e).__name__}: {e}")
+        address = 0
+    _C._fusion_install(signature, address)
 
 
 def request(signatures: list[bytes]) -> None:
-    """Compile `signatures` (one library) in the background. Called by the fuser, which runs
-    their groups unfused until the kernels are installed."""
+    """Compile `signatures` in the background, one library each. Called by the fuser, which
+    runs their groups unfused until the kernels are installed. (One library per signature, not
+    per request: the code cache is keyed by the source, so a library holding a group of kernels
+    would be found again only by a program requesting the same group together.)"""
     global _executor
     with _lock:
         if _executor is None:
             _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="neuron-fusion")
-        _pending.append(_executor.submit(_compile_and_install, list(signatures)))
+        _pending.extend(_executor.submit(_compile_and_install, sig) for sig in signatures)
 
 
 def wait() -> None:
