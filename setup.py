@@ -82,7 +82,7 @@ _UNITY_GROUPS = {
                         "csrc/backend/memory_history.cpp", "csrc/backend/profiler.cpp", "csrc/backend/fusion.cpp"],
     "runtime": ["csrc/runtime/runtime.cpp", "csrc/runtime/engine.cpp", "csrc/runtime/trace.cpp", "csrc/backend/allocator.cpp",
                 "csrc/backend/guard.cpp", "csrc/backend/generator.cpp", "csrc/backend/hooks.cpp",
-                "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp"],
+                "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp", "csrc/backend/graph.cpp"],
     "dispatch": ["csrc/backend/zero_copy.cpp", "csrc/backend/fallback.cpp",
                  "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp",
                  "csrc/backend/transpose.cpp", "csrc/backend/extrema.cpp", "csrc/backend/bf16_gemm.cpp",

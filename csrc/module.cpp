@@ -145,6 +145,7 @@ PYBIND11_MODULE(_C, m) {
     neuron::rt::engine::drain();
   });
   m.def("_engine_pending", &neuron::rt::engine::pending);
+  m.def("_engine_capturing", &neuron::rt::engine::capturing);  // a graph capture is open (graph.cpp)
   m.def("_engine_stats", []() {
     const auto s = neuron::rt::engine::stats();
     const auto f = torchneuron::fusion::stats();

@@ -84,6 +84,7 @@ struct Block {
   Block* next = nullptr;
   std::vector<std::pair<int, int64_t>> stream_uses;  // record_stream: (device, stream id)
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
+  uint64_t graph = 0;  // allocated while this graph captured: its until the graph is released
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
 };
@@ -430,12 +431,32 @@ void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead) {
   }
 }
 
+// Graph capture (graph.cpp): the blocks each graph's captured kernels may write, by graph id.
+// A block allocated during the capture is kept allocated when its tensor frees it (`held`),
+// until the graph is released: its replays write it, as CUDA's graph-private memory pools keep
+// theirs. Lock order: a device's c.mu, then this.
+struct GraphBlocks {
+  std::vector<Block*> all;   // allocated during the capture
+  std::vector<Block*> held;  // ... and freed by their tensors since
+};
+std::mutex g_graphs_mu;
+std::unordered_map<uint64_t, GraphBlocks> g_graphs;
+std::atomic<uint64_t> g_capturing_graph{0};
+
 void delete_block(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
   auto& c = g_cache[b->device];
   gpu_trace::memory_deallocation(b->ptr, b->device, b->size);
   auto context = history_context(/*for_free=*/true);
   std::lock_guard<std::mutex> lock(c.mu);
+  if (C10_UNLIKELY(b->graph != 0)) {
+    std::lock_guard<std::mutex> glock(g_graphs_mu);
+    auto it = g_graphs.find(b->graph);
+    if (it != g_graphs.end()) {
+      it->second.held.push_back(b);
+      return;
+    }
+  }
   release_block_locked(c, b, context);
 }
 
@@ -477,8 +498,46 @@ c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
     return c10::DataPtr(nullptr, nullptr, nullptr, dev);
   }
   Block* b = malloc_block(device, nbytes);
+  if (C10_UNLIKELY(g_capturing_graph.load(std::memory_order_acquire) != 0)) {
+    std::lock_guard<std::mutex> lock(g_cache[device].mu);
+    std::lock_guard<std::mutex> glock(g_graphs_mu);
+    const uint64_t id = g_capturing_graph.load(std::memory_order_acquire);
+    auto it = g_graphs.find(id);
+    if (it != g_graphs.end()) {
+      b->graph = id;
+      it->second.all.push_back(b);
+    }
+  }
   gpu_trace::memory_allocation(b->ptr, device, b->size);
   return c10::DataPtr(b->ptr, b, &delete_block, dev);
+}
+
+void begin_graph_allocations(uint64_t graph) {
+  std::lock_guard<std::mutex> glock(g_graphs_mu);
+  g_graphs.try_emplace(graph);
+  g_capturing_graph.store(graph, std::memory_order_release);
+}
+
+void end_graph_allocations() { g_capturing_graph.store(0, std::memory_order_release); }
+
+void release_graph(uint64_t graph) {
+  GraphBlocks blocks;
+  {
+    std::lock_guard<std::mutex> glock(g_graphs_mu);
+    auto it = g_graphs.find(graph);
+    if (it == g_graphs.end()) return;
+    blocks = std::move(it->second);
+    g_graphs.erase(it);
+  }
+  // Blocks still held by tensors become ordinary ones (their frees release them); the rest
+  // were freed by their tensors while the graph kept them.
+  std::unordered_set<Block*> held(blocks.held.begin(), blocks.held.end());
+  for (Block* b : blocks.all) {
+    auto& c = g_cache[b->device];
+    std::lock_guard<std::mutex> lock(c.mu);
+    b->graph = 0;
+    if (held.count(b) != 0) release_block_locked(c, b, nullptr);
+  }
 }
 
 c10::DataPtr NeuronAllocator::allocate(size_t nbytes) {

@@ -57,6 +57,13 @@ class NeuronAllocator : public c10::DeviceAllocator {
 
 NeuronAllocator* device_allocator();
 
+// Graph capture (graph.cpp). Blocks allocated between begin_graph_allocations(id) and
+// end_graph_allocations() belong to graph `id`: freed by their tensors, they stay allocated
+// (the graph's replays write them) until release_graph(id), as CUDA's graph-private pools.
+void begin_graph_allocations(uint64_t graph);
+void end_graph_allocations();
+void release_graph(uint64_t graph);
+
 // Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
 // allocation, free, segment change and OOM to one recorder while one is set.
 enum class AllocAction : uint8_t { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom };

@@ -335,13 +335,17 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     for (const auto& l : lists) {
       if (l.size() != n) return false;
     }
-    // Element j of every list is one call of the per-tensor op: one shape, and (as each such
-    // call checks) no written element partially overlapping another element of its call.
+    // Element j of every list is one call of the per-tensor op: the written element's shape
+    // (a read element may also be 0-dim, broadcast, as the capturable optimizers' step-derived
+    // scalars are), and (as each such call checks) no written element partially overlapping
+    // another element of its call.
+    const size_t shape_list = static_cast<size_t>(
+        std::find(list_written.begin(), list_written.end(), true) - list_written.begin());
     for (size_t j = 0; j < n; ++j) {
-      const at::Tensor first = lists.front().get(j);
+      const at::Tensor first = lists[shape_list < lists.size() ? shape_list : 0].get(j);
       for (size_t k = 0; k < lists.size(); ++k) {
         const at::Tensor e = lists[k].get(j);
-        if (e.sizes() != first.sizes()) return false;
+        if (e.sizes() != first.sizes() && !(e.dim() == 0 && !list_written[k])) return false;
         if (!list_written[k]) continue;
         if (at::has_internal_overlap(e) == at::MemOverlap::Yes) return false;
         for (size_t m = 0; m < lists.size(); ++m) {
@@ -403,7 +407,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       d->zc.device(), schema.operator_name().name.c_str(),
       [d, op] {
         d->zc.launch(op.schema().operator_name());
-        torch::jit::Stack args = std::move(d->args);
+        torch::jit::Stack args = d->args;  // (a copy: a captured graph runs it again)
         run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
       },
       fusion::enabled() ? fusion::boxed(op, originals) : nullptr);

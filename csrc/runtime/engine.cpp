@@ -41,6 +41,7 @@ namespace neuron::rt::engine {
 
 namespace detail {
 std::atomic<bool> g_on{false};
+std::atomic<bool> g_capturing{false};
 std::atomic<uint64_t> g_enqueued{0};
 std::atomic<uint64_t> g_completed{0};
 }  // namespace detail
@@ -109,6 +110,25 @@ Engine& engine() {
     });
   });
   return *g_engine;
+}
+
+// The open graph capture (engine.h, begin_capture). Guarded by its own lock: work is
+// recorded without touching the queues.
+struct Capture {
+  std::mutex mu;
+  int device = -1;
+  int64_t stream = 0;
+  std::vector<Captured> items;
+  std::string error;  // the first violation: the capture failed
+};
+Capture g_capture;
+
+[[noreturn]] void capture_violation(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(g_capture.mu);
+    if (g_capture.error.empty()) g_capture.error = what;
+  }
+  throw std::runtime_error("neuron: " + what);
 }
 
 thread_local bool t_running = false;  // this thread is running queued kernels
@@ -363,6 +383,17 @@ void set_enabled(bool on) noexcept {
 }
 
 uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where, Record record) {
+  if (capturing()) {
+    {
+      std::lock_guard<std::mutex> lock(g_capture.mu);
+      if (device == g_capture.device && stream == g_capture.stream) {
+        g_capture.items.push_back(Captured{name, std::move(work), std::move(where), std::move(record)});
+        return 0;
+      }
+    }
+    capture_violation(std::string(name) + " was enqueued on another stream while a graph is being captured "
+                      "(neuron captures the one stream current at capture_begin)");
+  }
   Engine& e = engine();
   uint64_t seq;
   size_t queued;
@@ -409,6 +440,14 @@ namespace {
 void wait_for(uint64_t seq, bool all) {
   Engine& e = engine();
   if (t_running) return;  // a queued kernel's own ops run inline, in order
+  if (capturing()) {
+    capture_violation(
+        "this operation cannot run while a graph is being captured (torch.accelerator.Graph): it makes the "
+        "host wait for the device, or runs its kernel synchronously on neuron, outside the graph. neuron "
+        "captures the ops it queues: in-place and out= ops, elementwise ops over same-shaped operands, "
+        "foreach lists, small device copies and fills, non_blocking copies with pinned memory; run the "
+        "others (matmuls, reductions, reading values, ...) before or after the capture");
+  }
   if (all ? detail::g_completed.load(std::memory_order_acquire) < seq : !is_done(e, seq)) {
     e.drains.fetch_add(1, std::memory_order_relaxed);
     run_until(e, seq, all);
@@ -422,7 +461,7 @@ void wait(uint64_t seq) { wait_for(seq, /*all=*/false); }
 void drain() { wait_for(last(), /*all=*/true); }
 
 void drain_quietly() noexcept {
-  if (t_running) return;
+  if (t_running || capturing()) return;  // (during a capture nothing is queued that could run)
   try {
     run_until(engine(), last(), /*all=*/true);
   } catch (...) {
@@ -430,7 +469,7 @@ void drain_quietly() noexcept {
 }
 
 void after_queue(Work fn) {
-  if (!pending()) {
+  if (detail::g_completed.load(std::memory_order_acquire) == detail::g_enqueued.load(std::memory_order_acquire)) {
     fn();
     return;
   }
@@ -446,6 +485,37 @@ void after_queue(Work fn) {
     seq = detail::g_enqueued.load(std::memory_order_relaxed);
   }
   if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
+}
+
+void begin_capture(int device, int64_t stream) {
+  if (capturing()) throw std::runtime_error("neuron: a graph is already being captured (one capture at a time)");
+  drain();  // work queued before the capture runs now: it is not part of the graph
+  std::lock_guard<std::mutex> lock(g_capture.mu);
+  if (detail::g_capturing.load()) {
+    throw std::runtime_error("neuron: a graph is already being captured (one capture at a time)");
+  }
+  g_capture.device = device;
+  g_capture.stream = stream;
+  g_capture.items.clear();
+  g_capture.error.clear();
+  detail::g_capturing.store(true);
+}
+
+std::vector<Captured> end_capture() {
+  std::vector<Captured> items;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(g_capture.mu);
+    if (!detail::g_capturing.load()) throw std::runtime_error("neuron: no graph is being captured");
+    detail::g_capturing.store(false);
+    items.swap(g_capture.items);
+    error.swap(g_capture.error);
+  }
+  if (!error.empty()) {
+    items.clear();  // (releases what the recorded work held)
+    throw std::runtime_error("neuron: the graph capture failed: " + error);
+  }
+  return items;
 }
 
 int64_t completion_time(uint64_t seq) noexcept {

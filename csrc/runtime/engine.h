@@ -31,6 +31,7 @@ namespace neuron::rt::engine {
 // Inline state for the checks every op makes (one load each when the engine is off).
 namespace detail {
 extern std::atomic<bool> g_on;
+extern std::atomic<bool> g_capturing;      // a graph capture is open (begin_capture)
 extern std::atomic<uint64_t> g_enqueued;   // last sequence number enqueued
 extern std::atomic<uint64_t> g_completed;  // last sequence number run
 bool running() noexcept;                   // this thread is running queued kernels
@@ -50,14 +51,21 @@ using Record = std::shared_ptr<const void>;
 inline bool configured() noexcept {  // on by configuration (ignores the profiler and the thread)
   return detail::g_on.load(std::memory_order_relaxed);
 }
-inline bool enabled() noexcept { return configured() && !trace::active() && !detail::running(); }
+// Graph capture (below) queues whatever can be queued, engine on or off.
+inline bool capturing() noexcept { return detail::g_capturing.load(std::memory_order_relaxed); }
+inline bool enabled() noexcept {
+  return !detail::running() && (capturing() || (configured() && !trace::active()));
+}
 void set_enabled(bool on) noexcept;
 inline bool on_executor() noexcept { return detail::running(); }  // running queued kernels
 
 // Whether enqueued work has not completed yet (one atomic load: the cheap test every
 // synchronous kernel makes before it touches device memory).
+// While a graph is being captured it is always true: the synchronous paths that test it then
+// call drain() or wait(), which raise (a kernel run now would be missing from the graph).
 inline bool pending() noexcept {
-  return detail::g_completed.load(std::memory_order_acquire) != detail::g_enqueued.load(std::memory_order_acquire);
+  return detail::g_completed.load(std::memory_order_acquire) != detail::g_enqueued.load(std::memory_order_acquire) ||
+         capturing();
 }
 
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
@@ -129,6 +137,23 @@ void set_error_text(ErrorText text) noexcept;
 // The text of a failed kernel's Where (the enqueueing stack). Default: none.
 using Describe = std::string (*)(const void* where);
 void set_describe(Describe describe) noexcept;
+
+// Graph capture (torch.accelerator.Graph; backend/graph.cpp). Between begin_capture and
+// end_capture, work enqueued on the capturing (device, stream) is recorded instead of queued:
+// it does not run, and the recording can be enqueued again and again (replay). Everything that
+// would make the host wait for the device, or run a kernel now, raises instead (drain, wait;
+// drain_quietly does nothing): on neuron a synchronous kernel would run outside the graph.
+// Work enqueued on another stream raises too (one stream is captured). A capture that raised
+// is failed: end_capture raises its first error and records nothing.
+struct Captured {
+  const char* name;
+  Work work;
+  Where where;
+  Record record;
+};
+// Runs the queues first; raises if a capture is open.
+void begin_capture(int device, int64_t stream);
+std::vector<Captured> end_capture();
 
 struct Stats {
   uint64_t enqueued = 0;  // work items queued since start

@@ -15,10 +15,11 @@ import torch
 
 from .. import _C
 from .. import platform as _platform
-from . import amp, engine, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from . import amp, engine, graphs, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
 from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
+from .graphs import NeuronGraph, graph, is_current_stream_capturing
 from .ipc import ipc_collect
 from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_memory_allocated,
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
@@ -39,7 +40,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
     "mem_get_info", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
-    "streams", "ipc_collect", "engine",
+    "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
 ]
 
 _init_lock = threading.Lock()

@@ -1,0 +1,135 @@
+// torch.accelerator.Graph on neuron: capture a stream's work once, replay it many times.
+//
+// torch 2.13 gives accelerators one graph API (at::GraphImplInterface, registered by device
+// type); CUDA implements it with CUDA graphs. Here a graph is a recording of the execution
+// engine's work items (runtime/engine.h, begin_capture): while capturing, an op that neuron
+// queues (in-place and out= ops, same-shaped elementwise ops, foreach lists, small copies and
+// fills, pinned non_blocking copies) is recorded instead of run, its outputs allocated as
+// usual; replay() enqueues the recorded kernels again on the current stream, over the same
+// memory. So, as with CUDA graphs, a capture does not run anything (`x += 1` captured leaves x
+// unchanged until a replay), replays read the inputs' current contents and write the same
+// outputs, and Adaptive Eager fuses replayed kernels like any others.
+//
+// What cannot be captured raises at the op and fails the capture: an op that runs its kernel
+// synchronously on neuron (it would run now, outside the graph: matmuls, reductions,
+// convolutions, ops with data-dependent shapes), anything that makes the host wait for the
+// device (.item(), .cpu(), synchronize), and work on another stream. CUDA raises for the
+// second and third kind too; the first is this device's: its kernels are host code that
+// runs where queuing is not possible.
+//
+// Memory (allocator.h): blocks allocated during the capture belong to the graph; a tensor that
+// frees one leaves it allocated until the graph is reset or destroyed, so no later allocation
+// can take memory a replay writes (CUDA's graph-private pool). Pools are not shared between
+// graphs: `pool` names the graph's own.
+#include <ATen/core/GraphImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
+#include "allocator.h"
+
+namespace torchneuron {
+namespace {
+
+namespace engine = neuron::rt::engine;
+
+std::atomic<uint64_t> g_next_graph{1};
+
+class NeuronGraph final : public at::GraphImplInterface {
+ public:
+  explicit NeuronGraph(const at::GraphImplArgs& /*args*/) : id_(g_next_graph.fetch_add(1)) {}
+  ~NeuronGraph() override { release(); }
+
+  void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode /*mode*/) override {
+    TORCH_CHECK(!captured_ && !capturing_,
+                "neuron: this graph already holds a capture; call reset() before capturing again");
+    TORCH_CHECK(pool.first == 0 && pool.second == 0,
+                "neuron: graphs do not share memory pools here (pool=", pool.first, ", ", pool.second,
+                "); capture without a pool argument");
+    device_ = neuron::rt::current_device();
+    stream_ = neuron::rt::current_stream(device_);
+    begin_graph_allocations(id_);
+    try {
+      engine::begin_capture(device_, stream_);
+    } catch (...) {
+      end_graph_allocations();
+      release_graph(id_);
+      throw;
+    }
+    capturing_ = true;
+  }
+
+  void capture_end() override {
+    TORCH_CHECK(capturing_, "neuron: capture_end() without capture_begin()");
+    capturing_ = false;
+    end_graph_allocations();
+    try {
+      items_ = engine::end_capture();
+    } catch (...) {
+      release_graph(id_);
+      throw;
+    }
+    captured_ = true;
+  }
+
+  // Nothing to build: the recording is what replay() enqueues.
+  void instantiate() override { TORCH_CHECK(captured_, "neuron: instantiate() before a capture"); }
+
+  void replay() override {
+    TORCH_CHECK(captured_, "neuron: replay() before a capture ended");
+    TORCH_CHECK(!engine::capturing(), "neuron: replaying a graph while a graph is being captured");
+    const int64_t stream = neuron::rt::current_stream(device_);
+    for (const engine::Captured& item : items_) {
+      engine::enqueue(device_, stream, item.name, item.work, item.where, item.record);
+    }
+    // With the engine off every op is synchronous, and so is a replay.
+    if (!engine::configured()) engine::drain();
+  }
+
+  void reset() override {
+    TORCH_CHECK(!capturing_, "neuron: reset() during a capture; end it first");
+    release();
+  }
+
+  at::MempoolId_t pool() const override { return {static_cast<c10::CaptureId_t>(id_), 0}; }
+
+  void enable_debug_mode() override {}  // debug_dump works without it
+
+  // One line per recorded kernel, in replay order.
+  void debug_dump(const std::string& path) override {
+    TORCH_CHECK(captured_, "neuron: debug_dump() before a capture ended");
+    std::ofstream out(path);
+    TORCH_CHECK(out, "neuron: cannot write ", path);
+    out << "neuron graph " << id_ << ": " << items_.size() << " kernels, device " << device_ << "\n";
+    for (const engine::Captured& item : items_) out << item.name << "\n";
+  }
+
+ private:
+  void release() {
+    if (captured_) engine::drain_quietly();  // replays still queued use the graph's memory
+    items_.clear();
+    captured_ = false;
+    release_graph(id_);
+  }
+
+  const uint64_t id_;
+  int device_ = 0;
+  int64_t stream_ = 0;
+  bool capturing_ = false;
+  bool captured_ = false;
+  std::vector<engine::Captured> items_;
+};
+
+}  // namespace
+}  // namespace torchneuron
+
+// The registry is keyed by c10::DeviceTypeName(PrivateUse1, /*lower_case=*/false): the
+// backend's name, upper case.
+namespace at {
+C10_REGISTER_TYPED_CLASS(GraphImplRegistry, "NEURON", torchneuron::NeuronGraph)
+}  // namespace at

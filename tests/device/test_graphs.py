@@ -1,0 +1,250 @@
+"""torch.accelerator.Graph on neuron: capture a stream's queued kernels once, replay them.
+
+Semantics are CUDA graphs': a capture runs nothing, a replay recomputes from the inputs'
+current contents into the same outputs, memory the graph's kernels write stays the graph's.
+What neuron cannot capture (ops whose kernels run synchronously here, host waits, other
+streams) raises at the op and fails the capture. Results are compared with CPU PyTorch, or with
+the same ops run eagerly on neuron where bits must match.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+engine = torch.neuron.engine
+
+
+@pytest.fixture(params=["sync", "engine", "fused"])
+def mode(request):
+    """Replays with the engine off (synchronous), on, and on with Adaptive Eager."""
+    was, was_fusing = engine.is_enabled(), engine.is_fusion_enabled()
+    engine.set_enabled(request.param != "sync")
+    engine.set_fusion_enabled(request.param == "fused")
+    yield request.param
+    try:
+        torch.neuron.synchronize()
+    finally:
+        engine.set_enabled(was)
+        engine.set_fusion_enabled(was_fusing)
+
+
+def capture(fn):
+    g = torch.accelerator.Graph()
+    with torch.Stream(device="neuron"), g:
+        out = fn()
+    return g, out
+
+
+def test_a_capture_runs_nothing_and_each_replay_runs_it_once(mode):
+    x = torch.zeros(64, device="neuron")
+    g, _ = capture(lambda: x.add_(1))
+    assert torch.equal(x.cpu(), torch.zeros(64))
+    g.replay()
+    g.replay()
+    torch.neuron.synchronize()
+    assert torch.equal(x.cpu(), torch.full((64,), 2.0))
+
+
+def test_a_replay_reads_the_inputs_current_contents_into_the_same_output(mode):
+    a, b = torch.empty(300, device="neuron"), torch.empty(300, device="neuron")
+    g, y = capture(lambda: (a * b + 1).div_(3))
+    ptr = y.data_ptr()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        ac, bc = torch.randn(300, generator=gen), torch.randn(300, generator=gen)
+        a.copy_(ac)
+        b.copy_(bc)
+        g.replay()
+        assert y.data_ptr() == ptr
+        assert torch.equal(y.cpu(), (ac * bc + 1).div_(3))
+
+
+def test_a_captured_adamw_step_replays_the_eager_steps_bit_for_bit(mode):
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to("neuron")
+
+    grads = [[torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * i + j)) for j, p in
+              enumerate(model().parameters())] for i in range(4)]
+    eager, graphed = model(), model()
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=True, capturable=True) for m in (eager, graphed)]
+    static = [torch.zeros_like(p) for p in graphed.parameters()]
+    for p, s in zip(graphed.parameters(), static):
+        p.grad = s
+
+    def eager_step(i):
+        for p, g in zip(eager.parameters(), grads[i]):
+            p.grad = g.to("neuron")
+        opts[0].step()
+
+    eager_step(0)  # the first step creates the optimizer's state, outside the capture (as on CUDA)
+    for s, g in zip(static, grads[0]):
+        s.copy_(g)
+    opts[1].step()
+    g, _ = capture(opts[1].step)
+    for i in range(1, 4):
+        eager_step(i)
+        for s, gr in zip(static, grads[i]):
+            s.copy_(gr)
+        g.replay()
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(mode):
+    a = torch.randn(4096, device="neuron")
+    def body():
+        t = a * 2          # an intermediate the capture frees ...
+        y = t + 1
+        del t              # ... but the replays write
+        return y
+    g, y = capture(body)
+    others = [torch.full((4096,), 7.0, device="neuron") for _ in range(8)]  # would take t's block
+    g.replay()
+    torch.neuron.synchronize()
+    assert torch.equal(y.cpu(), a.cpu() * 2 + 1)
+    for o in others:
+        assert torch.equal(o.cpu(), torch.full((4096,), 7.0))
+
+
+def test_the_graph_releases_its_memory_when_reset_or_destroyed():
+    a = torch.randn(1 << 16, device="neuron")
+    gc.collect()
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+
+    def body():
+        t = a * 2
+        return t.add_(1).mul_(a)
+
+    g, y = capture(body)
+    del y
+    assert torch.neuron.memory_allocated() > base  # freed by its tensor, kept by the graph
+    g.reset()
+    assert torch.neuron.memory_allocated() == base
+    g2, y2 = capture(body)
+    del g2
+    gc.collect()
+    assert torch.neuron.memory_allocated() == base + y2.untyped_storage().nbytes()  # y2 is its own again
+    del y2
+    assert torch.neuron.memory_allocated() == base
+
+
+@pytest.mark.parametrize("op", ["matmul", "sum", "item", "cpu", "synchronize"])
+def test_what_neuron_cannot_capture_fails_the_capture_and_leaves_the_device_usable(op):
+    a = torch.randn(8, 8, device="neuron")
+    run = {"matmul": lambda: a @ a, "sum": lambda: a.sum(), "item": lambda: a[0, 0].item(),
+           "cpu": lambda: a.cpu(), "synchronize": torch.neuron.synchronize}[op]
+    g = torch.accelerator.Graph()
+    with pytest.raises(RuntimeError, match="graph capture failed") as info:
+        with torch.Stream(device="neuron"), g:
+            a.mul_(2)
+            run()
+    assert "cannot run while a graph is being captured" in str(info.value)
+    assert torch.equal((a @ a).cpu(), a.cpu() @ a.cpu())  # usable; the failed capture ran nothing
+    g2, _ = capture(lambda: a.mul_(3))  # and a new capture works
+    before = a.cpu()
+    g2.replay()
+    assert torch.equal(a.cpu(), before * 3)
+
+
+def test_work_on_another_stream_fails_the_capture():
+    a = torch.zeros(16, device="neuron")
+    other = torch.Stream(device="neuron")
+    g = torch.accelerator.Graph()
+    with pytest.raises(RuntimeError, match="another stream"):
+        with torch.Stream(device="neuron"), g:
+            a.add_(1)
+            with other:
+                a.add_(1)
+    assert torch.equal(a.cpu(), torch.zeros(16))
+
+
+def test_a_graph_is_captured_once_until_reset():
+    a = torch.zeros(16, device="neuron")
+    g = torch.accelerator.Graph()
+    with pytest.raises(RuntimeError, match="before a capture"):
+        g.replay()
+    with torch.Stream(device="neuron"), g:
+        a.add_(1)
+    with pytest.raises(RuntimeError, match="reset"):
+        with torch.Stream(device="neuron"), g:
+            a.add_(1)
+    g.reset()
+    with torch.Stream(device="neuron"), g:
+        a.add_(5)
+    g.replay()
+    assert torch.equal(a.cpu(), torch.full((16,), 5.0))
+
+
+def test_a_shared_memory_pool_is_refused_with_the_fix():
+    g = torch.accelerator.Graph(pool=(7, 0))
+    with pytest.raises(RuntimeError, match="without a pool"):
+        with torch.Stream(device="neuron"), g:
+            pass
+
+
+def test_debug_dump_lists_the_recorded_kernels(tmp_path):
+    a = torch.zeros(64, device="neuron")
+    g, _ = capture(lambda: (a.add_(1), a.mul_(2)))
+    path = tmp_path / "graph.txt"
+    g.debug_dump(str(path))
+    lines = path.read_text().splitlines()
+    assert lines[0].endswith("2 kernels, device 0")
+    assert [line.split(".")[0] for line in lines[1:]] == ["aten::add_", "aten::mul_"]
+
+
+@pytest.fixture
+def engine_state():
+    was = engine.is_enabled()
+    yield engine.set_enabled
+    engine.set_enabled(was)
+
+
+def test_replays_with_the_engine_on_run_ahead_of_the_host(engine_state):
+    engine_state(True)
+    x = torch.zeros(1 << 20, device="neuron")
+    g, _ = capture(lambda: [x.add_(1) for _ in range(8)])
+    before = engine.stats()
+    g.replay()
+    after = engine.stats()
+    assert after["enqueued"] - before["enqueued"] == 8
+    assert after["executed"] - before["executed"] < 8  # queued, not yet run
+    assert torch.equal(x.cpu(), torch.full((1 << 20,), 8.0))
+
+
+def test_a_replay_with_the_engine_off_has_run_when_it_returns(engine_state):
+    engine_state(False)
+    x = torch.zeros(1 << 16, device="neuron")
+    g, _ = capture(lambda: [x.add_(1) for _ in range(3)])
+    g.replay()
+    s = engine.stats()
+    assert s["executed"] == s["enqueued"]  # nothing left queued: synchronous, as every op here
+
+
+def test_torch_neuron_graph_mirrors_torch_cuda_graph():
+    a = torch.zeros(32, device="neuron")
+    g = torch.neuron.NeuronGraph()
+    assert not torch.neuron.is_current_stream_capturing()
+    with torch.neuron.graph(g):
+        assert torch.neuron.is_current_stream_capturing()
+        assert torch.neuron.current_stream() == torch.neuron.graph.default_capture_stream
+        a.add_(2)
+    assert not torch.neuron.is_current_stream_capturing()
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    g.replay()
+    assert torch.equal(a.cpu(), torch.full((32,), 2.0))
+
+
+def test_one_capture_at_a_time():
+    a = torch.zeros(16, device="neuron")
+    outer, inner = torch.accelerator.Graph(), torch.accelerator.Graph()
+    with torch.Stream(device="neuron"), outer:
+        a.add_(1)
+        with pytest.raises(RuntimeError, match="already being captured"):
+            inner.capture_begin()
+    outer.replay()
+    assert torch.equal(a.cpu(), torch.ones(16))
