@@ -7,7 +7,9 @@ Cases (issue 13 targets, engine time / CPU time, judged on the median):
   (c) one training step of the demo GPT (AdamW, foreach; synchronized, as in
       bench/eager_overhead.py): <= 0.85 (needs Adaptive Eager);
   (d) a pointwise-heavy model, an MLP with LayerNorm/GELU at batch 8 plus its AdamW step: <= 0.6
-      (needs Adaptive Eager).
+      (needs Adaptive Eager);
+  (e) (d)'s AdamW step alone, capturable, eager and replayed from torch.accelerator.Graph
+      (reported, no target).
 "neuron engine" runs with Adaptive Eager on (torch.neuron.engine.set_fusion_enabled), measured
 after its kernels compiled; "engine unfused" without it.
 """
@@ -30,12 +32,16 @@ engine = torch.neuron.engine
 from torchneuron.compile import eager_fusion  # noqa: E402
 
 
-def mlp_case(device):
+def mlp_model(device):
     torch.manual_seed(0)
     layers = []
     for _ in range(4):
         layers += [torch.nn.Linear(256, 256), torch.nn.LayerNorm(256), torch.nn.GELU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 1)).to(device)
+    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 1)).to(device)
+
+
+def mlp_case(device):
+    model = mlp_model(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x = torch.randn(8, 256, device=device)
 
@@ -102,6 +108,42 @@ def enqueue_rate(n: int = 20000, rounds: int = 7) -> tuple[list, list]:
     return host, total
 
 
+def graph_case(rounds: int = 9, inner: int = 100) -> dict:
+    """The AdamW step of (d) alone (gradients fixed): CPU's (foreach), neuron's capturable one
+    run eagerly, and the same captured once with torch.accelerator.Graph and replayed; the
+    engine and Adaptive Eager on for neuron. Per step, synchronized; reported, no target."""
+    def make(device, capturable=False):
+        model = mlp_model(device)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(device)
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=capturable)
+
+    engine.set_enabled(True)
+    engine.set_fusion_enabled(True)
+    cpu, eager, graphed = make("cpu"), make("neuron", True), make("neuron", True)
+    graphed.step()  # the optimizer's state, outside the capture
+    graph = torch.accelerator.Graph()
+    with torch.Stream(device="neuron"), graph:
+        graphed.step()
+    fns = {"cpu": cpu.step, "eager": eager.step, "graph": graph.replay}
+    for _ in range(3):
+        for name, fn in fns.items():
+            for _ in range(10):
+                fn()
+        torch.neuron.synchronize()
+        eager_fusion.wait()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            if name != "cpu":
+                torch.neuron.synchronize()
+            samples[name].append((time.perf_counter() - start) / inner)
+    return samples
+
+
 def new_signature(rng: random.Random, nbufs: int = 6, nops: int = 12) -> bytes:
     """A random group signature of vector ops (no sqrt) over `nbufs` slots, in first-use order:
     new to the code cache, so loading it compiles."""
@@ -156,6 +198,10 @@ def main() -> None:
             print(f"{name:<26}{fmt(t['cpu'], scale, unit):>26}{fmt(t['sync'], scale, unit):>26}"
                   f"{fmt(t['engine'], scale, unit):>26}{fmt_ratio(r_sync):>18}{fmt_ratio(r_unf):>18}{fmt_ratio(r_eng):>18}"
                   f"{target:8.2f}  {'yes' if ok else 'NO'}")
+        g = graph_case()
+        print(f"(e) AdamW step of (d), engine + Adaptive Eager: CPU {fmt(g['cpu'], 1e6, 'us')}; neuron capturable, "
+              f"eager {fmt_ratio(ratios(g['eager'], g['cpu']))}, replayed from a graph "
+              f"{fmt_ratio(ratios(g['graph'], g['cpu']))} of CPU (reported, no target)")
         with_pch, without = compile_times()
         print(f"Adaptive Eager compile of a new 12-op kernel: {fmt(with_pch, 1, 's')} (precompiled header), "
               f"{fmt(without, 1, 's')} without")

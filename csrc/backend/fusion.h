@@ -45,8 +45,9 @@ enum Kind : uint8_t {
 namespace detail {
 extern bool g_on;  // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
 }
-// Whether queued kernels get records (a load; the fuser also checks determinism).
-inline bool enabled() noexcept { return detail::g_on; }
+// Whether queued kernels get records (a load; the fuser also checks determinism). A graph
+// capture records them always: its replays may run with fusion on.
+inline bool enabled() noexcept { return detail::g_on || neuron::rt::engine::capturing(); }
 void set_enabled(bool on) noexcept;
 
 // Records of the hot ops (ops.cpp). `name` is the op's qualified name ("aten::add_.Tensor");

@@ -248,3 +248,27 @@ def test_one_capture_at_a_time():
             inner.capture_begin()
     outer.replay()
     assert torch.equal(a.cpu(), torch.ones(16))
+
+
+def test_a_graph_captured_without_fusion_replays_fused_once_fusion_is_on(engine_state):
+    from torchneuron.compile import eager_fusion
+
+    was_fusing = engine.is_fusion_enabled()
+    engine.set_fusion_enabled(False)
+    a, b = torch.rand(4096, device="neuron"), torch.rand(4096, device="neuron")
+    g, _ = capture(lambda: a.mul_(b).add_(b, alpha=0.5).div_(1.5))
+    expected = a.cpu()
+    bc = b.cpu()
+    engine_state(True)
+    engine.set_fusion_enabled(True)
+    try:
+        before = engine.stats()["fused"]
+        for _ in range(4):
+            g.replay()
+            torch.neuron.synchronize()
+            eager_fusion.wait()
+            expected.mul_(bc).add_(bc, alpha=0.5).div_(1.5)
+        assert engine.stats()["fused"] > before  # the replays ran as one generated kernel
+        assert torch.equal(a.cpu(), expected)
+    finally:
+        engine.set_fusion_enabled(was_fusing)
