@@ -43,7 +43,17 @@ std::atomic<uint64_t> g_next_graph{1};
 class NeuronGraph final : public at::GraphImplInterface {
  public:
   explicit NeuronGraph(const at::GraphImplArgs& /*args*/) : id_(g_next_graph.fetch_add(1)) {}
-  ~NeuronGraph() override { release(); }
+  ~NeuronGraph() override {
+    if (capturing_) {  // destroyed mid-capture (capture_end never called): close it, keep nothing
+      capturing_ = false;
+      end_graph_allocations();
+      try {
+        engine::end_capture();
+      } catch (...) {
+      }
+    }
+    release();
+  }
 
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode /*mode*/) override {
     TORCH_CHECK(!captured_ && !capturing_,

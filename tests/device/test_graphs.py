@@ -272,3 +272,15 @@ def test_a_graph_captured_without_fusion_replays_fused_once_fusion_is_on(engine_
         assert torch.equal(a.cpu(), expected)
     finally:
         engine.set_fusion_enabled(was_fusing)
+
+
+def test_a_graph_dropped_mid_capture_closes_its_capture():
+    a = torch.zeros(16, device="neuron")
+    g = torch.accelerator.Graph()
+    with torch.Stream(device="neuron"):
+        g.capture_begin()
+        a.add_(1)
+    del g
+    gc.collect()
+    assert not torch.neuron.is_current_stream_capturing()
+    assert torch.equal((a + 1).cpu(), torch.ones(16))  # nothing captured ran; the device works
