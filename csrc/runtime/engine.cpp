@@ -469,7 +469,7 @@ void drain_quietly() noexcept {
 }
 
 void after_queue(Work fn) {
-  if (detail::g_completed.load(std::memory_order_acquire) == detail::g_enqueued.load(std::memory_order_acquire)) {
+  if (!queued()) {  // (not pending(): a capture must not hold releases back)
     fn();
     return;
   }

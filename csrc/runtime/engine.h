@@ -63,10 +63,10 @@ inline bool on_executor() noexcept { return detail::running(); }  // running que
 // synchronous kernel makes before it touches device memory).
 // While a graph is being captured it is always true: the synchronous paths that test it then
 // call drain() or wait(), which raise (a kernel run now would be missing from the graph).
-inline bool pending() noexcept {
-  return detail::g_completed.load(std::memory_order_acquire) != detail::g_enqueued.load(std::memory_order_acquire) ||
-         capturing();
+inline bool queued() noexcept {  // work is in the queues (captures aside)
+  return detail::g_completed.load(std::memory_order_acquire) != detail::g_enqueued.load(std::memory_order_acquire);
 }
+inline bool pending() noexcept { return queued() || capturing(); }
 
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
 // and `where` name the work in an error report.
