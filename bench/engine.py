@@ -9,7 +9,8 @@ Cases (issue 13 targets, engine time / CPU time, judged on the median):
   (d) a pointwise-heavy model, an MLP with LayerNorm/GELU at batch 8 plus its AdamW step: <= 0.6
       (needs Adaptive Eager);
   (e) (d)'s AdamW step alone, capturable, eager and replayed from torch.accelerator.Graph
-      (reported, no target).
+      (reported, no target);
+  (f) (d)'s whole training step, capturable, eager and replayed from a graph (reported).
 "neuron engine" runs with Adaptive Eager on (torch.neuron.engine.set_fusion_enabled), measured
 after its kernels compiled; "engine unfused" without it.
 """
@@ -40,9 +41,9 @@ def mlp_model(device):
     return torch.nn.Sequential(*layers, torch.nn.Linear(256, 1)).to(device)
 
 
-def mlp_case(device):
+def mlp_case(device, capturable=False):
     model = mlp_model(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=capturable)
     x = torch.randn(8, 256, device=device)
 
     def step():
@@ -108,6 +109,27 @@ def enqueue_rate(n: int = 20000, rounds: int = 7) -> tuple[list, list]:
     return host, total
 
 
+def timed_calls(fns: dict, rounds: int, inner: int) -> dict:
+    """Seconds per call of each of `fns` ("cpu" and neuron ones, synchronized), interleaved over
+    `rounds`, after a warm-up that lets Adaptive Eager compile what it will fuse."""
+    for _ in range(3):
+        for name, fn in fns.items():
+            for _ in range(10):
+                fn()
+        torch.neuron.synchronize()
+        eager_fusion.wait()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            if name != "cpu":
+                torch.neuron.synchronize()
+            samples[name].append((time.perf_counter() - start) / inner)
+    return samples
+
+
 def graph_case(rounds: int = 9, inner: int = 100) -> dict:
     """The AdamW step of (d) alone (gradients fixed): CPU's (foreach), neuron's capturable one
     run eagerly, and the same captured once with torch.accelerator.Graph and replayed; the
@@ -126,22 +148,23 @@ def graph_case(rounds: int = 9, inner: int = 100) -> dict:
     with torch.Stream(device="neuron"), graph:
         graphed.step()
     fns = {"cpu": cpu.step, "eager": eager.step, "graph": graph.replay}
-    for _ in range(3):
-        for name, fn in fns.items():
-            for _ in range(10):
-                fn()
-        torch.neuron.synchronize()
-        eager_fusion.wait()
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            if name != "cpu":
-                torch.neuron.synchronize()
-            samples[name].append((time.perf_counter() - start) / inner)
-    return samples
+    return timed_calls(fns, rounds, inner)
+
+
+def step_graph_case(rounds: int = 9, inner: int = 50) -> dict:
+    """(d)'s whole training step (forward, backward, AdamW) on neuron captured once with
+    torch.accelerator.Graph and replayed, against CPU's eager step and neuron's eager step with
+    the engine and Adaptive Eager on (neuron's optimizers `capturable=True`, as a graph needs).
+    Per step, synchronized; reported, no target."""
+    engine.set_enabled(True)
+    engine.set_fusion_enabled(True)
+    graphed = mlp_case("neuron", capturable=True)
+    graphed()  # the optimizer's state, outside the capture
+    graph = torch.accelerator.Graph()
+    with torch.Stream(device="neuron"), graph:
+        graphed()
+    fns = {"cpu": mlp_case("cpu"), "eager": mlp_case("neuron", capturable=True), "graph": graph.replay}
+    return timed_calls(fns, rounds, inner)
 
 
 def new_signature(rng: random.Random, nbufs: int = 6, nops: int = 12) -> bytes:
@@ -200,6 +223,10 @@ def main() -> None:
                   f"{target:8.2f}  {'yes' if ok else 'NO'}")
         g = graph_case()
         print(f"(e) AdamW step of (d), engine + Adaptive Eager: CPU {fmt(g['cpu'], 1e6, 'us')}; neuron capturable, "
+              f"eager {fmt_ratio(ratios(g['eager'], g['cpu']))}, replayed from a graph "
+              f"{fmt_ratio(ratios(g['graph'], g['cpu']))} of CPU (reported, no target)")
+        g = step_graph_case()
+        print(f"(f) (d)'s whole step, engine + Adaptive Eager: CPU {fmt(g['cpu'], 1e3, 'ms')}; neuron capturable, "
               f"eager {fmt_ratio(ratios(g['eager'], g['cpu']))}, replayed from a graph "
               f"{fmt_ratio(ratios(g['graph'], g['cpu']))} of CPU (reported, no target)")
         with_pch, without = compile_times()

@@ -162,4 +162,12 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
                               stacks ? interned_stack() : nullptr, std::move(record));
 }
 
+void copy_result(const char* op, const at::Tensor& out, const at::Tensor& r) {
+  TORCH_INTERNAL_ASSERT(out.sizes() == r.sizes() && out.strides() == r.strides() && out.scalar_type() == r.scalar_type(),
+                        op, ": the queued kernel's result (", r.sizes(), ", strides ", r.strides(), ", ",
+                        r.scalar_type(), ") is not the one allocated at the call (", out.sizes(), ", strides ",
+                        out.strides(), ", ", out.scalar_type(), "); please report this torchneuron bug");
+  at::Tensor(out).copy_(r);
+}
+
 }  // namespace torchneuron

@@ -14,9 +14,13 @@
 
 #include <exception>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "../runtime/engine.h"
+#include "zero_copy.h"
 
 namespace torchneuron {
 
@@ -76,5 +80,54 @@ void run_or_enqueue(int device, const char* name, Work&& work, MakeRecord&& reco
 template <class Work> void run_or_enqueue(int device, const char* name, Work&& work) {
   run_or_enqueue(device, name, std::forward<Work>(work), [] { return neuron::rt::engine::Record(); });
 }
+
+// A functional op queued with its results allocated at the call: from the device pool, with the
+// sizes, strides and dtype CPU's kernel gives them. The caller has raised every error the kernel
+// could raise from its arguments' metadata, and passes only neuron tensors of one device (a CPU
+// tensor's bytes could change before the kernel reads them). The kernel writes the results
+// through CPU out= kernels on their aliases, or through `copy_result` from CPU's functional
+// kernel where CPU has no out= kernel of the same numerics:
+//   QueuedCall q;  at::Tensor a = q.in(x), out;  at::Tensor o = q.out(out, sizes, dtype);
+//   q.enqueue("aten::op", [a, o]() mutable { at::cpu::op_out(o, a); });  return out;
+// Work is run again by graph replays (graphs.cpp): it must not consume what it captured.
+class QueuedCall {
+ public:
+  QueuedCall() : zc_(std::make_shared<ZeroCopy>(ZeroCopy::Queued{})) {}
+  at::Tensor in(const at::Tensor& t) { return zc_->in(t); }
+  std::optional<at::Tensor> in(const std::optional<at::Tensor>& t) {
+    if (t.has_value() && t->defined()) return zc_->in(*t);
+    return t;
+  }
+  // Allocates `result` (the device tensor the op returns); returns its alias for the kernel.
+  at::Tensor out(at::Tensor& result, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides = {}) {
+    result = pooled(*zc_, sizes, dtype, strides);
+    return zc_->in_output(result);
+  }
+  template <class Work>
+  void enqueue(const char* name, Work&& work, neuron::rt::engine::Record record = nullptr) {
+    zc_->release_tensors();
+    enqueue_kernel(
+        zc_->device(), name,
+        [zc = zc_, name, w = std::forward<Work>(work)]() mutable {
+          zc->launch(name);
+          w();
+        },
+        std::move(record));
+  }
+
+ private:
+  std::shared_ptr<ZeroCopy> zc_;
+};
+
+// Whether `t` may be an argument of a queued functional op whose reference argument is `ref`:
+// a neuron tensor of ref's device and dtype, without lazy conj/neg bits.
+inline bool queueable_like(const at::Tensor& ref, const at::Tensor& t) {
+  return t.defined() && t.is_privateuseone() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
+         t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
+}
+
+// A queued kernel's result from CPU's functional kernel, copied into the result allocated at the
+// call. The call predicted the result's layout; a kernel that gives another is a bug here, named.
+void copy_result(const char* op, const at::Tensor& out, const at::Tensor& r);
 
 }  // namespace torchneuron

@@ -34,6 +34,7 @@
 #include <limits>
 
 #include "allocator.h"
+#include "enqueue.h"
 #include "gemm.h"
 #include "transpose.h"
 
@@ -216,7 +217,41 @@ void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const 
 // ---- mm / addmm / bmm / baddbmm: results from the device pool ------------------------------
 // The functional CPU kernels allocate results with the host allocator (fresh pages for large
 // results on every call); the device's caching allocator avoids that.
+//
+// With the execution engine on (or a graph capturing) a product is queued (enqueue.h) when CPU's
+// out= kernel can raise nothing: neuron operands of one device and floating dtype, shapes that
+// multiply, a bias that broadcasts to the result, numbers the dtype holds. Its result is
+// contiguous, as CPU's. Routed dtypes (fp16) stay synchronous: their exact path takes scratch
+// buffers and rounds in a second pass.
+bool queueable_product(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
+  return may_enqueue() && a.is_privateuseone() && c10::isFloatingType(a.scalar_type()) && !routed(a) &&
+         queueable_like(a, a) && queueable_like(a, b) && a.dim() == dim && b.dim() == dim &&
+         a.size(-1) == b.size(-2) && (dim == 2 || a.size(0) == b.size(0));
+}
+
+bool queueable_bias(const at::Tensor& self, const at::Tensor& a, c10::IntArrayRef out_sizes,
+                    const at::Scalar& beta, const at::Scalar& alpha) {
+  if (!queueable_like(a, self) || !at::is_expandable_to(self.sizes(), out_sizes) || beta.isComplex() ||
+      alpha.isComplex()) {
+    return false;
+  }
+  try {  // the kernel converts the numbers (an out-of-range one raises): raise at the call instead
+    (void)beta.to<float>();
+    (void)alpha.to<float>();
+  } catch (const c10::Error&) {
+    return false;  // the synchronous path raises CPU's error
+  }
+  return true;
+}
+
 at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
+  if (queueable_product(self, mat2, 2)) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), out;
+    at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
+    q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
   zc.launch("aten::mm");
@@ -231,6 +266,13 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
 
 at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                  const at::Scalar& beta, const at::Scalar& alpha) {
+  if (queueable_product(mat1, mat2, 2) && queueable_bias(self, mat1, {mat1.size(0), mat2.size(1)}, beta, alpha)) {
+    QueuedCall q;
+    at::Tensor s = q.in(self), a = q.in(mat1), b = q.in(mat2), out;
+    at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
+    q.enqueue("aten::addmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::addmm_out(o, s, a, b, beta, alpha); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2);
   zc.launch("aten::addmm");
@@ -249,6 +291,13 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
 }
 
 at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
+  if (queueable_product(self, mat2, 3)) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), out;
+    at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
+    q.enqueue("aten::bmm", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
   zc.launch("aten::bmm");
@@ -263,6 +312,14 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
 
 at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
                    const at::Scalar& beta, const at::Scalar& alpha) {
+  if (queueable_product(batch1, batch2, 3) &&
+      queueable_bias(self, batch1, {batch1.size(0), batch1.size(1), batch2.size(2)}, beta, alpha)) {
+    QueuedCall q;
+    at::Tensor s = q.in(self), a = q.in(batch1), b = q.in(batch2), out;
+    at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
+    q.enqueue("aten::baddbmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::baddbmm_out(o, s, a, b, beta, alpha); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2);
   zc.launch("aten::baddbmm");

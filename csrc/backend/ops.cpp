@@ -9,6 +9,8 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 // ATen's DispatchStub signatures list one pointer per CPU capability libtorch was compiled
 // with; the x86-64 wheels compile AVX2 and AVX-512 kernels (nm: DispatchStubImpl::get_call_ptr
 // takes DEFAULT, AVX512, AVX2). The header needs the same macros to call a stub (GELU below).
@@ -17,7 +19,9 @@
 #define HAVE_AVX2_CPU_DEFINITION
 #endif
 #include <ATen/native/Activation.h>
+#include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/layer_norm.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -362,6 +366,11 @@ inline std::optional<at::Tensor> map_in(ZeroCopy& zc, const std::optional<at::Te
   return t;
 }
 
+// The same for a queued kernel's arguments (enqueue.h, QueuedCall).
+template <class T> T&& q_in(QueuedCall&, T&& v) { return std::forward<T>(v); }
+inline at::Tensor q_in(QueuedCall& q, const at::Tensor& t) { return q.in(t); }
+inline std::optional<at::Tensor> q_in(QueuedCall& q, const std::optional<at::Tensor>& t) { return q.in(t); }
+
 template <class R> struct Out {
   static R map(ZeroCopy&, R&& r) { return std::move(r); }
 };
@@ -515,9 +524,35 @@ template <class T> bool pooled_arg_fits(const at::Tensor& first, const T& arg) {
     return plain(arg) && arg.scalar_type() == first.scalar_type() && arg.sizes().equals(first.sizes());
   } else if constexpr (std::is_same_v<T, bool>) {
     return !arg;  // softmax's half_to_float: another result dtype (and CPU's own error)
+  } else if constexpr (std::is_same_v<T, at::Scalar>) {
+    return !arg.isComplex();  // a complex number makes the result complex
   } else {
     return true;
   }
+}
+
+// ... and may be queued (the engine on, enqueue.h): tensors on first's device; a dim in range
+// (softmax's: checked here, so its error is raised at the call); clamp with a bound.
+template <class T> bool pooled_arg_queues(const at::Tensor& first, const T& arg) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    return queueable_like(first, arg);
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    (void)c10::maybe_wrap_dim(arg, first.dim());  // raises CPU's IndexError at the call
+    return true;
+  } else if constexpr (std::is_same_v<T, std::optional<at::Scalar>>) {
+    return !arg.has_value() || !arg->isComplex();
+  } else {
+    return true;
+  }
+}
+template <class T> constexpr bool kOptionalScalar = std::is_same_v<std::decay_t<T>, std::optional<at::Scalar>>;
+template <class T> bool is_bound(const T& arg) {
+  if constexpr (kOptionalScalar<T>) return arg.has_value();
+  else return false;
+}
+template <class... A> bool clamp_has_bound(const A&... args) {  // CPU raises for clamp(x, None, None)
+  if constexpr (!(kOptionalScalar<A> || ...)) return true;
+  else return (is_bound(args) || ...);
 }
 
 template <class Sig> struct Pooled;
@@ -529,6 +564,18 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
     SerialVml vml(first.numel() < vml_bound);  // MKL's vector math on one thread (vml_threads.h)
     if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
       return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
+    }
+    if (may_enqueue() && (pooled_arg_queues(first, args) && ...) && clamp_has_bound(args...)) {
+      QueuedCall q;
+      std::tuple<std::decay_t<A>...> cpu{q_in(q, args)...};  // values: the kernel runs later
+      at::Tensor out;
+      at::Tensor o = q.out(out, first.sizes(), first.scalar_type());
+      const bool serial = first.numel() < vml_bound;
+      q.enqueue(Name, [cpu, o, serial]() mutable {
+        SerialVml vml(serial);
+        std::apply([&](auto&... a) { O(o, a...); }, cpu);
+      });
+      return out;
     }
     ZeroCopy zc;
     std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
@@ -577,6 +624,38 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
         out_call(o, a, b);
       },
       fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr);
+  return out;
+}
+
+// ... and the same over broadcast or strided operands (a mean's gradient is a 0-dim tensor
+// expanded, then divided): the result's layout is the one CPU's TensorIterator gives it, worked
+// out at the call on meta tensors of the operands' shapes and strides (≈ 3 us, taken only off the
+// same-shape path); a shape mismatch raises CPU's error there. Returns an undefined tensor if the
+// call does not qualify.
+template <const char* Name, class OutCall>
+at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
+  const at::Tensor& ref = is_number(self) ? other : self;
+  auto fits = [&](const at::Tensor& t) {
+    return is_number(t) ? number_keeps_dtype(ref, t) : queueable_like(ref, t);
+  };
+  if (!may_enqueue() || is_number(ref) || !c10::isFloatingType(ref.scalar_type()) || !fits(self) || !fits(other)) {
+    return at::Tensor();
+  }
+  auto meta = [&](const at::Tensor& t) {
+    return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta))
+                        : ::at::empty_strided(t.sizes(), t.strides(), ref.options().device(c10::kMeta));
+  };
+  at::Tensor layout;
+  {
+    const at::Tensor am = meta(self), bm = meta(other);
+    at::TensorIterator iter;
+    iter.build_borrowing_binary_op(layout, am, bm);
+    layout = iter.output();
+  }
+  QueuedCall q;
+  at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;
+  at::Tensor o = q.out(out, layout.sizes(), ref.scalar_type(), layout.strides());
+  q.enqueue(Name, [a, b, o, out_call]() mutable { out_call(o, a, b); });
   return out;
 }
 
@@ -789,10 +868,11 @@ template <const char* Name, Arith K, at::Tensor& (*Out)(at::Tensor&, const at::T
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other, alpha).back().toTensor();
   if (at::Tensor r; small_binary<Name, K>(self, other, &alpha, false, &r)) return r;
-  if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, [alpha](at::Tensor& o, const at::Tensor& a,
-                                                                     const at::Tensor& b) { Out(o, a, b, alpha); });
-      r.defined()) {
-    return r;
+  // (A complex alpha with real tensors is CPU's error, raised at the call by the synchronous path.)
+  if (!alpha.isComplex()) {
+    auto out_call = [alpha](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b, alpha); };
+    if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, out_call); r.defined()) return r;
+    if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) return r;
   }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
@@ -806,11 +886,9 @@ template <const char* Name, Arith K, bool TrueDivide, at::Tensor& (*Out)(at::Ten
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (C10_UNLIKELY(any_chalf(self, other))) return via_fallback<Name>(self, other).back().toTensor();
   if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
-  if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, [](at::Tensor& o, const at::Tensor& a,
-                                                               const at::Tensor& b) { Out(o, a, b); });
-      r.defined()) {
-    return r;
-  }
+  auto out_call = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b); };
+  if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, out_call); r.defined()) return r;
+  if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) return r;
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);
@@ -903,22 +981,44 @@ HOT_NAME(kZero_, "aten::zero_")
 // and mixed dtypes run CPU's functional kernel unchanged.
 constexpr int64_t kGeluAtenNumel = 16384;
 
-at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
-  const auto type = at::native::get_gelutype_enum(approximate);  // validates the string first
-  if (!plain(self) || !c10::isFloatingType(self.scalar_type())) {
-    return Hot<at::Tensor(const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu, kGelu>(self, approximate);
-  }
-  ZeroCopy zc;
-  at::Tensor a = zc.in(self);
-  zc.launch(kGelu);
-  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
-  at::Tensor o = zc.in_output(out);
+void gelu_kernel(const at::Tensor& out, const at::Tensor& a, at::native::GeluType type, c10::string_view approximate) {
+  at::Tensor o = out;
   if (a.numel() < kGeluAtenNumel) {
     auto iter = at::TensorIterator::unary_op(o, a);
     at::native::GeluKernel(c10::kCPU, iter, type);
   } else {
     at::cpu::gelu_out(o, a, approximate);
   }
+}
+
+void gelu_backward_kernel(const at::Tensor& out, const at::Tensor& g, const at::Tensor& a, at::native::GeluType type,
+                          c10::string_view approximate) {
+  at::Tensor o = out;
+  if (a.numel() < kGeluAtenNumel) {
+    auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
+    at::native::GeluBackwardKernel(c10::kCPU, iter, type);
+  } else {
+    at::cpu::gelu_backward_out(o, g, a, approximate);
+  }
+}
+
+at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
+  const auto type = at::native::get_gelutype_enum(approximate);  // validates the string first
+  if (!plain(self) || !c10::isFloatingType(self.scalar_type())) {
+    return Hot<at::Tensor(const at::Tensor&, c10::string_view)>::call<&at::cpu::gelu, kGelu>(self, approximate);
+  }
+  if (may_enqueue() && queueable_like(self, self)) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), out;
+    at::Tensor o = q.out(out, a.sizes(), a.scalar_type());
+    q.enqueue(kGelu, [a, o, type, approx = std::string(approximate)] { gelu_kernel(o, a, type, approx); });
+    return out;
+  }
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self);
+  zc.launch(kGelu);
+  at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
+  gelu_kernel(zc.in_output(out), a, type, approximate);
   return out;
 }
 
@@ -930,18 +1030,117 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::st
                                                                                           kGeluBwd>(grad, self,
                                                                                                     approximate);
   }
+  if (may_enqueue() && queueable_like(self, self) && queueable_like(self, grad)) {
+    QueuedCall q;
+    at::Tensor g = q.in(grad), a = q.in(self), out;
+    at::Tensor o = q.out(out, a.sizes(), a.scalar_type());
+    q.enqueue(kGeluBwd,
+              [g, a, o, type, approx = std::string(approximate)] { gelu_backward_kernel(o, g, a, type, approx); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor g = zc.in(grad), a = zc.in(self);
   zc.launch(kGeluBwd);
   at::Tensor out = pooled(zc, a.sizes(), a.scalar_type());
-  at::Tensor o = zc.in_output(out);
-  if (a.numel() < kGeluAtenNumel) {
-    auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
-    at::native::GeluBackwardKernel(c10::kCPU, iter, type);
-  } else {
-    at::cpu::gelu_backward_out(o, g, a, approximate);
-  }
+  gelu_backward_kernel(zc.in_output(out), g, a, type, approximate);
   return out;
+}
+
+// ---- layer norm, sum, mean: queued with results shaped at the call ---------------------------
+// With the engine on these are the synchronization points left in an MLP's or a transformer's
+// step; each is queued (enqueue.h) when its arguments are neuron tensors of one floating dtype
+// and CPU's checks pass at the call. Layer norm runs CPU's functional kernel and copies its
+// results into those allocated at the call (CPU has no out= kernel; the copy is of the
+// activations, ~1 % of the kernel): results contiguous, mean/rstd shaped [*batch dims, 1...].
+using LayerNormResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+LayerNormResult layer_norm_hot(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               double eps) {
+  const bool w = weight.has_value() && weight->defined(), b = bias.has_value() && bias->defined();
+  if (may_enqueue() && queueable_like(input, input) && c10::isFloatingType(input.scalar_type()) &&
+      (!w || queueable_like(input, *weight)) && (!b || queueable_like(input, *bias))) {
+    at::native::_check_layer_norm_inputs(input, normalized_shape, w ? *weight : at::Tensor(), b ? *bias : at::Tensor());
+    const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+    std::vector<int64_t> stat(input.sizes().begin(), input.sizes().begin() + axis);
+    stat.resize(input.dim(), 1);
+    QueuedCall q;
+    at::Tensor x = q.in(input), y, mean, rstd;
+    std::optional<at::Tensor> wa = q.in(weight), ba = q.in(bias);
+    at::Tensor yo = q.out(y, x.sizes(), x.scalar_type()), mo = q.out(mean, stat, x.scalar_type()),
+               ro = q.out(rstd, stat, x.scalar_type());
+    q.enqueue(kLayerNorm, [x, wa, ba, yo, mo, ro, shape = normalized_shape.vec(), eps] {
+      auto [y, m, r] = at::cpu::native_layer_norm(x, shape, wa, ba, eps);
+      copy_result(kLayerNorm, yo, y);
+      copy_result(kLayerNorm, mo, m);
+      copy_result(kLayerNorm, ro, r);
+    });
+    return {y, mean, rstd};
+  }
+  return Hot<LayerNormResult(const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&, double)>::call<&at::cpu::native_layer_norm,
+                                                                              kLayerNorm>(input, normalized_shape,
+                                                                                          weight, bias, eps);
+}
+
+LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Tensor& input,
+                                        at::IntArrayRef normalized_shape, const at::Tensor& mean,
+                                        const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                        const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  const bool w = weight.has_value() && weight->defined(), b = bias.has_value() && bias->defined();
+  if (may_enqueue() && queueable_like(input, input) && c10::isFloatingType(input.scalar_type()) &&
+      queueable_like(input, grad_out) && grad_out.sizes() == input.sizes() && queueable_like(input, mean) &&
+      queueable_like(input, rstd) && (!w || queueable_like(input, *weight)) && (!b || queueable_like(input, *bias)) &&
+      (!mask[1] || w) && (!mask[2] || b)) {
+    const auto [M, N] = at::native::_check_layer_norm_inputs(input, normalized_shape, w ? *weight : at::Tensor(),
+                                                              b ? *bias : at::Tensor());
+    (void)N;
+    if (mean.numel() == M && rstd.numel() == M) {
+      QueuedCall q;
+      at::Tensor g = q.in(grad_out), x = q.in(input), m = q.in(mean), r = q.in(rstd), dx, dw, db;
+      std::optional<at::Tensor> wa = q.in(weight), ba = q.in(bias);
+      at::Tensor dxo, dwo, dbo;
+      if (mask[0]) dxo = q.out(dx, x.sizes(), x.scalar_type());
+      if (mask[1]) dwo = q.out(dw, weight->sizes(), x.scalar_type());
+      if (mask[2]) dbo = q.out(db, bias->sizes(), x.scalar_type());
+      q.enqueue(kLayerNormBwd, [g, x, m, r, wa, ba, dxo, dwo, dbo, shape = normalized_shape.vec(), mask] {
+        auto [dx, dw, db] = at::cpu::native_layer_norm_backward(g, x, shape, m, r, wa, ba, mask);
+        if (mask[0]) copy_result(kLayerNormBwd, dxo, dx);
+        if (mask[1]) copy_result(kLayerNormBwd, dwo, dw);
+        if (mask[2]) copy_result(kLayerNormBwd, dbo, db);
+      });
+      return {dx, dw, db};
+    }
+  }
+  return Hot<LayerNormResult(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const at::Tensor&,
+                             const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                             std::array<bool, 3>)>::call<&at::cpu::native_layer_norm_backward,
+                                                         kLayerNormBwd>(grad_out, input, normalized_shape, mean, rstd,
+                                                                        weight, bias, mask);
+}
+
+// sum / mean over dims: CPU's out= kernels (structured: the functional kernels run them) into a
+// contiguous result of the reduced shape; make_dim_mask raises CPU's dim errors at the call.
+template <const char* Name,
+          at::Tensor (*F)(const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>),
+          at::Tensor& (*O)(at::Tensor&, const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>
+at::Tensor reduction(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                     std::optional<c10::ScalarType> dtype) {
+  if (may_enqueue() && queueable_like(self, self) && c10::isFloatingType(self.scalar_type()) &&
+      (!dtype.has_value() || *dtype == self.scalar_type())) {
+    const auto shape = at::native::shape_from_dim_mask(self, at::native::make_dim_mask(dim, self.dim()), keepdim);
+    QueuedCall q;
+    at::Tensor a = q.in(self), out;
+    at::Tensor o = q.out(out, shape, self.scalar_type());
+    std::optional<std::vector<int64_t>> dims;
+    if (dim.has_value()) dims = dim->vec();
+    q.enqueue(Name, [a, o, dims, keepdim, dtype]() mutable {
+      O(o, a, dims.has_value() ? at::OptionalIntArrayRef(*dims) : at::OptionalIntArrayRef(), keepdim, dtype);
+    });
+    return out;
+  }
+  return Hot<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
+      F, Name>(self, dim, keepdim, dtype);
 }
 
 // ---- index_select (embedding lookups): result from the device pool ---------------------------
@@ -1014,12 +1213,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge>)));
   m.impl("zero_", TORCH_FN(zero_<kZero_>));
   m.impl("index.Tensor", TORCH_FN(index_hot));
-  m.impl("sum.dim_IntList",
-         TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
-                   &at::cpu::sum, kSum>)));
-  m.impl("mean.dim",
-         TORCH_FN((Hot<T(CT, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>)>::call<
-                   &at::cpu::mean, kMean>)));
+  m.impl("sum.dim_IntList", TORCH_FN((reduction<kSum, &at::cpu::sum, &at::cpu::sum_out>)));
+  m.impl("mean.dim", TORCH_FN((reduction<kMean, &at::cpu::mean, &at::cpu::mean_out>)));
   // Registered directly: through the fallback its composite passes a 0-dim out= and warns.
   m.impl("mse_loss", TORCH_FN((Hot<T(CT, CT, int64_t)>::call<&at::cpu::mse_loss, kMseLoss>)));
   m.impl("_softmax",
@@ -1028,16 +1223,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                                                                       &at::cpu::_log_softmax_out, kLogSoftmax>)));
   m.impl("gelu", TORCH_FN(gelu));
   m.impl("gelu_backward", TORCH_FN(gelu_backward));
-  m.impl("pow.Tensor_Scalar", TORCH_FN((Hot<T(CT, S)>::call<&at::cpu::pow, kPowScalar>)));
+  m.impl("pow.Tensor_Scalar", TORCH_FN((Pooled<T(CT, S)>::call<&at::cpu::pow, &at::cpu::pow_out, kPowScalar>)));
   // Ops with a CPU kernel and a math composite (see fallback.cpp's list): CPU's kernel, unboxed.
-  m.impl("native_layer_norm",
-         TORCH_FN((Hot<std::tuple<T, T, T>(CT, at::IntArrayRef, const std::optional<T>&,
-                                           const std::optional<T>&, double)>::call<&at::cpu::native_layer_norm,
-                                                                                   kLayerNorm>)));
-  m.impl("native_layer_norm_backward",
-         TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, at::IntArrayRef, CT, CT, const std::optional<T>&,
-                                           const std::optional<T>&, std::array<bool, 3>)>::
-                       call<&at::cpu::native_layer_norm_backward, kLayerNormBwd>)));
+  m.impl("native_layer_norm", TORCH_FN(layer_norm_hot));
+  m.impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_hot));
   m.impl("native_group_norm",
          TORCH_FN((Hot<std::tuple<T, T, T>(CT, const std::optional<T>&, const std::optional<T>&, int64_t, int64_t,
                                            int64_t, int64_t, double)>::call<&at::cpu::native_group_norm,

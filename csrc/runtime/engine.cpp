@@ -180,6 +180,22 @@ size_t push_locked(Engine& e, int device, int64_t stream, Item item) {
   return ++e.queued;
 }
 
+// Under e.mu, a full queue about to run (Adaptive Eager on): how far to run it. A run of
+// record-carrying kernels at the back of (device, stream)'s queue may still grow into a fused
+// region: it stays queued and the queue runs up to the kernel before it, so regions end where
+// the program puts a non-fusible kernel, never where the count of queued kernels happened to
+// reach the limit. A training loop that never synchronizes would otherwise cut its regions at a
+// point moving from step to step (the step's kernel count modulo the limit), and every cut is
+// a new signature to compile. A queue of nothing but such a run runs whole (up to the limit:
+// a region that long is cut where it began plus the limit, the same every time).
+uint64_t run_before_open_region_locked(Engine& e, int device, int64_t stream, uint64_t seq) {
+  const StreamQueue& q = stream_locked(e, device, stream);
+  for (auto it = q.items.rbegin(); it != q.items.rend(); ++it) {
+    if (!it->record) return it->seq;
+  }
+  return seq;
+}
+
 bool satisfied(Engine& e, const Item& item) noexcept {
   if (item.after == 0) return true;
   return item.barrier ? detail::g_completed.load(std::memory_order_acquire) >= item.after : is_done(e, item.after);
@@ -395,14 +411,17 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where 
                       "(neuron captures the one stream current at capture_begin)");
   }
   Engine& e = engine();
-  uint64_t seq;
+  uint64_t seq, upto;
   size_t queued;
   {
     std::lock_guard<std::mutex> lock(e.mu);
     queued = push_locked(e, device, stream, Item{0, name, std::move(work), std::move(where), std::move(record)});
-    seq = detail::g_enqueued.load(std::memory_order_relaxed);
+    seq = upto = detail::g_enqueued.load(std::memory_order_relaxed);
+    if (queued >= g_max_queued.load(std::memory_order_relaxed) && g_fuser.load(std::memory_order_acquire) != nullptr) {
+      upto = run_before_open_region_locked(e, device, stream, seq);
+    }
   }
-  if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, seq, /*all=*/true);
+  if (queued >= g_max_queued.load(std::memory_order_relaxed)) run_until(e, upto, /*all=*/true);
   return seq;
 }
 
@@ -428,6 +447,14 @@ bool completed(uint64_t seq) noexcept { return is_done(engine(), seq); }
 
 bool poll(uint64_t seq) noexcept {
   Engine& e = engine();
+  if (is_done(e, seq)) return true;
+  // A wait marker whose event has completed is not work: complete such markers first, so a
+  // stream whose only pending items are satisfied waits queries idle (as cudaStreamQuery does
+  // for a stream that waited on a completed event). Only if no thread is running the queue.
+  if (std::unique_lock<std::mutex> run_lock(e.run_mu, std::try_to_lock); run_lock.owns_lock()) {
+    std::lock_guard<std::mutex> lock(e.mu);
+    (void)pick_locked(e, seq);
+  }
   if (is_done(e, seq)) return true;
   try {
     run_until(e, seq, /*all=*/false);

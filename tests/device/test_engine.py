@@ -660,3 +660,16 @@ def test_profiler_runs_kernels_synchronously():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.PrivateUse1]):
         slow_work(x, 2)
     assert engine.stats()["enqueued"] == before
+
+
+def test_a_stream_whose_only_pending_item_is_a_satisfied_wait_queries_idle():
+    # CUDA: a stream that waited on an event which has completed has nothing left to do.
+    s1, s2 = torch.Stream(device="neuron"), torch.Stream(device="neuron")
+    a = torch.ones(64, 64, device="neuron")
+    with s2:
+        b = a @ a  # queued on s2
+        ev = s2.record_event()
+    s1.wait_event(ev)  # a wait marker in s1's queue
+    ev.synchronize()
+    assert s1.query() and s2.query() and ev.query()
+    assert torch.equal(b.cpu(), torch.full((64, 64), 64.0))

@@ -638,3 +638,20 @@ def test_a_fused_region_failing_part_way_reports_at_the_next_synchronization(fus
     program()
     torch.neuron.synchronize()
     torch.testing.assert_close(c.cpu(), c0.mul(d.cpu()).add(d.cpu()), rtol=0, atol=0)
+
+
+def test_a_full_queue_leaves_a_growing_region_queued_so_regions_end_at_the_same_kernels(fusing, monkeypatch):
+    # A loop that never synchronizes: each step is a product (not fusible) and a run of five
+    # fusible kernels, 6 kernels against a queue of 64, so the queue fills at a different point
+    # of the step each time. Regions must still be the step's whole run, never a piece cut where
+    # the queue happened to fill: one signature, however many steps (each piece would be
+    # another kernel to compile).
+    seen = []
+    monkeypatch.setattr(eager_fusion, "request", lambda sigs: seen.extend(sigs))  # nothing compiles
+    w = torch.rand(64, 64, device="neuron")
+    x = torch.rand(64, 64, device="neuron")
+    for _ in range(50):
+        y = x @ w
+        y.mul_(0.5).add_(x, alpha=-3.0).div_(7.0).addcmul_(x, y, value=0.125).sub_(2.0)
+    torch.neuron.synchronize()
+    assert len(set(seen)) == 1, [list(s) for s in set(seen)]

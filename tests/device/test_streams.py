@@ -365,8 +365,9 @@ def test_query_is_true_for_idle_streams_and_unrecorded_events():
     s = torch.neuron.Stream()
     assert s.query() and torch.neuron.Event().query()
     with torch.neuron.stream(s):
-        torch.randn(64, 64, device="neuron").sum()
+        torch.randn(64, 64, device="neuron").sum()  # (queued when the engine is on)
         e = s.record_event()
+    s.synchronize()
     assert e.query() and s.query()
 
 

@@ -1,0 +1,204 @@
+"""Functional ops the execution engine queues with their results allocated at the call: the GEMM
+family, GELU, layer norm, sum/mean, pow, the pooled unary/softmax ops, and elementwise
+arithmetic over broadcast or strided operands.
+
+Each op, with the engine on, (1) returns before its kernel ran (no host wait), (2) gives the
+result CPU PyTorch gives (values bit for bit, and shape, strides and dtype; GELU, whose neuron
+kernel differs from CPU's oneDNN one by design, against neuron with the engine off) and
+(3) raises CPU's error at the call when its arguments are wrong, not later.
+"""
+
+from __future__ import annotations
+
+import sys
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+engine = torch.neuron.engine
+gen = torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def engine_on():
+    was = engine.is_enabled()
+    engine.set_enabled(True)
+    yield
+    try:
+        torch.neuron.synchronize()
+    finally:
+        engine.set_enabled(was)
+
+
+def r(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def n(t):
+    return t.to("neuron") if isinstance(t, torch.Tensor) else t
+
+
+def queued(fn, *args):
+    """fn(*args) on neuron, checking it queued its kernel without waiting for the device."""
+    torch.neuron.synchronize()
+    before = engine.stats()
+    out = fn(*args)
+    after = engine.stats()
+    assert after["drains"] == before["drains"], "the op waited for the device"
+    assert after["enqueued"] > before["enqueued"], "the op ran synchronously"
+    return out
+
+
+def same(got, want):
+    """got (neuron) is want (CPU): values bit for bit, shape, strides, dtype."""
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            same(g, w)
+        return
+    if want is None:
+        assert got is None
+        return
+    assert got.device.type == "neuron"
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+CASES = {
+    # GEMM family (fp32 and bf16; operands transposed as autograd passes them)
+    "mm": (torch.mm, lambda: (r(8, 16), r(16, 4))),
+    "mm_transposed": (torch.mm, lambda: (r(16, 8).t(), r(4, 16).t())),
+    "mm_bf16": (torch.mm, lambda: (r(32, 64, dtype=torch.bfloat16), r(64, 16, dtype=torch.bfloat16))),
+    "addmm_bias": (torch.addmm, lambda: (r(4), r(8, 16), r(4, 16).t())),
+    "addmm_beta_alpha": (lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=-2), lambda: (r(8, 4), r(8, 3), r(3, 4))),
+    "addmm_beta0": (lambda s, a, b: torch.addmm(s, a, b, beta=0), lambda: (r(1, 4), r(8, 3), r(3, 4))),
+    "bmm": (torch.bmm, lambda: (r(3, 5, 7), r(3, 7, 2))),
+    "bmm_transposed": (torch.bmm, lambda: (r(3, 7, 5).transpose(1, 2), r(3, 7, 2))),
+    "baddbmm": (lambda s, a, b: torch.baddbmm(s, a, b, alpha=0.25), lambda: (r(5, 2), r(3, 5, 7), r(3, 7, 2))),
+    "matmul_3d_2d": (torch.matmul, lambda: (r(2, 3, 8), r(8, 5))),
+    "linear": (F.linear, lambda: (r(6, 10), r(7, 10), r(7))),
+    # layer norm (forward returns out, mean, rstd)
+    "layer_norm": (lambda x, w, b: torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-5),
+                   lambda: (r(4, 3, 16), r(16), r(16))),
+    "layer_norm_no_affine": (lambda x: torch.ops.aten.native_layer_norm(x, [3, 16], None, None, 1e-5),
+                             lambda: (r(4, 3, 16),)),
+    "layer_norm_bf16": (lambda x, w, b: torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-6),
+                        lambda: (r(8, 16, dtype=torch.bfloat16), r(16, dtype=torch.bfloat16),
+                                 r(16, dtype=torch.bfloat16))),
+    # reductions
+    "sum_dim": (lambda x: x.sum(1), lambda: (r(4, 5, 6),)),
+    "sum_dims_keepdim": (lambda x: x.sum((0, -1), keepdim=True), lambda: (r(4, 5, 6),)),
+    "sum_all": (lambda x: x.sum(), lambda: (r(33, 7),)),
+    "sum_strided": (lambda x: x.sum(0), lambda: (r(6, 4).t(),)),
+    "mean_dim": (lambda x: x.mean(-1), lambda: (r(4, 5, 6),)),
+    "mean_all": (lambda x: x.mean(), lambda: (r(8, 1),)),
+    "sum_0dim": (lambda x: x.sum(0), lambda: (torch.tensor(2.5),)),
+    # pooled elementwise (results of the input's shape)
+    "pow_2": (lambda x: x.pow(2), lambda: (r(5, 7),)),
+    "pow_half": (lambda x: x.abs().pow(0.5), lambda: (r(5, 7),)),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda: (r(4, 9),)),
+    "log_softmax_dim0": (lambda x: torch.log_softmax(x, 0), lambda: (r(4, 9),)),
+    "silu": (F.silu, lambda: (r(100),)),
+    "exp": (torch.exp, lambda: (r(3, 3),)),
+    "clamp_min": (lambda x: torch.clamp(x, min=-0.5), lambda: (r(10),)),
+    "clamp_max": (lambda x: torch.clamp(x, max=0.1), lambda: (r(10),)),
+    # elementwise over broadcast / strided operands (layout as CPU's TensorIterator gives it)
+    "div_expanded_by_number": (lambda x: x.expand(8, 3) / 8, lambda: (r(1, 3),)),
+    "mul_broadcast": (torch.mul, lambda: (r(4, 1), r(1, 5))),
+    "add_row_alpha": (lambda a, b: torch.add(a, b, alpha=3), lambda: (r(6, 5), r(5))),
+    "sub_permuted": (torch.sub, lambda: (r(4, 3, 2).permute(2, 1, 0), r(2, 3, 4))),
+    "mul_channels_last": (torch.mul, lambda: (r(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), r(3, 1, 1))),
+    "div_0dim_tensor": (torch.div, lambda: (r(3, 4), torch.tensor(1.5))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_queued_op_returns_before_it_ran_and_matches_cpu(name):
+    fn, make = CASES[name]
+    args = make()
+    want = fn(*args)
+    got = queued(fn, *[n(a) for a in args])
+    same(got, want)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("numel", [2048, 20000])  # below and above the oneDNN break-even (ops.cpp)
+def test_gelu_and_its_backward_queue_with_the_synchronous_results(approximate, numel):
+    x, g = r(numel), r(numel)
+    engine.set_enabled(False)
+    want = (F.gelu(n(x), approximate=approximate).cpu(),
+            torch.ops.aten.gelu_backward(n(g), n(x), approximate=approximate).cpu())
+    engine.set_enabled(True)
+    got = (queued(lambda t: F.gelu(t, approximate=approximate), n(x)),
+           queued(lambda a, b: torch.ops.aten.gelu_backward(a, b, approximate=approximate), n(g), n(x)))
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)])
+def test_layer_norm_backward_queues_each_requested_gradient(mask):
+    x, w, b, dy = r(6, 16), r(16), r(16), r(6, 16)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-5)
+    want = torch.ops.aten.native_layer_norm_backward(dy, x, [16], mean, rstd, w, b, list(mask))
+    got = queued(lambda *a: torch.ops.aten.native_layer_norm_backward(*a[:2], [16], *a[2:], list(mask)),
+                 n(dy), n(x), n(mean), n(rstd), n(w), n(b))
+    same(got, want)
+
+
+def test_queued_products_read_their_operands_when_they_run():
+    # the product is computed from the values its operands have when the queue reaches it
+    a, b = n(torch.ones(64, 64)), n(torch.ones(64, 64))
+    torch.neuron.synchronize()
+    a.mul_(3)       # queued before the product: seen
+    c = a @ b
+    a.fill_(100)    # queued after it: not seen
+    assert torch.equal(c.cpu(), torch.full((64, 64), 192.0))
+
+
+ERRORS = {
+    "mm_shapes": (lambda: torch.mm(n(r(3, 4)), n(r(5, 6))), "cannot be multiplied"),
+    "mm_dtypes": (lambda: torch.mm(n(r(3, 4)), n(r(4, 6, dtype=torch.float64))), "same dtype"),
+    "addmm_bias": (lambda: torch.addmm(n(r(5)), n(r(3, 4)), n(r(4, 6))), "expand"),
+    "addmm_alpha_overflows_float": (lambda: torch.addmm(n(r(3)), n(r(2, 4)), n(r(4, 3)), alpha=1e300), "overflow"),
+    "bmm_batch": (lambda: torch.bmm(n(r(2, 3, 4)), n(r(3, 4, 5))), "batch2"),
+    "layer_norm_shape": (lambda: F.layer_norm(n(r(4, 8)), [6]), "normalized_shape"),
+    "layer_norm_weight": (lambda: F.layer_norm(n(r(4, 8)), [8], n(r(7))), "weight"),
+    "sum_dim": (lambda: n(r(3, 4)).sum(2), "Dimension out of range"),
+    "sum_repeated_dim": (lambda: n(r(3, 4)).sum((1, 1)), "appears multiple times"),
+    "softmax_dim": (lambda: torch.softmax(n(r(3, 4)), 5), "Dimension out of range"),
+    "broadcast": (lambda: n(r(3, 1)).expand(3, 4) + n(r(5)), "must match"),
+    "complex_alpha": (lambda: torch.add(n(r(3, 1)), n(r(3, 4)), alpha=1j), "alpha"),
+    "clamp_no_bound": (lambda: torch.clamp(n(r(3))), "At least one of 'min' or 'max'"),
+    "device_mismatch": (lambda: torch.mm(n(r(3, 4)), r(4, 2)), "neuron"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_a_bad_call_raises_at_the_call_and_leaves_the_engine_usable(name):
+    fn, match = ERRORS[name]
+    with pytest.raises((RuntimeError, IndexError, ValueError), match=match):
+        fn()
+    torch.neuron.synchronize()  # nothing failed later
+    x = n(r(4, 4))
+    assert torch.equal((x @ x).cpu(), x.cpu() @ x.cpu())
+
+
+def test_an_mlp_training_step_never_waits_for_the_device():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from engine import mlp_model  # the pointwise-heavy model of bench/engine.py (d)
+
+    model = mlp_model("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=True)
+    x = n(r(8, 256))
+    for _ in range(2):  # the second step has optimizer state
+        torch.neuron.synchronize()
+        before = engine.stats()
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        after = engine.stats()
+        assert after["drains"] == before["drains"]
+        assert after["enqueued"] - before["enqueued"] >= 40
