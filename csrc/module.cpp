@@ -136,6 +136,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_op_tracking", &torchneuron::set_op_tracking);
   // The execution engine (runtime/engine.h; torchneuron.neuron.engine wraps these).
   m.def("_engine_set_enabled", &neuron::rt::engine::set_enabled, py::arg("on"));
+  m.def("_engine_set_executor_thread", &neuron::rt::engine::set_executor_thread, py::arg("on"));
+  m.def("_engine_executor_thread", &neuron::rt::engine::executor_thread);
   m.def("_engine_configured", &neuron::rt::engine::configured);
   // Also the synchronization point compiled code calls before each of its C++ kernels: one
   // atomic comparison when nothing is queued.

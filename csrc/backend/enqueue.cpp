@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "../runtime/runtime.h"
 #include "enqueue.h"
 
@@ -161,6 +163,15 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
   neuron::rt::engine::enqueue(device, neuron::rt::current_stream(device), name, std::move(work),
                               stacks ? interned_stack() : nullptr, std::move(record));
 }
+
+namespace {
+// The executor thread's intra-op parallelism is the host's (torch.set_num_threads when it
+// started): kernels whose results depend on the thread count (reductions split across
+// threads, layer norm's weight gradients) then give the host's bits. A thread's OpenMP team
+// size is set by ATen at its first parallel call, from ATen's setting: that is the one taken.
+void executor_thread_init() { (void)at::get_num_threads(); }
+const bool g_executor_init = (neuron::rt::engine::set_executor_thread_init(&executor_thread_init), true);
+}  // namespace
 
 void copy_result(const char* op, const at::Tensor& out, const at::Tensor& r) {
   TORCH_INTERNAL_ASSERT(out.sizes() == r.sizes() && out.strides() == r.strides() && out.scalar_type() == r.scalar_type(),

@@ -98,6 +98,8 @@ class QueuedCall {
     if (t.has_value() && t->defined()) return zc_->in(*t);
     return t;
   }
+  // A device tensor the kernel writes in place (an in-place op's self): its alias.
+  at::Tensor inout(const at::Tensor& t) { return zc_->in_output(t); }
   // Allocates `result` (the device tensor the op returns); returns its alias for the kernel.
   at::Tensor out(at::Tensor& result, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides = {}) {
     result = pooled(*zc_, sizes, dtype, strides);

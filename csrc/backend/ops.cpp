@@ -8,9 +8,19 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/TensorUtils.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/ops/cat_cpu_dispatch.h>
+#include <ATen/ops/cat_meta_dispatch.h>
+#include <ATen/ops/embedding_dense_backward_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/nll_loss_backward_cpu_dispatch.h>
+#include <ATen/ops/nll_loss_backward_meta_dispatch.h>
+#include <ATen/ops/nll_loss_forward_cpu_dispatch.h>
+#include <ATen/ops/nll_loss_forward_meta_dispatch.h>
+#include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
 // ATen's DispatchStub signatures list one pointer per CPU capability libtorch was compiled
 // with; the x86-64 wheels compile AVX2 and AVX-512 kernels (nm: DispatchStubImpl::get_call_ptr
 // takes DEFAULT, AVX512, AVX2). The header needs the same macros to call a stub (GELU below).
@@ -282,9 +292,36 @@ bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
   return true;
 }
 
+// Other copies within one device, between layouts (autograd's gradient layout fixes, a
+// transpose made contiguous) or broadcasting: queued when the engine is on and CPU's copy kernel
+// can raise nothing (one dtype or real floating dtypes, so casts such as autocast's too; a
+// source that broadcasts to the destination; no overlap).
+bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
+  // (Dtypes CPU's copy kernel converts: float4_e2m1fn_x2, a "reduced floating" type, raises in it.)
+  const auto st = src.scalar_type(), dt = dst.scalar_type();
+  auto floating = [](c10::ScalarType t) { return c10::isFloatingType(t) && t != c10::ScalarType::Float4_e2m1fn_x2; };
+  const bool dtypes = (st == dt && (floating(st) || c10::isIntegralType(st, /*includeBool=*/true) ||
+                                    c10::isComplexType(st))) ||
+                      (floating(st) && floating(dt));
+  if (!may_enqueue() || !dtypes || !queueable_like(dst, dst) || !queueable_like(src, src) ||
+      src.device() != dst.device() || src._is_zerotensor() ||
+      dst._is_zerotensor() || !at::is_expandable_to(src.sizes(), dst.sizes()) ||
+      at::has_internal_overlap(dst) == at::MemOverlap::Yes ||
+      (!src.is_same(dst) && at::get_overlap_status(dst, src) != at::MemOverlapStatus::No)) {
+    return false;
+  }
+  QueuedCall q;
+  at::Tensor s = q.in(src), d = q.inout(dst);
+  q.enqueue("Memcpy DtoD", [s, d]() mutable {
+    if (!fast_copy(d, s)) d.copy_(s);
+  });
+  return true;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   using neuron::rt::trace::CopyKind;
   if (small_copy(self, dst)) return dst;
+  if (queued_copy(self, dst)) return dst;
   if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
     // neuron:i -> neuron:j is a legal copy, unlike an op mixing devices: alias each side alone.
     ZeroCopy zs, zd;
@@ -526,6 +563,8 @@ template <class T> bool pooled_arg_fits(const at::Tensor& first, const T& arg) {
     return !arg;  // softmax's half_to_float: another result dtype (and CPU's own error)
   } else if constexpr (std::is_same_v<T, at::Scalar>) {
     return !arg.isComplex();  // a complex number makes the result complex
+  } else if constexpr (std::is_same_v<T, c10::ScalarType>) {
+    return arg == first.scalar_type();  // softmax backward's input dtype: the result's
   } else {
     return true;
   }
@@ -967,7 +1006,19 @@ HOT_NAME(kLeS, "aten::le.Scalar")
 HOT_NAME(kGtS, "aten::gt.Scalar")
 HOT_NAME(kGeS, "aten::ge.Scalar")
 HOT_NAME(kZero_, "aten::zero_")
+HOT_NAME(kNllLoss, "aten::nll_loss_forward")
+HOT_NAME(kCat, "aten::cat")
+HOT_NAME(kSoftmaxBwd, "aten::_softmax_backward_data")
+HOT_NAME(kLogSoftmaxBwd, "aten::_log_softmax_backward_data")
+HOT_NAME(kNllLossBwd, "aten::nll_loss_backward")
+HOT_NAME(kEmbeddingBwd, "aten::embedding_dense_backward")
 #undef HOT_NAME
+
+// An index tensor a queued kernel may read: on ref's device, int64 or int32.
+bool queueable_index(const at::Tensor& ref, const at::Tensor& index) {
+  return index.is_privateuseone() && index.device() == ref.device() && index.layout() == c10::kStrided &&
+         (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt);
+}
 
 // ---- GELU: ATen's own kernel below oneDNN's break-even ----------------------------------------
 // CPU's exact ("none") GELU over a contiguous float/bf16/fp16 input of more than one element
@@ -1119,6 +1170,115 @@ LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Te
                                                                         weight, bias, mask);
 }
 
+// ---- losses and embedding gradients: queued (the rest of a language model's step) ---------
+// A meta tensor of t's sizes, strides and dtype: structured ops' meta functions, run on these,
+// give the results' layout and raise CPU's argument errors at the call.
+at::Tensor meta_like(const at::Tensor& t) {
+  return ::at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined()) return meta_like(*t);
+  return std::nullopt;
+}
+bool queueable_opt(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
+  return !t.has_value() || !t->defined() || queueable_like(ref, *t);
+}
+
+// nll_loss (cross_entropy's second half), forward and backward: CPU's out= kernels into results
+// shaped by CPU's meta function. A target out of range is found by the kernel: reported at the
+// next synchronization, naming the op (as CUDA's device-side assert is).
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward_hot(const at::Tensor& self, const at::Tensor& target,
+                                                        const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                        int64_t ignore_index) {
+  if (may_enqueue() && queueable_like(self, self) && c10::isFloatingType(self.scalar_type()) &&
+      queueable_index(self, target) && queueable_opt(self, weight)) {
+    auto [om, tm] = at::meta::nll_loss_forward(meta_like(self), meta_like(target), meta_like(weight), reduction,
+                                               ignore_index);
+    QueuedCall q;
+    at::Tensor s = q.in(self), t = q.in(target), out, total;
+    std::optional<at::Tensor> w = q.in(weight);
+    at::Tensor o = q.out(out, om.sizes(), om.scalar_type(), om.strides());
+    at::Tensor tw = q.out(total, tm.sizes(), tm.scalar_type(), tm.strides());
+    q.enqueue(kNllLoss, [s, t, w, o, tw, reduction, ignore_index]() mutable {
+      at::cpu::nll_loss_forward_out(o, tw, s, t, w, reduction, ignore_index);
+    });
+    return {out, total};
+  }
+  return Hot<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                                int64_t, int64_t)>::call<&at::cpu::nll_loss_forward,
+                                                                         kNllLoss>(self, target, weight, reduction,
+                                                                                   ignore_index);
+}
+
+at::Tensor nll_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                 const std::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                                 const at::Tensor& total_weight) {
+  if (may_enqueue() && queueable_like(self, self) && c10::isFloatingType(self.scalar_type()) &&
+      queueable_like(self, grad_output) && queueable_index(self, target) && queueable_opt(self, weight) &&
+      queueable_like(self, total_weight)) {
+    const at::Tensor gm = at::meta::nll_loss_backward(meta_like(grad_output), meta_like(self), meta_like(target),
+                                                      meta_like(weight), reduction, ignore_index,
+                                                      meta_like(total_weight));
+    QueuedCall q;
+    at::Tensor g = q.in(grad_output), s = q.in(self), t = q.in(target), tw = q.in(total_weight), out;
+    std::optional<at::Tensor> w = q.in(weight);
+    at::Tensor o = q.out(out, gm.sizes(), gm.scalar_type(), gm.strides());
+    q.enqueue(kNllLossBwd, [g, s, t, w, tw, o, reduction, ignore_index]() mutable {
+      at::cpu::nll_loss_backward_out(o, g, s, t, w, reduction, ignore_index, tw);
+    });
+    return out;
+  }
+  return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                        int64_t, int64_t, const at::Tensor&)>::call<&at::cpu::nll_loss_backward,
+                                                                    kNllLossBwd>(grad_output, self, target, weight,
+                                                                                 reduction, ignore_index,
+                                                                                 total_weight);
+}
+
+// embedding's weight gradient: CPU's kernel (no out= form) copied into a contiguous
+// [num_weights, grad.size(-1)] result, CPU's layout. An index out of range is the kernel's error.
+at::Tensor embedding_dense_backward_hot(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
+                                        int64_t padding_idx, bool scale_grad_by_freq) {
+  if (may_enqueue() && queueable_like(grad, grad) && c10::isFloatingType(grad.scalar_type()) && grad.dim() >= 1 &&
+      queueable_index(grad, indices) && num_weights >= 0) {
+    QueuedCall q;
+    at::Tensor g = q.in(grad), i = q.in(indices), out;
+    at::Tensor o = q.out(out, {num_weights, grad.size(-1)}, grad.scalar_type());
+    q.enqueue(kEmbeddingBwd, [g, i, o, num_weights, padding_idx, scale_grad_by_freq] {
+      copy_result(kEmbeddingBwd, o,
+                  at::cpu::embedding_dense_backward(g, i, num_weights, padding_idx, scale_grad_by_freq));
+    });
+    return out;
+  }
+  return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool)>::call<
+      &at::cpu::embedding_dense_backward, kEmbeddingBwd>(grad, indices, num_weights, padding_idx, scale_grad_by_freq);
+}
+
+// cat (the backward of a split, e.g. attention's q/k/v): CPU's out= kernel into the layout
+// CPU's meta function picks from the inputs' (it raises CPU's shape errors at the call).
+at::Tensor cat_hot(const at::ITensorListRef& tensors, int64_t dim) {
+  const auto list = tensors.materialize();
+  bool queues = may_enqueue() && !list.empty() && c10::isFloatingType(list[0].get().scalar_type());
+  for (size_t i = 0; queues && i < list.size(); ++i) queues = queueable_like(list[0].get(), list[i].get());
+  if (queues) {
+    std::vector<at::Tensor> metas;
+    metas.reserve(list.size());
+    for (const auto& t : list) metas.push_back(meta_like(t.get()));
+    const at::Tensor m = at::meta::cat(metas, dim);
+    QueuedCall q;
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(list.size());
+    for (const auto& t : list) inputs.push_back(q.in(t.get()));
+    at::Tensor out;
+    at::Tensor o = q.out(out, m.sizes(), m.scalar_type(), m.strides());
+    q.enqueue(kCat, [inputs, o, dim]() mutable { at::cpu::cat_out(o, inputs, dim); });
+    return out;
+  }
+  return via_fallback<kCat>(c10::List<at::Tensor>(std::vector<at::Tensor>(list.begin(), list.end())), dim)
+      .back()
+      .toTensor();
+}
+
 // sum / mean over dims: CPU's out= kernels (structured: the functional kernels run them) into a
 // contiguous result of the reduced shape; make_dim_mask raises CPU's dim errors at the call.
 template <const char* Name,
@@ -1152,6 +1312,18 @@ at::Tensor index_select_hot(const at::Tensor& self, int64_t dim, const at::Tenso
   if (any_chalf(self) || self.dim() == 0 || index.dim() > 1) {
     return Hot<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>::call<&at::cpu::index_select,
                                                                                kIndexSelect>(self, dim, index);
+  }
+  if (may_enqueue() && queueable_like(self, self) && queueable_index(self, index)) {
+    // Queued (an embedding lookup, the first op of a language model's step): an index out of
+    // range is found by the kernel and reported at the next synchronization.
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+    std::vector<int64_t> sizes = self.sizes().vec();
+    sizes[d] = index.numel();
+    QueuedCall q;
+    at::Tensor s = q.in(self), i = q.in(index), out;
+    at::Tensor o = q.out(out, sizes, self.scalar_type());
+    q.enqueue(kIndexSelect, [s, i, o, d]() mutable { at::cpu::index_select_out(o, s, d, i); });
+    return out;
   }
   ZeroCopy zc;
   at::Tensor s = zc.in(self), i = zc.in(index);
@@ -1221,6 +1393,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, &at::cpu::_softmax_out, kSoftmax>)));
   m.impl("_log_softmax", TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax,
                                                                       &at::cpu::_log_softmax_out, kLogSoftmax>)));
+  m.impl("_softmax_backward_data", TORCH_FN((Pooled<T(CT, CT, int64_t, c10::ScalarType)>::call<
+                                             &at::cpu::_softmax_backward_data, &at::cpu::_softmax_backward_data_out,
+                                             kSoftmaxBwd>)));
+  m.impl("_log_softmax_backward_data", TORCH_FN((Pooled<T(CT, CT, int64_t, c10::ScalarType)>::call<
+                                                 &at::cpu::_log_softmax_backward_data,
+                                                 &at::cpu::_log_softmax_backward_data_out, kLogSoftmaxBwd>)));
   m.impl("gelu", TORCH_FN(gelu));
   m.impl("gelu_backward", TORCH_FN(gelu_backward));
   m.impl("pow.Tensor_Scalar", TORCH_FN((Pooled<T(CT, S)>::call<&at::cpu::pow, &at::cpu::pow_out, kPowScalar>)));
@@ -1244,6 +1422,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("threshold_backward", TORCH_FN((Pooled<T(CT, CT, S)>::call<&at::cpu::threshold_backward,
                                                                     &at::cpu::threshold_backward_out, kThresholdBwd>)));
   m.impl("index_select", TORCH_FN(index_select_hot));
+  m.impl("cat", TORCH_FN(cat_hot));
+  m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward_hot));
+  m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward_hot));
+  m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_hot));
   // Unary elementwise ops: unboxed, results from the device pool (Pooled).
   m.impl("neg", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::neg, &at::cpu::neg_out, kU_neg>)));
   m.impl("exp", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::exp, &at::cpu::exp_out, kU_exp>)));

@@ -23,6 +23,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/library.h>
 
+#include "enqueue.h"
 #include "gemm.h"
 #include "zero_copy.h"
 
@@ -101,7 +102,8 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
                        (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
     return static_cast<int64_t>(flash ? sdp::SDPBackend::efficient_attention : sdp::SDPBackend::math);
   }
-  ZeroCopy zc;
+  // CPU's selection reads metadata only, so the aliases need not wait for queued kernels.
+  ZeroCopy zc{ZeroCopy::Queued{}};
   // CPU's selection looks at requires_grad (a trainable mask needs the math path); aliases are
   // fresh leaves, so carry the flag over.
   auto aliased = [&zc](const at::Tensor& t) {
@@ -122,12 +124,51 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
   return cpu_choice;
 }
 
+// Queued attention (the execution engine on, enqueue.h): 4-d neuron q, k, v (and mask) of one
+// floating dtype the host computes directly (routed dtypes take scratch copies: synchronous),
+// shapes CPU's kernel accepts. Results are laid out as the synchronous path lays them out: the
+// output (B, L, H, E) viewed as (B, H, L, E), the logsumexp (B, L, H) viewed as (B, H, L) in
+// fp32 (fp64 for fp64), the gradients of q, k, v as CPU's flash backward returns them,
+// (B, L, H, E) viewed as (B, H, L, E).
+bool queueable_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask) {
+  return may_enqueue() && queueable_like(q, q) && queueable_like(q, k) && queueable_like(q, v) &&
+         c10::isFloatingType(q.scalar_type()) && !attention_routed(q) && q.dim() == 4 && k.dim() == 4 &&
+         v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+         q.size(1) == v.size(1) && k.size(2) == v.size(2) && q.size(3) == k.size(3) &&
+         (!mask.has_value() || !mask->defined() || (mask->is_privateuseone() && mask->device() == q.device() &&
+                                                   mask->layout() == c10::kStrided));
+}
+
+// (B, H, L, E) laid out as (B, L, H, E).
+std::vector<int64_t> bhle_strides(const at::Tensor& t) {
+  const int64_t H = t.size(1), L = t.size(2), E = t.size(3);
+  return {L * H * E, E, H * E, 1};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
     bool is_causal, std::optional<double> scale) {
   TORCH_CHECK(dropout_p == 0.0, "neuron's efficient attention supports dropout_p == 0 only; "
               "scaled_dot_product_attention picks another kernel when dropout is used");
+  if (queueable_attention(query, key, value, attn_bias)) {
+    const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
+    const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    QueuedCall q;
+    at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
+    std::optional<at::Tensor> bias = q.in(attn_bias);
+    at::Tensor oo = q.out(out, {B, H, L, E}, query.scalar_type(), {L * H * E, E, H * E, 1});
+    at::Tensor lo = compute_log_sumexp ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
+    q.enqueue("aten::_scaled_dot_product_efficient_attention",
+              [qa, ka, va, bias, oo, lo, is_causal, scale, compute_log_sumexp] {
+                auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, bias, scale);
+                at::Tensor(oo).copy_(o);
+                if (compute_log_sumexp) at::Tensor(lo).copy_(l);
+              });
+    auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());
+    return {out, lse, at::zeros({}, opts), at::zeros({}, opts)};
+  }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
   auto bias = alias_opt(zc, attn_bias);
@@ -156,6 +197,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   TORCH_CHECK(!(grad_input_mask[3] && attn_bias.defined()),
               "neuron attention cannot differentiate with respect to attn_mask; detach the mask "
               "(masks are rarely trainable) or compute attention explicitly");
+  const std::optional<at::Tensor> mask = attn_bias.defined() ? std::optional<at::Tensor>(attn_bias) : std::nullopt;
+  if (queueable_attention(query, key, value, mask) && queueable_like(query, grad_out) &&
+      queueable_like(query, out) && grad_out.sizes() == out.sizes() && logsumexp.is_privateuseone() &&
+      logsumexp.device() == query.device() && logsumexp.dim() == 3) {
+    QueuedCall q;
+    at::Tensor go = q.in(grad_out), qa = q.in(query), ka = q.in(key), va = q.in(value), oa = q.in(out),
+               la = q.in(logsumexp), gq, gk, gv;
+    std::optional<at::Tensor> bias = q.in(mask);
+    at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
+    at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
+    at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
+    q.enqueue("aten::_scaled_dot_product_efficient_attention_backward",
+              [go, qa, ka, va, oa, la, bias, gqo, gko, gvo, is_causal, scale] {
+                auto [a, b, c] = at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0,
+                                                                                          is_causal, bias, scale);
+                at::Tensor(gqo).copy_(a);
+                at::Tensor(gko).copy_(b);
+                at::Tensor(gvo).copy_(c);
+              });
+    return {gq, gk, gv, at::Tensor()};
+  }
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
   at::Tensor o = zc.in(out);

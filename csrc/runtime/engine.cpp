@@ -1,15 +1,17 @@
 // The execution engine (engine.h): one queue per stream, executed by the host thread that
-// needs them.
+// needs them, or (set_executor_thread) by an executor thread as soon as they hold work.
 //
-// Why no executor thread: kernels are host code, and the host has only the cores the caller's
-// own intra-op parallelism already uses. An executor thread next to the Python thread was
-// measured on the 2-core host (docs/benchmarks.md, Execution engine): every synchronous op then
-// waits for a thread hand-off, and under any other load the three runnable threads
-// (host, executor, intra-op team) made eager training 2x and small ops 12x slower than without
-// the engine. So the queues run where PyTorch semantics force a wait (a synchronization point,
-// which runs them on the waiting thread, with the caller's intra-op threads), when they hold
+// Why no executor thread by default: kernels are host code, and the host has only the cores the
+// caller's own intra-op parallelism already uses. An executor thread next to the Python thread,
+// when most ops still ran synchronously, made every such op wait for a thread hand-off, and
+// under any other load the three runnable threads (host, executor, intra-op team) made eager
+// training 2x and small ops 12x slower than without the engine (docs/benchmarks.md). So by
+// default the queues run where PyTorch semantics force a wait (a synchronization point, which
+// runs them on the waiting thread, with the caller's intra-op threads), when they hold
 // g_max_queued kernels, and when the host polls a stream or event (which reports "not ready"
-// and lets the queues run, so polling loops finish).
+// and lets the queues run, so polling loops finish). Now that training steps queue nearly every
+// kernel, the executor thread pays where Python's time is a large share of a step
+// (executor_main below; docs/architecture.md, "Threads and cores", has the measurements).
 //
 // Which stream's kernel runs next (pick_locked): the highest-priority stream's, then the
 // earliest enqueued. Streams of one priority therefore run in enqueue order, a legal schedule
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -31,6 +34,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -94,6 +98,10 @@ struct Engine {
   std::atomic<uint64_t> drains{0};
   std::atomic<uint64_t> fused{0};
   std::atomic<uint64_t> regions{0};
+  // The executor thread (set_executor_thread), if started: it sleeps on `wake` (with mu).
+  bool executor_started = false;  // under mu
+  bool executor_waiting = false;  // under mu: asleep, to be woken by enqueue
+  std::condition_variable wake;
 };
 
 // Never destroyed: tensors held by queued kernels may outlive static destructors. A child
@@ -175,8 +183,13 @@ size_t push_locked(Engine& e, int device, int64_t stream, Item item) {
   const uint64_t seq = item.seq;
   StreamQueue& q = stream_locked(e, device, stream);
   if (device >= 0) q.last = seq;
+  // The executor thread, asleep, runs a queue that gained a kernel it may run now: anything but
+  // a record-carrying kernel while fusing, which may still grow into a longer region
+  // (executor_limit_locked). No wake-up (a futex call) for the others.
+  const bool wakes = !item.record || g_fuser.load(std::memory_order_relaxed) == nullptr;
   q.items.push_back(std::move(item));
   detail::g_enqueued.store(seq, std::memory_order_release);
+  if (e.executor_waiting && wakes) e.wake.notify_one();
   return ++e.queued;
 }
 
@@ -363,6 +376,65 @@ void run_until(Engine& e, uint64_t seq, bool all) {
   t_running = false;
 }
 
+// ---- the executor thread (set_executor_thread; off by default) ------------------------------
+// With it the queues run on a thread of their own as soon as there is work, while Python runs
+// ahead: the host's time and the kernels' overlap instead of adding up. Its kernels run with one
+// intra-op thread (the hook set_executor_thread_init: the host thread keeps the other core),
+// so the host thread and the executor are the only runnable threads, one per core on the
+// 2-core host. The host still runs the queues itself where it waits (run_until: it takes over
+// once the executor's current batch is done), so ordering, error reports and stream semantics
+// are unchanged; what changes is that a kernel may run any time after its enqueue.
+std::atomic<bool> g_executor{false};
+std::atomic<void (*)()> g_executor_init{nullptr};
+
+// Under e.mu: how far the executor runs the queues now. Everything, except while fusing the run
+// of record-carrying kernels at the back of each stream, which may still grow into a longer
+// region: regions end where the program puts a non-fusible kernel or waits, not where the
+// executor happened to catch up (which would make them depend on timing, and each new cut a
+// kernel to compile).
+uint64_t executor_limit_locked(Engine& e) {
+  uint64_t upto = detail::g_enqueued.load(std::memory_order_relaxed);
+  if (g_fuser.load(std::memory_order_acquire) == nullptr) return upto;
+  for (const auto& [k, q] : e.streams) {
+    uint64_t open = 0;  // the first item of the stream's trailing run of record-carrying kernels
+    for (auto it = q.items.rbegin(); it != q.items.rend() && it->record; ++it) open = it->seq;
+    if (open != 0) upto = std::min(upto, open - 1);
+  }
+  return upto;
+}
+
+void executor_main() {
+  if (auto init = g_executor_init.load(std::memory_order_acquire)) {
+    try {
+      init();
+    } catch (...) {
+    }
+  }
+  Engine& e = engine();
+  for (;;) {
+    uint64_t upto = 0;
+    {
+      std::unique_lock<std::mutex> lock(e.mu);
+      for (;;) {
+        if (g_executor.load(std::memory_order_acquire)) upto = executor_limit_locked(e);
+        if (upto > detail::g_completed.load(std::memory_order_acquire)) break;
+        e.executor_waiting = true;
+        e.wake.wait(lock);
+        e.executor_waiting = false;
+      }
+    }
+    run_until(e, upto, /*all=*/true);
+  }
+}
+
+// Under e.mu: start the executor thread of this engine (once; a forked child's engine starts
+// its own at its first enqueue).
+void start_executor_locked(Engine& e) {
+  if (e.executor_started) return;
+  e.executor_started = true;
+  std::thread(executor_main).detach();  // never joined: it sleeps when there is nothing to run
+}
+
 void report(Engine& e) {
   std::unique_lock<std::mutex> lock(e.mu);
   if (e.error.empty()) return;
@@ -389,6 +461,8 @@ bool running() noexcept { return t_running; }
 // The configuration, read when the library loads.
 const bool g_configured = [] {
   g_on.store(env_on());
+  const char* thread = std::getenv("TORCHNEURON_EXECUTOR_THREAD");
+  g_executor.store(thread != nullptr && std::strcmp(thread, "1") == 0);
   return true;
 }();
 }  // namespace detail
@@ -415,6 +489,9 @@ uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where 
   size_t queued;
   {
     std::lock_guard<std::mutex> lock(e.mu);
+    if (__builtin_expect(g_executor.load(std::memory_order_relaxed) && !e.executor_started, 0)) {
+      start_executor_locked(e);
+    }
     queued = push_locked(e, device, stream, Item{0, name, std::move(work), std::move(where), std::move(record)});
     seq = upto = detail::g_enqueued.load(std::memory_order_relaxed);
     if (queued >= g_max_queued.load(std::memory_order_relaxed) && g_fuser.load(std::memory_order_acquire) != nullptr) {
@@ -456,6 +533,12 @@ bool poll(uint64_t seq) noexcept {
     (void)pick_locked(e, seq);
   }
   if (is_done(e, seq)) return true;
+  if (g_executor.load(std::memory_order_acquire)) {
+    // Never wait behind the executor's batch; when it is idle, run what it leaves (a trailing
+    // fusible run) so a polling loop still finishes.
+    std::unique_lock<std::mutex> run_lock(e.run_mu, std::try_to_lock);
+    if (!run_lock.owns_lock()) return false;
+  }
   try {
     run_until(e, seq, /*all=*/false);
   } catch (...) {
@@ -471,9 +554,10 @@ void wait_for(uint64_t seq, bool all) {
     capture_violation(
         "this operation cannot run while a graph is being captured (torch.accelerator.Graph): it makes the "
         "host wait for the device, or runs its kernel synchronously on neuron, outside the graph. neuron "
-        "captures the ops it queues: in-place and out= ops, elementwise ops over same-shaped operands, "
-        "foreach lists, small device copies and fills, non_blocking copies with pinned memory; run the "
-        "others (matmuls, reductions, reading values, ...) before or after the capture");
+        "captures the ops it queues: in-place and out= ops, elementwise ops, fp32/bf16 matmuls, layer norm, "
+        "GELU, softmax, sum/mean, foreach lists, small device copies and fills, non_blocking copies with "
+        "pinned memory; run the others (convolutions, scans, sorts, reading values, ...) before or after "
+        "the capture");
   }
   if (all ? detail::g_completed.load(std::memory_order_acquire) < seq : !is_done(e, seq)) {
     e.drains.fetch_add(1, std::memory_order_relaxed);
@@ -550,6 +634,16 @@ int64_t completion_time(uint64_t seq) noexcept {
   if (seq == 0 || e.done[seq % kTimes].load(std::memory_order_acquire) != seq) return 0;
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
+
+void set_executor_thread(bool on) noexcept {
+  g_executor.store(on, std::memory_order_release);
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mu);
+  if (on) start_executor_locked(e);
+  e.wake.notify_one();
+}
+bool executor_thread() noexcept { return g_executor.load(std::memory_order_acquire); }
+void set_executor_thread_init(void (*init)()) noexcept { g_executor_init.store(init, std::memory_order_release); }
 
 void set_queue_limit(size_t n) noexcept { g_max_queued.store(std::max<size_t>(n, 2), std::memory_order_relaxed); }
 

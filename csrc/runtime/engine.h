@@ -93,6 +93,14 @@ using Fuser = Decision (*)(const std::vector<const void*>& records, const std::v
 // Installed only while fusion is on (nullptr removes it), so an engine without fusion never
 // looks for records.
 void set_fuser(Fuser fuser, void (*flush)()) noexcept;
+// The executor thread (off by default; TORCHNEURON_EXECUTOR_THREAD=1): queued kernels run on a
+// thread of their own as soon as they are enqueued (while fusing, a trailing run of fusible
+// kernels waits for the kernel that ends it or a host wait), overlapping the host. Host waits
+// are unchanged. `init` runs first on that thread (the layer above gives it the host's
+// intra-op thread count, so its kernels compute what the host's would, bit for bit).
+void set_executor_thread(bool on) noexcept;
+bool executor_thread() noexcept;
+void set_executor_thread_init(void (*init)()) noexcept;
 // How many kernels queue up before the queue runs (AWS's concatenation buffer), and so the
 // most kernels one fused region takes. At least 2.
 void set_queue_limit(size_t n) noexcept;

@@ -1,6 +1,7 @@
 """Functional ops the execution engine queues with their results allocated at the call: the GEMM
-family, GELU, layer norm, sum/mean, pow, the pooled unary/softmax ops, and elementwise
-arithmetic over broadcast or strided operands.
+family, GELU, layer norm, sum/mean, pow, the pooled unary/softmax ops and their backward,
+nll_loss, embedding's gradient, cat, attention, and elementwise arithmetic over broadcast or
+strided operands.
 
 Each op, with the engine on, (1) returns before its kernel ran (no host wait), (2) gives the
 result CPU PyTorch gives (values bit for bit, and shape, strides and dtype; GELU, whose neuron
@@ -104,6 +105,32 @@ CASES = {
     "exp": (torch.exp, lambda: (r(3, 3),)),
     "clamp_min": (lambda x: torch.clamp(x, min=-0.5), lambda: (r(10),)),
     "clamp_max": (lambda x: torch.clamp(x, max=0.1), lambda: (r(10),)),
+    # the rest of a language model's step
+    "nll_loss_mean": (lambda x, t: torch.ops.aten.nll_loss_forward(x, t, None, 1, -100), lambda: (r(6, 5), torch.tensor([0, 4, 2, 1, 3, 0]))),
+    "nll_loss_none_weighted": (lambda x, t, w: torch.ops.aten.nll_loss_forward(x, t, w, 0, 2),
+                               lambda: (r(6, 5), torch.tensor([0, 4, 2, 1, 3, 2]), r(5).abs())),
+    "nll_loss_backward": (lambda g, x, t, tw: torch.ops.aten.nll_loss_backward(g, x, t, None, 1, -100, tw),
+                          lambda: (torch.tensor(0.5), r(6, 5), torch.tensor([0, 4, 2, 1, 3, 0]), torch.tensor(6.0))),
+    "cross_entropy": (F.cross_entropy, lambda: (r(7, 11), torch.tensor([1, 0, 10, 3, 3, 5, 9]))),
+    "embedding": (F.embedding, lambda: (torch.tensor([[0, 8, 2, 2], [5, 0, 1, 8]]), r(9, 3))),
+    "index_select_dim1": (lambda x, i: torch.index_select(x, 1, i), lambda: (r(3, 6), torch.tensor([5, 0, 0]))),
+    "embedding_backward": (lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 9, -1, False),
+                           lambda: (r(2, 4, 3), torch.tensor([[0, 8, 2, 2], [5, 0, 1, 8]]))),
+    "embedding_backward_padding_scaled": (lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 9, 2, True),
+                                          lambda: (r(4, 3), torch.tensor([2, 8, 2, 7]))),
+    "cat_dim1": (lambda a, b, c: torch.cat([a, b, c], 1), lambda: (r(3, 2), r(3, 4), r(3, 1))),
+    "cat_transposed": (lambda a, b: torch.cat([a, b], 0), lambda: (r(3, 5).t(), r(3, 5).t())),
+    "cat_channels_last": (lambda a, b: torch.cat([a, b], 1),
+                          lambda: tuple(r(2, c, 3, 4).contiguous(memory_format=torch.channels_last) for c in (3, 5))),
+    "softmax_backward": (lambda g, y: torch.ops.aten._softmax_backward_data(g, y, 1, torch.float32),
+                         lambda: (r(4, 6), torch.softmax(r(4, 6), 1))),
+    "log_softmax_backward": (lambda g, y: torch.ops.aten._log_softmax_backward_data(g, y, 0, torch.float32),
+                             lambda: (r(4, 6), torch.log_softmax(r(4, 6), 0))),
+    # copies within the device: layouts, broadcasts, casts
+    "contiguous_of_transpose": (lambda x: x.t().contiguous(), lambda: (r(5, 7),)),
+    "copy_broadcast": (lambda d, s: d.copy_(s), lambda: (r(4, 3), r(3))),
+    "cast_to_bf16": (lambda x: x.to(torch.bfloat16), lambda: (r(6, 5).t(),)),
+    "cast_from_bf16": (lambda x: x.float(), lambda: (r(6, 5, dtype=torch.bfloat16),)),
     # elementwise over broadcast / strided operands (layout as CPU's TensorIterator gives it)
     "div_expanded_by_number": (lambda x: x.expand(8, 3) / 8, lambda: (r(1, 3),)),
     "mul_broadcast": (torch.mul, lambda: (r(4, 1), r(1, 5))),
@@ -147,6 +174,54 @@ def test_layer_norm_backward_queues_each_requested_gradient(mask):
     same(got, want)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "split_heads"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_forward_and_backward_queue_with_cpus_results(layout, dtype):
+    B, H, L, E = 2, 3, 16, 8
+
+    def qkv(t):
+        if layout == "contiguous":
+            return [x.contiguous() for x in t.view(B, L, 3, H, E).permute(2, 0, 3, 1, 4)]
+        return [x.view(B, L, H, E).transpose(1, 2) for x in t.split(H * E, -1)]  # as nn attention does
+
+    base = r(B, L, 3 * H * E, dtype=dtype)
+    grad = r(B, H, L, E, dtype=dtype)
+    cpu = [x.requires_grad_() for x in (t.detach() for t in qkv(base))]
+    want = F.scaled_dot_product_attention(*cpu, is_causal=True)
+    want.backward(grad)
+    dev = [x.requires_grad_() for x in (t.detach() for t in qkv(base.to("neuron")))]
+    got = queued(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True), *dev)
+    queued(lambda g: got.backward(g), n(grad))
+    assert torch.equal(got.detach().cpu(), want.detach())
+    for d, c in zip(dev, cpu):
+        assert torch.equal(d.grad.cpu(), c.grad)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "split_heads"])
+def test_attention_ops_queue_the_synchronous_results_and_layouts(layout):
+    B, H, L, E = 2, 3, 16, 8
+    base, grad = n(r(B, L, 3 * H * E)), n(r(B, H, L, E))
+    if layout == "contiguous":
+        q, k, v = [x.contiguous() for x in base.view(B, L, 3, H, E).permute(2, 0, 3, 1, 4)]
+    else:
+        q, k, v = [x.view(B, L, H, E).transpose(1, 2) for x in base.split(H * E, -1)]
+
+    def run():
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)
+        grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], True)
+        return [out, lse] + list(grads[:3])
+
+    engine.set_enabled(False)
+    want = [t.cpu() for t in run()]
+    strides = [t.stride() for t in run()]
+    engine.set_enabled(True)
+    got = queued(run)
+    assert [t.stride() for t in got] == strides
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+
+
 def test_queued_products_read_their_operands_when_they_run():
     # the product is computed from the values its operands have when the queue reaches it
     a, b = n(torch.ones(64, 64)), n(torch.ones(64, 64))
@@ -172,6 +247,12 @@ ERRORS = {
     "complex_alpha": (lambda: torch.add(n(r(3, 1)), n(r(3, 4)), alpha=1j), "alpha"),
     "clamp_no_bound": (lambda: torch.clamp(n(r(3))), "At least one of 'min' or 'max'"),
     "device_mismatch": (lambda: torch.mm(n(r(3, 4)), r(4, 2)), "neuron"),
+    "nll_loss_target_shape": (lambda: F.nll_loss(n(r(4, 5)), n(torch.tensor([1, 2, 3]))), "size mismatch|Expected"),
+    "float4_cast": (lambda: torch.empty(2, 2, dtype=torch.float4_e2m1fn_x2, device="neuron").float(),
+                    "not implemented for 'Float4_e2m1fn_x2'"),
+    "copy_shapes": (lambda: n(r(3, 4)).copy_(n(r(5))), "must match|expand"),
+    "index_select_dim": (lambda: torch.index_select(n(r(3, 6)), 2, n(torch.tensor([0]))), "Dimension out of range"),
+    "cat_shapes": (lambda: torch.cat([n(r(3, 2)), n(r(4, 2))], 1), "Sizes of tensors must match"),
 }
 
 
@@ -183,6 +264,26 @@ def test_a_bad_call_raises_at_the_call_and_leaves_the_engine_usable(name):
     torch.neuron.synchronize()  # nothing failed later
     x = n(r(4, 4))
     assert torch.equal((x @ x).cpu(), x.cpu() @ x.cpu())
+
+
+def test_a_gpt_training_step_never_waits_for_the_device():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from eager_overhead import GPT, CharDataset, GPTConfig  # the demo's model (embedding, attention, loss)
+
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = GPT(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, y = CharDataset(block_size=cfg.block_size).batch(4, torch.Generator().manual_seed(0))
+    x, y = x.to("neuron"), y.to("neuron")
+    for _ in range(2):
+        torch.neuron.synchronize()
+        before = engine.stats()
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        assert engine.stats()["drains"] == before["drains"]
 
 
 def test_an_mlp_training_step_never_waits_for_the_device():

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from .. import _C
 
-__all__ = ["is_enabled", "set_enabled", "synchronize", "stats", "is_fusion_enabled", "set_fusion_enabled"]
+__all__ = ["is_enabled", "set_enabled", "synchronize", "stats", "is_fusion_enabled", "set_fusion_enabled",
+           "is_executor_thread_enabled", "set_executor_thread_enabled"]
 
 
 def is_enabled() -> bool:
@@ -56,6 +57,21 @@ def set_fusion_enabled(enabled: bool) -> None:
     ``out=`` or same-shaped functional) runs as one generated kernel once the same run was seen
     twice and its kernel compiled in the background. See docs/architecture.md, *Adaptive Eager*."""
     _C._fusion_set_enabled(bool(enabled))
+
+
+def is_executor_thread_enabled() -> bool:
+    """Whether queued kernels run on an executor thread of their own (``TORCHNEURON_EXECUTOR_THREAD=1``
+    or :func:`set_executor_thread_enabled`), overlapping the host's Python. Off by default."""
+    return _C._engine_executor_thread()
+
+
+def set_executor_thread_enabled(enabled: bool) -> None:
+    """Run queued kernels on an executor thread (one intra-op thread; the host keeps the other
+    cores) as soon as they are enqueued, instead of where the host waits. Host waits, ordering,
+    results and error reports are unchanged; a program that reads a result without
+    synchronizing may see it either computed or not, as on a GPU. It acts only while the engine
+    is on. See docs/architecture.md, *Execution engine*."""
+    _C._engine_set_executor_thread(bool(enabled))
 
 
 def stats() -> dict:
