@@ -10,8 +10,9 @@
 // runs them on the waiting thread, with the caller's intra-op threads), when they hold
 // g_max_queued kernels, and when the host polls a stream or event (which reports "not ready"
 // and lets the queues run, so polling loops finish). Now that training steps queue nearly every
-// kernel, the executor thread pays where Python's time is a large share of a step
-// (executor_main below; docs/architecture.md, "Threads and cores", has the measurements).
+// kernel the hand-offs are gone, but an executor with the host's intra-op thread count (needed
+// for the host's bits) makes libgomp throttle every team of the process: still slower here
+// (executor_main below, off by default; docs/architecture.md, "Threads and cores").
 //
 // Which stream's kernel runs next (pick_locked): the highest-priority stream's, then the
 // earliest enqueued. Streams of one priority therefore run in enqueue order, a legal schedule
@@ -144,6 +145,8 @@ std::atomic<BlockingWait> g_blocking_wait{nullptr};
 std::atomic<ErrorText> g_error_text{nullptr};
 std::atomic<Describe> g_describe{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
+std::atomic<bool> g_executor{false};  // set_executor_thread
+std::atomic<void (*)()> g_executor_init{nullptr};
 std::atomic<void (*)()> g_flush{nullptr};
 
 int64_t key(int device, int64_t stream) noexcept { return (static_cast<int64_t>(device) << 32) ^ stream; }
@@ -189,7 +192,7 @@ size_t push_locked(Engine& e, int device, int64_t stream, Item item) {
   const bool wakes = !item.record || g_fuser.load(std::memory_order_relaxed) == nullptr;
   q.items.push_back(std::move(item));
   detail::g_enqueued.store(seq, std::memory_order_release);
-  if (e.executor_waiting && wakes) e.wake.notify_one();
+  if (e.executor_waiting && wakes && g_executor.load(std::memory_order_relaxed)) e.wake.notify_one();
   return ++e.queued;
 }
 
@@ -384,8 +387,6 @@ void run_until(Engine& e, uint64_t seq, bool all) {
 // 2-core host. The host still runs the queues itself where it waits (run_until: it takes over
 // once the executor's current batch is done), so ordering, error reports and stream semantics
 // are unchanged; what changes is that a kernel may run any time after its enqueue.
-std::atomic<bool> g_executor{false};
-std::atomic<void (*)()> g_executor_init{nullptr};
 
 // Under e.mu: how far the executor runs the queues now. Everything, except while fusing the run
 // of record-carrying kernels at the back of each stream, which may still grow into a longer

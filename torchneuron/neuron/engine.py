@@ -66,11 +66,12 @@ def is_executor_thread_enabled() -> bool:
 
 
 def set_executor_thread_enabled(enabled: bool) -> None:
-    """Run queued kernels on an executor thread (one intra-op thread; the host keeps the other
-    cores) as soon as they are enqueued, instead of where the host waits. Host waits, ordering,
+    """Run queued kernels on an executor thread (with the host's intra-op thread count, so results
+    are the host's bit for bit) as soon as they are enqueued, instead of where the host waits. Host waits, ordering,
     results and error reports are unchanged; a program that reads a result without
     synchronizing may see it either computed or not, as on a GPU. It acts only while the engine
-    is on. See docs/architecture.md, *Execution engine*."""
+    is on. On a 2-core host it is slower than the engine without it (a second OpenMP team
+    throttles both); see docs/architecture.md, *Threads and cores*."""
     _C._engine_set_executor_thread(bool(enabled))
 
 
