@@ -381,12 +381,13 @@ void run_until(Engine& e, uint64_t seq, bool all) {
 
 // ---- the executor thread (set_executor_thread; off by default) ------------------------------
 // With it the queues run on a thread of their own as soon as there is work, while Python runs
-// ahead: the host's time and the kernels' overlap instead of adding up. Its kernels run with one
-// intra-op thread (the hook set_executor_thread_init: the host thread keeps the other core),
-// so the host thread and the executor are the only runnable threads, one per core on the
-// 2-core host. The host still runs the queues itself where it waits (run_until: it takes over
-// once the executor's current batch is done), so ordering, error reports and stream semantics
-// are unchanged; what changes is that a kernel may run any time after its enqueue.
+// ahead: the host's time and the kernels' overlap instead of adding up. Its kernels run with the
+// host's intra-op thread count (the hook set_executor_thread_init), so they give the host's
+// bits; the price is a second OpenMP team, which makes libgomp throttle every team of the
+// process (docs/architecture.md, "Threads and cores": slower on the 2-core host). The host still
+// runs the queues itself where it waits (run_until: it takes over once the executor's current
+// batch is done), so ordering, error reports and stream semantics are unchanged; what changes is
+// that a kernel may run any time after its enqueue.
 
 // Under e.mu: how far the executor runs the queues now. Everything, except while fusing the run
 // of record-carrying kernels at the back of each stream, which may still grow into a longer
@@ -417,7 +418,7 @@ void executor_main() {
     {
       std::unique_lock<std::mutex> lock(e.mu);
       for (;;) {
-        if (g_executor.load(std::memory_order_acquire)) upto = executor_limit_locked(e);
+        upto = g_executor.load(std::memory_order_acquire) ? executor_limit_locked(e) : 0;
         if (upto > detail::g_completed.load(std::memory_order_acquire)) break;
         e.executor_waiting = true;
         e.wake.wait(lock);
