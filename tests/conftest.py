@@ -18,6 +18,19 @@ def neuron():
     return torch.device("neuron:0")
 
 
+@pytest.fixture
+def engine_on():
+    """The execution engine on for the test; its queued kernels waited for at the end."""
+    engine = torch.neuron.engine
+    was = engine.is_enabled()
+    engine.set_enabled(True)
+    yield
+    try:
+        engine.synchronize()
+    finally:
+        engine.set_enabled(was)
+
+
 
 # `make test` runs the suite on two pytest-xdist workers with --dist loadgroup, scheduled by
 # the groups below. Each test file is one group, so a file's tests keep their order and module

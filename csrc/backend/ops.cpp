@@ -666,6 +666,20 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
   return out;
 }
 
+// A meta tensor of t's sizes, strides and dtype: structured ops' meta functions, run on these,
+// give the results' layout and raise CPU's argument errors at the call.
+at::Tensor meta_like(const at::Tensor& t) {
+  return ::at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined()) return meta_like(*t);
+  return std::nullopt;
+}
+// An optional argument of a queued kernel: absent, or as queueable_like.
+bool queueable_opt(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
+  return !t.has_value() || !t->defined() || queueable_like(ref, *t);
+}
+
 // ... and the same over broadcast or strided operands (a mean's gradient is a 0-dim tensor
 // expanded, then divided): the result's layout is the one CPU's TensorIterator gives it, worked
 // out at the call on meta tensors of the operands' shapes and strides (≈ 3 us, taken only off the
@@ -680,9 +694,8 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
   if (!may_enqueue() || is_number(ref) || !c10::isFloatingType(ref.scalar_type()) || !fits(self) || !fits(other)) {
     return at::Tensor();
   }
-  auto meta = [&](const at::Tensor& t) {
-    return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta))
-                        : ::at::empty_strided(t.sizes(), t.strides(), ref.options().device(c10::kMeta));
+  auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand of ref's dtype (it keeps it)
+    return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
   };
   at::Tensor layout;
   {
@@ -1110,7 +1123,7 @@ LayerNormResult layer_norm_hot(const at::Tensor& input, at::IntArrayRef normaliz
                                double eps) {
   const bool w = weight.has_value() && weight->defined(), b = bias.has_value() && bias->defined();
   if (may_enqueue() && queueable_like(input, input) && c10::isFloatingType(input.scalar_type()) &&
-      (!w || queueable_like(input, *weight)) && (!b || queueable_like(input, *bias))) {
+      queueable_opt(input, weight) && queueable_opt(input, bias)) {
     at::native::_check_layer_norm_inputs(input, normalized_shape, w ? *weight : at::Tensor(), b ? *bias : at::Tensor());
     const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
     std::vector<int64_t> stat(input.sizes().begin(), input.sizes().begin() + axis);
@@ -1141,11 +1154,11 @@ LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Te
   const bool w = weight.has_value() && weight->defined(), b = bias.has_value() && bias->defined();
   if (may_enqueue() && queueable_like(input, input) && c10::isFloatingType(input.scalar_type()) &&
       queueable_like(input, grad_out) && grad_out.sizes() == input.sizes() && queueable_like(input, mean) &&
-      queueable_like(input, rstd) && (!w || queueable_like(input, *weight)) && (!b || queueable_like(input, *bias)) &&
+      queueable_like(input, rstd) && queueable_opt(input, weight) && queueable_opt(input, bias) &&
       (!mask[1] || w) && (!mask[2] || b)) {
-    const auto [M, N] = at::native::_check_layer_norm_inputs(input, normalized_shape, w ? *weight : at::Tensor(),
-                                                              b ? *bias : at::Tensor());
-    (void)N;
+    const int64_t M = at::native::_check_layer_norm_inputs(input, normalized_shape, w ? *weight : at::Tensor(),
+                                                           b ? *bias : at::Tensor())
+                          .first;
     if (mean.numel() == M && rstd.numel() == M) {
       QueuedCall q;
       at::Tensor g = q.in(grad_out), x = q.in(input), m = q.in(mean), r = q.in(rstd), dx, dw, db;
@@ -1171,18 +1184,6 @@ LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Te
 }
 
 // ---- losses and embedding gradients: queued (the rest of a language model's step) ---------
-// A meta tensor of t's sizes, strides and dtype: structured ops' meta functions, run on these,
-// give the results' layout and raise CPU's argument errors at the call.
-at::Tensor meta_like(const at::Tensor& t) {
-  return ::at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-}
-std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
-  if (t.has_value() && t->defined()) return meta_like(*t);
-  return std::nullopt;
-}
-bool queueable_opt(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
-  return !t.has_value() || !t->defined() || queueable_like(ref, *t);
-}
 
 // nll_loss (cross_entropy's second half), forward and backward: CPU's out= kernels into results
 // shaped by CPU's meta function. A target out of range is found by the kernel: reported at the

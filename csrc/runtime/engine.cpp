@@ -204,12 +204,17 @@ size_t push_locked(Engine& e, int device, int64_t stream, Item item) {
 // point moving from step to step (the step's kernel count modulo the limit), and every cut is
 // a new signature to compile. A queue of nothing but such a run runs whole (up to the limit:
 // a region that long is cut where it began plus the limit, the same every time).
+// The first item of the run of record-carrying kernels at the back of `q` (0: none).
+uint64_t open_run_start(const StreamQueue& q) noexcept {
+  uint64_t start = 0;
+  for (auto it = q.items.rbegin(); it != q.items.rend() && it->record; ++it) start = it->seq;
+  return start;
+}
+
 uint64_t run_before_open_region_locked(Engine& e, int device, int64_t stream, uint64_t seq) {
   const StreamQueue& q = stream_locked(e, device, stream);
-  for (auto it = q.items.rbegin(); it != q.items.rend(); ++it) {
-    if (!it->record) return it->seq;
-  }
-  return seq;
+  const uint64_t start = open_run_start(q);
+  return start == 0 || start == q.items.front().seq ? seq : start - 1;
 }
 
 bool satisfied(Engine& e, const Item& item) noexcept {
@@ -398,9 +403,7 @@ uint64_t executor_limit_locked(Engine& e) {
   uint64_t upto = detail::g_enqueued.load(std::memory_order_relaxed);
   if (g_fuser.load(std::memory_order_acquire) == nullptr) return upto;
   for (const auto& [k, q] : e.streams) {
-    uint64_t open = 0;  // the first item of the stream's trailing run of record-carrying kernels
-    for (auto it = q.items.rbegin(); it != q.items.rend() && it->record; ++it) open = it->seq;
-    if (open != 0) upto = std::min(upto, open - 1);
+    if (const uint64_t open = open_run_start(q)) upto = std::min(upto, open - 1);
   }
   return upto;
 }

@@ -14,15 +14,7 @@ engine = torch.neuron.engine
 BIG = 1 << 22  # elements: a few milliseconds per pass, so queued work is observable
 
 
-@pytest.fixture(autouse=True)
-def engine_on():
-    was = engine.is_enabled()
-    engine.set_enabled(True)
-    yield
-    try:
-        engine.synchronize()
-    finally:
-        engine.set_enabled(was)
+pytestmark = pytest.mark.usefixtures("engine_on")  # (tests/conftest.py)
 
 
 def slow_work(x: torch.Tensor, passes: int = 20) -> None:

@@ -22,15 +22,7 @@ engine = torch.neuron.engine
 gen = torch.Generator().manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def engine_on():
-    was = engine.is_enabled()
-    engine.set_enabled(True)
-    yield
-    try:
-        torch.neuron.synchronize()
-    finally:
-        engine.set_enabled(was)
+pytestmark = pytest.mark.usefixtures("engine_on")  # (tests/conftest.py)
 
 
 def r(*shape, dtype=torch.float32):
