@@ -10,6 +10,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Tensor.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/result_type.h>
 
 #include <exception>
@@ -126,6 +127,27 @@ class QueuedCall {
 inline bool queueable_like(const at::Tensor& ref, const at::Tensor& t) {
   return t.defined() && t.is_privateuseone() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
          t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
+}
+
+// An optional argument of a queued kernel: absent, or as queueable_like.
+inline bool queueable_opt(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
+  return !t.has_value() || !t->defined() || queueable_like(ref, *t);
+}
+
+// An index tensor a queued kernel may read: on ref's device, int64 or int32.
+inline bool queueable_index(const at::Tensor& ref, const at::Tensor& index) {
+  return index.is_privateuseone() && index.device() == ref.device() && index.layout() == c10::kStrided &&
+         (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt);
+}
+
+// A meta tensor of t's sizes, strides and dtype: structured ops' meta functions, run on these,
+// give the results' layout and raise CPU's argument errors at the call.
+inline at::Tensor meta_like(const at::Tensor& t) {
+  return ::at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+inline std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined()) return meta_like(*t);
+  return std::nullopt;
 }
 
 // A queued kernel's result from CPU's functional kernel, copied into the result allocated at the

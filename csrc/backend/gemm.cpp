@@ -18,6 +18,7 @@
 //     read the 16-bit operands directly at fp32 GEMM speed and return the fp32 accumulator.
 #include <ATen/ExpandUtils.h>
 #include <ATen/cpu/Utils.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/addmv_cpu_dispatch.h>
@@ -452,11 +453,52 @@ at::Tensor upcast_conv(ZeroCopy& zc, const at::Tensor& t, bool channels_last) {
   if (!transpose::try_copy(out, wide)) out.copy_(wide);
   return out;
 }
+// Queued (the engine on, or a graph capturing; enqueue.h) when input, weight and bias are neuron
+// tensors of one unrouted floating dtype: at::_convolution checked their shapes before calling
+// here, so the result's sizes (CPU's formula, ConvUtils.h) are all the kernel could get wrong.
+// The kernel runs CPU's convolution and copies its result into the one allocated at the call
+// (contiguous, as below; CPU has no out= convolution). The copy costs a pass over the output,
+// ~2 % of a 3x3 convolution's time.
+bool queueable_conv(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return may_enqueue() && input.is_privateuseone() && c10::isFloatingType(input.scalar_type()) && !routed(input) &&
+         queueable_like(input, input) && queueable_like(input, weight) && queueable_opt(input, bias) &&
+         input.dim() == weight.dim() && input.dim() >= 3 && input.numel() > 0 && weight.numel() > 0;
+}
+// The layout CPU's convolution gives its gradients (oneDNN's choice): channels-last if the input
+// or the weight is, else contiguous.
+at::MemoryFormat conv_grad_format(const at::Tensor& input, const at::Tensor& weight) {
+  const auto cl = input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  if (input.dim() >= 4 && (input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl)) return cl;
+  return at::MemoryFormat::Contiguous;
+}
+std::vector<int64_t> strides_for(c10::IntArrayRef sizes, at::MemoryFormat format) {
+  if (format == at::MemoryFormat::ChannelsLast) return c10::get_channels_last_strides_2d(sizes);
+  if (format == at::MemoryFormat::ChannelsLast3d) return c10::get_channels_last_strides_3d(sizes);
+  const auto s = c10::contiguous_strides(sizes);
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+std::vector<int64_t> ints(c10::SymIntArrayRef v) { return C10_AS_INTARRAYREF_SLOW(v).vec(); }
+
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                                     c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
                                     bool transposed, c10::SymIntArrayRef output_padding,
                                     c10::SymInt groups) {
+  if (queueable_conv(input, weight, bias)) {
+    const int64_t g = groups.expect_int();
+    const auto st = ints(stride), pad = ints(padding), dil = ints(dilation), opad = ints(output_padding);
+    const std::vector<int64_t> sizes =
+        transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), pad, opad, st, dil, g)
+                   : at::native::conv_output_size(input.sizes(), weight.sizes(), pad, st, dil);
+    QueuedCall q;
+    at::Tensor x = q.in(input), w = q.in(weight), out;
+    std::optional<at::Tensor> b = q.in(bias);
+    at::Tensor o = q.out(out, sizes, input.scalar_type());
+    q.enqueue("aten::convolution_overrideable", [x, w, b, o, st, pad, dil, transposed, opad, g]() mutable {
+      o.copy_(at::convolution(x, w, b, st, pad, dil, transposed, opad, g));
+    });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor in = zc.in(input), w = zc.in(weight);
   std::optional<at::Tensor> b;
@@ -486,6 +528,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
     bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
     std::array<bool, 3> output_mask) {
+  if (queueable_conv(input, weight, std::nullopt) && queueable_like(input, grad_output) &&
+      grad_output.dim() == input.dim()) {
+    const int64_t g = groups.expect_int();
+    const auto st = ints(stride), pad = ints(padding), dil = ints(dilation), opad = ints(output_padding);
+    const at::MemoryFormat format = conv_grad_format(input, weight);
+    QueuedCall q;
+    at::Tensor go = q.in(grad_output), x = q.in(input), w = q.in(weight), gi, gw, gb, gio, gwo, gbo;
+    if (output_mask[0]) gio = q.out(gi, input.sizes(), input.scalar_type(), strides_for(input.sizes(), format));
+    if (output_mask[1]) gwo = q.out(gw, weight.sizes(), input.scalar_type(), strides_for(weight.sizes(), format));
+    if (output_mask[2]) gbo = q.out(gb, {grad_output.size(1)}, input.scalar_type());
+    q.enqueue("aten::convolution_backward_overrideable",
+              [go, x, w, gio, gwo, gbo, st, pad, dil, transposed, opad, g, output_mask]() mutable {
+                const std::vector<int64_t> bias_sizes{go.size(1)};
+                auto grads = at::convolution_backward(
+                    go, x, w, output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(std::nullopt),
+                    st, pad, dil, transposed, opad, g, output_mask);
+                if (output_mask[0]) gio.copy_(std::get<0>(grads));
+                if (output_mask[1]) gwo.copy_(std::get<1>(grads));
+                if (output_mask[2]) gbo.copy_(std::get<2>(grads));
+              });
+    return std::make_tuple(gi, gw, gb);
+  }
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_output), in = zc.in(input), w = zc.in(weight);
   std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};

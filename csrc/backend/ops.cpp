@@ -72,6 +72,7 @@
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/mse_loss_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
@@ -504,6 +505,9 @@ template <class V> bool same_kind(const at::Tensor&, const V&) { return true; } 
 inline bool enqueueable(const at::Tensor& ref) {
   return ref.is_privateuseone() && c10::isFloatingType(ref.scalar_type()) && !ref.is_conj() && !ref.is_neg();
 }
+inline bool enqueueable_integral(const at::Tensor& ref) {
+  return ref.is_privateuseone() && c10::isIntegralType(ref.scalar_type(), /*includeBool=*/false);
+}
 
 // Records for fusion (fusion.h) of the in-place hot ops: add_/sub_ (other, alpha), mul_/div_.
 inline neuron::rt::engine::Record hot_record(const char* name, const at::Tensor& self, const at::Tensor& other) {
@@ -515,14 +519,16 @@ inline neuron::rt::engine::Record hot_record(const char* name, const at::Tensor&
 }
 
 // In-place wrapper for ops shaped (Tensor& self, rest...).
+// Integral: the caller vouches that the op cannot raise over integers of self's dtype (add_,
+// sub_ and mul_ with an integral alpha: they wrap; a BatchNorm's num_batches_tracked += 1).
 template <class... Rest> struct HotInplace {
-  template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name>
+  template <at::Tensor& (*F)(at::Tensor&, Rest...), const char* Name, bool Integral = false>
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
     if (C10_UNLIKELY(any_chalf(self, rest...))) {
       via_fallback<Name>(self, rest...);  // writes self (rounded once from complex64)
       return self;
     }
-    if (may_enqueue() && enqueueable(self) && (same_kind(self, rest) && ...) &&
+    if (may_enqueue() && (enqueueable(self) || (Integral && enqueueable_integral(self))) && (same_kind(self, rest) && ...) &&
         at::has_internal_overlap(self) != at::MemOverlap::Yes) {
       auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
       at::Tensor s = zc->in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
@@ -626,6 +632,9 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
   }
 };
 
+// relu's out= kernel: CPU's relu is clamp_min(x, 0) (so the same bits), which has one.
+at::Tensor& relu_out(at::Tensor& out, const at::Tensor& self) { return at::cpu::clamp_min_out(out, self, 0); }
+
 // Elementwise ops over same-shaped contiguous operands (or 0-dim scalars).
 template <class OutCall, class FuncCall>
 at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c10::ScalarType dtype,
@@ -664,20 +673,6 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
       },
       fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr);
   return out;
-}
-
-// A meta tensor of t's sizes, strides and dtype: structured ops' meta functions, run on these,
-// give the results' layout and raise CPU's argument errors at the call.
-at::Tensor meta_like(const at::Tensor& t) {
-  return ::at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-}
-std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
-  if (t.has_value() && t->defined()) return meta_like(*t);
-  return std::nullopt;
-}
-// An optional argument of a queued kernel: absent, or as queueable_like.
-bool queueable_opt(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
-  return !t.has_value() || !t->defined() || queueable_like(ref, *t);
 }
 
 // ... and the same over broadcast or strided operands (a mean's gradient is a 0-dim tensor
@@ -869,13 +864,17 @@ template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Ten
 at::Tensor& inplace_alpha(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   at::Tensor r;
   if (small_binary<Name, K>(self, other, &alpha, /*in_place=*/true, &r)) return self;
+  if (alpha.isIntegral(/*includeBool=*/false)) {  // a float alpha over integers raises (at the call)
+    return HotInplace<const at::Tensor&, const at::Scalar&>::template call<F, Name, true>(self, other, alpha);
+  }
   return HotInplace<const at::Tensor&, const at::Scalar&>::template call<F, Name>(self, other, alpha);
 }
 template <const char* Name, Arith K, at::Tensor& (*F)(at::Tensor&, const at::Tensor&)>
 at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
   at::Tensor r;
   if (small_binary<Name, K>(self, other, nullptr, /*in_place=*/true, &r)) return self;
-  return HotInplace<const at::Tensor&>::template call<F, Name>(self, other);
+  // Integer division is true division (a float result) or raises on zero: not queued.
+  return HotInplace<const at::Tensor&>::template call<F, Name, K == Arith::Mul>(self, other);
 }
 
 // Comparisons: the small path, else the boxed fallback (as before they had a kernel here). A
@@ -1026,12 +1025,6 @@ HOT_NAME(kLogSoftmaxBwd, "aten::_log_softmax_backward_data")
 HOT_NAME(kNllLossBwd, "aten::nll_loss_backward")
 HOT_NAME(kEmbeddingBwd, "aten::embedding_dense_backward")
 #undef HOT_NAME
-
-// An index tensor a queued kernel may read: on ref's device, int64 or int32.
-bool queueable_index(const at::Tensor& ref, const at::Tensor& index) {
-  return index.is_privateuseone() && index.device() == ref.device() && index.layout() == c10::kStrided &&
-         (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt);
-}
 
 // ---- GELU: ATen's own kernel below oneDNN's break-even ----------------------------------------
 // CPU's exact ("none") GELU over a contiguous float/bf16/fp16 input of more than one element
@@ -1419,7 +1412,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // autograd would run on a backend without a kernel of its own: five ops, other roundings.
   m.impl("silu_backward",
          TORCH_FN((Pooled<T(CT, CT)>::call<&at::cpu::silu_backward, &at::cpu::silu_backward_out, kSiluBwd>)));
-  m.impl("relu", TORCH_FN((Hot<T(CT)>::call<&at::cpu::relu, kRelu>)));
+  m.impl("relu", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::relu, &relu_out, kRelu>)));
   m.impl("threshold_backward", TORCH_FN((Pooled<T(CT, CT, S)>::call<&at::cpu::threshold_backward,
                                                                     &at::cpu::threshold_backward_out, kThresholdBwd>)));
   m.impl("index_select", TORCH_FN(index_select_hot));

@@ -559,10 +559,10 @@ void wait_for(uint64_t seq, bool all) {
     capture_violation(
         "this operation cannot run while a graph is being captured (torch.accelerator.Graph): it makes the "
         "host wait for the device, or runs its kernel synchronously on neuron, outside the graph. neuron "
-        "captures the ops it queues: in-place and out= ops, elementwise ops, fp32/bf16 matmuls, layer norm, "
-        "GELU, softmax, sum/mean, foreach lists, small device copies and fills, non_blocking copies with "
-        "pinned memory; run the others (convolutions, scans, sorts, reading values, ...) before or after "
-        "the capture");
+        "captures the ops it queues: in-place and out= ops, elementwise ops, fp32/bf16 matmuls and "
+        "convolutions, layer and batch norm, GELU, relu, softmax, max pooling, sum/mean, losses, attention, "
+        "foreach lists, device copies and fills, non_blocking copies with pinned memory, and their backward; "
+        "run the others (fp16 products, scans, sorts, reading values, ...) before or after the capture");
   }
   if (all ? detail::g_completed.load(std::memory_order_acquire) < seq : !is_done(e, seq)) {
     e.drains.fetch_add(1, std::memory_order_relaxed);

@@ -306,16 +306,47 @@ def test_a_whole_training_step_is_captured_and_replays_the_eager_steps_bit_for_b
         return model, step
 
     inputs = [torch.randn(8, 32, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    replays_the_eager_steps(setup, inputs)
+
+
+def replays_the_eager_steps(setup, inputs):
+    """Steps of a model set up twice: eagerly on each input, and once eagerly (the optimizer's
+    state) then captured and replayed on the others from a static input: the same losses and
+    final state, bit for bit."""
     eager, eager_step = setup()
     want = [eager_step(x.to("neuron")).cpu() for x in inputs]
     graphed, graphed_step = setup()
     static_x = inputs[0].to("neuron")
-    got = [graphed_step(static_x).cpu()]  # the first step eagerly: the optimizer's state
+    got = [graphed_step(static_x).cpu()]
     g, static_loss = capture(lambda: graphed_step(static_x))
     for x in inputs[1:]:
         static_x.copy_(x)
         g.replay()
         got.append(static_loss.cpu())
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    for p, q in zip(eager.parameters(), graphed.parameters()):
-        assert torch.equal(p.cpu(), q.cpu())
+    for (name, p), q in zip(eager.state_dict().items(), graphed.state_dict().values()):
+        assert torch.equal(p.cpu(), q.cpu()), name
+
+
+def test_a_cnn_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit(mode):
+    # convolutions, batch norm (its running statistics and step counter updated by every replay),
+    # relu, max pooling, cross entropy, backward and SGD with momentum, in one graph
+    def setup():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(6, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).to("neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True)
+        target = torch.tensor([0, 4, 1, 3], device="neuron")
+
+        def step(x):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return model, step
+
+    inputs = [torch.randn(4, 3, 10, 10, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    replays_the_eager_steps(setup, inputs)

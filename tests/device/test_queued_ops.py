@@ -25,6 +25,11 @@ gen = torch.Generator().manual_seed(0)
 pytestmark = pytest.mark.usefixtures("engine_on")  # (tests/conftest.py)
 
 
+def _pool_input_and_indices():
+    x = r(2, 3, 8, 7)
+    return x, torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2])[1]
+
+
 def r(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=gen).to(dtype)
 
@@ -130,6 +135,61 @@ CASES = {
     "sub_permuted": (torch.sub, lambda: (r(4, 3, 2).permute(2, 1, 0), r(2, 3, 4))),
     "mul_channels_last": (torch.mul, lambda: (r(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), r(3, 1, 1))),
     "div_0dim_tensor": (torch.div, lambda: (r(3, 4), torch.tensor(1.5))),
+    # a convolutional network's step: convolution, batch norm, relu, max pooling, and backward
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b, padding=1), lambda: (r(2, 3, 8, 8), r(4, 3, 3, 3), r(4))),
+    "conv2d_strided_dilated_groups": (lambda x, w: F.conv2d(x, w, stride=2, dilation=2, groups=2),
+                                      lambda: (r(2, 4, 11, 9), r(6, 2, 3, 2))),
+    "conv1d": (lambda x, w: F.conv1d(x, w, padding=2), lambda: (r(3, 2, 10), r(5, 2, 4))),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1)), lambda: (r(1, 2, 5, 6, 4), r(3, 2, 2, 3, 2), r(3))),
+    "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1, groups=2),
+                         lambda: (r(2, 4, 5, 6), r(4, 3, 3, 3), r(6))),
+    "conv2d_bf16": (lambda x, w: F.conv2d(x, w, padding=1),
+                    lambda: (r(2, 3, 8, 8, dtype=torch.bfloat16), r(4, 3, 3, 3, dtype=torch.bfloat16))),
+    "conv2d_backward": (lambda g, x, w: torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [1, 1], [1, 1],
+                                                                            False, [0, 0], 1, [True, True, True]),
+                        lambda: (r(2, 4, 8, 8), r(2, 3, 8, 8), r(4, 3, 3, 3))),
+    "conv_transpose2d_backward_input_only": (
+        lambda g, x, w: torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [0, 0], [1, 1], True, [1, 1], 2,
+                                                            [True, False, False]),
+        lambda: (r(2, 6, 12, 14), r(2, 4, 5, 6), r(4, 3, 3, 3))),
+    "batch_norm_train": (lambda x, w, b, m, v: torch.ops.aten.native_batch_norm(x, w, b, m, v, True, 0.1, 1e-5),
+                         lambda: (r(4, 3, 5, 5), r(3), r(3), r(3), r(3).abs())),
+    "batch_norm_eval": (lambda x, w, b, m, v: torch.ops.aten.native_batch_norm(x, w, b, m, v, False, 0.1, 1e-5),
+                        lambda: (r(4, 3, 5), r(3), r(3), r(3), r(3).abs())),
+    "batch_norm_no_affine_no_stats": (lambda x: torch.ops.aten.native_batch_norm(x, None, None, None, None, True, 0.1,
+                                                                                 1e-3), lambda: (r(6, 2),)),
+    "batch_norm_bf16_fp32_params": (lambda x, w, b, m, v: torch.ops.aten.native_batch_norm(x, w, b, m, v, True, 0.1, 1e-5),
+                                    lambda: (r(4, 3, 5, 5, dtype=torch.bfloat16), r(3), r(3), r(3), r(3).abs())),
+    "batch_norm_channels_last": (lambda x, w, b: torch.ops.aten.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5),
+                                 lambda: (r(2, 5, 3, 4).contiguous(memory_format=torch.channels_last), r(5), r(5))),
+    "batch_norm_backward_train": (
+        lambda g, x, w, m, s: torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, m, s, True, 1e-5,
+                                                                        [True, True, True]),
+        lambda: (r(4, 3, 5, 5), r(4, 3, 5, 5), r(3), r(3), r(3).abs())),
+    "batch_norm_backward_eval_input_only": (
+        lambda g, x, m, v: torch.ops.aten.native_batch_norm_backward(g, x, None, m, v, None, None, False, 1e-5,
+                                                                     [True, False, False]),
+        lambda: (r(4, 3, 5), r(4, 3, 5), r(3), r(3).abs())),
+    "batch_norm_backward_channels_last": (
+        lambda g, x, w, m, s: torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, m, s, True, 1e-5,
+                                                                        [True, True, True]),
+        lambda: tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                      for t in (r(2, 5, 3, 4), r(2, 5, 3, 4), r(5), r(5), r(5).abs()))),
+    "relu": (torch.relu, lambda: (r(4, 7),)),
+    "max_pool2d": (lambda x: torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2]), lambda: (r(2, 3, 8, 7),)),
+    "max_pool2d_padded_dilated_ceil": (lambda x: torch.ops.aten.max_pool2d_with_indices(x, [3, 2], [2, 1], [1, 1],
+                                                                                        [1, 2], True),
+                                       lambda: (r(3, 9, 8),)),
+    "max_pool2d_channels_last": (lambda x: torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2]),
+                                 lambda: (r(2, 3, 6, 6).contiguous(memory_format=torch.channels_last),)),
+    "max_pool2d_backward": (lambda g, x, i: torch.ops.aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0],
+                                                                                            [1, 1], False, i),
+                            lambda: (r(2, 3, 4, 3), *_pool_input_and_indices())),
+    # integer arithmetic in place (BatchNorm's num_batches_tracked += 1)
+    "add_int64_inplace": (lambda t: t.add_(1), lambda: (torch.tensor(41),)),
+    "sub_int32_inplace_alpha": (lambda a, b: a.sub_(b, alpha=2), lambda: (torch.arange(6, dtype=torch.int32),
+                                                                          torch.ones(6, dtype=torch.int32))),
+    "mul_int64_inplace_wraps": (lambda t: t.mul_(2 ** 62), lambda: (torch.tensor([3, -5]),)),
 }
 
 
@@ -137,8 +197,9 @@ CASES = {
 def test_a_queued_op_returns_before_it_ran_and_matches_cpu(name):
     fn, make = CASES[name]
     args = make()
+    dev = [n(a) for a in args]  # before CPU runs fn: in-place ops change their arguments
     want = fn(*args)
-    got = queued(fn, *[n(a) for a in args])
+    got = queued(fn, *dev)
     same(got, want)
 
 
@@ -245,6 +306,19 @@ ERRORS = {
     "copy_shapes": (lambda: n(r(3, 4)).copy_(n(r(5))), "must match|expand"),
     "index_select_dim": (lambda: torch.index_select(n(r(3, 6)), 2, n(torch.tensor([0]))), "Dimension out of range"),
     "cat_shapes": (lambda: torch.cat([n(r(3, 2)), n(r(4, 2))], 1), "Sizes of tensors must match"),
+    "conv_channels": (lambda: F.conv2d(n(r(1, 3, 5, 5)), n(r(2, 4, 3, 3))), "expected input"),
+    "conv_kernel_too_large": (lambda: F.conv2d(n(r(1, 1, 2, 2)), n(r(1, 1, 3, 3))), "Kernel size can't be greater"),
+    "batch_norm_weight_size": (lambda: torch.ops.aten.native_batch_norm(n(r(4, 3)), n(r(2)), None, None, None, True,
+                                                                        0.1, 1e-5), "weight should contain 3 elements"),
+    "batch_norm_eval_without_stats": (lambda: torch.ops.aten.native_batch_norm(n(r(4, 3)), None, None, None, None,
+                                                                               False, 0.1, 1e-5),
+                                      "running_mean and running_var must be defined"),
+    "batch_norm_backward_eval_without_stats": (
+        lambda: torch.ops.aten.native_batch_norm_backward(n(r(4, 3)), n(r(4, 3)), None, None, None, None, None, False,
+                                                          1e-5, [True, False, False]), "must be defined"),
+    "max_pool_padding": (lambda: torch.ops.aten.max_pool2d_with_indices(n(r(1, 4, 4)), [2, 2], [2, 2], [2, 2]),
+                         "pad should be at most half"),
+    "add_int_float_alpha": (lambda: n(torch.arange(3)).add_(n(torch.arange(3)), alpha=0.5), "alpha"),
 }
 
 
@@ -256,6 +330,74 @@ def test_a_bad_call_raises_at_the_call_and_leaves_the_engine_usable(name):
     torch.neuron.synchronize()  # nothing failed later
     x = n(r(4, 4))
     assert torch.equal((x @ x).cpu(), x.cpu() @ x.cpu())
+
+
+@pytest.mark.parametrize("input_cl,weight_cl", [(True, False), (False, True), (True, True)])
+def test_channels_last_convolutions_queue_the_synchronous_results_and_layouts(input_cl, weight_cl):
+    cl = torch.channels_last
+    x, w, b, g = r(2, 3, 7, 6), r(5, 3, 3, 3), r(5), r(2, 5, 7, 6)
+    x, w = (x.contiguous(memory_format=cl) if input_cl else x), (w.contiguous(memory_format=cl) if weight_cl else w)
+
+    x, w, b, g = n(x), n(w), n(b), n(g)
+
+    def run():
+        out = torch.ops.aten.convolution(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        grads = torch.ops.aten.convolution_backward(g, x, w, [5], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                    [True, True, True])
+        return [out, *grads]
+
+    engine.set_enabled(False)
+    want = run()
+    engine.set_enabled(True)
+    got = queued(run)
+    assert [t.stride() for t in got] == [t.stride() for t in want]
+    for a, e in zip(got, want):
+        assert torch.equal(a.cpu(), e.cpu())
+
+
+def test_batch_norm_of_a_permuted_input_gives_cpus_values():
+    # CPU's out= kernel is wrong for an input not dense in its suggested layout (torch 2.13): such
+    # an input runs the functional kernel (synchronously), the values CPU's batch norm gives
+    x = r(2, 5, 4, 3).transpose(2, 3)
+    want = torch.ops.aten.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)
+    same(torch.ops.aten.native_batch_norm(n(x), None, None, None, None, True, 0.1, 1e-5), want)
+
+
+def _cnn(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(inplace=True),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10)).to(device)
+
+
+def _cnn_steps(steps=3):
+    model = _cnn("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    x = n(torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(0)))
+    y = n(torch.tensor([1, 7, 0, 3]))
+    losses, waits = [], []
+    for _ in range(steps):
+        torch.neuron.synchronize()
+        before = engine.stats()["drains"]
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        waits.append(engine.stats()["drains"] - before)
+        losses.append(loss.detach())
+    return [l.cpu() for l in losses], [p.cpu() for p in model.state_dict().values()], waits
+
+
+def test_a_cnn_training_step_never_waits_and_gives_the_synchronous_bits():
+    # convolutions, batch norm (running statistics, num_batches_tracked), relu, max pooling,
+    # adaptive average pooling, cross entropy, SGD with momentum: every kernel queued
+    losses, state, waits = _cnn_steps()
+    assert waits == [0, 0, 0]
+    engine.set_enabled(False)
+    want_losses, want_state, _ = _cnn_steps()
+    assert all(torch.equal(a, b) for a, b in zip(losses, want_losses))
+    assert all(torch.equal(a, b) for a, b in zip(state, want_state))
 
 
 def test_a_gpt_training_step_never_waits_for_the_device():
