@@ -1,6 +1,7 @@
 // The rest of a convolutional network's training step, queued (enqueue.h) like the convolution
-// itself (gemm.cpp): batch norm and 2-d max pooling, forward and backward. With them (and relu,
-// ops.cpp) a CNN's step enqueues every kernel and can be captured whole in a graph.
+// itself (gemm.cpp): batch norm, 2-d max pooling and 2-d nearest upsampling, forward and
+// backward. With them (and relu and group norm, ops.cpp) a CNN's or a UNet's step enqueues
+// every kernel and can be captured whole in a graph.
 //
 // Each op queues only when its arguments are neuron tensors whose metadata CPU's kernel accepts
 // (checked here, so nothing can fail later); any other call takes the boxed fallback as before,
@@ -18,6 +19,10 @@
 #include <ATen/ops/max_pool2d_with_indices_meta_dispatch.h>
 #include <ATen/ops/native_batch_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/native_batch_norm_cpu_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_backward_cpu_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_cpu_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_meta_dispatch.h>
 #include <torch/library.h>
 
 #include <array>
@@ -37,6 +42,8 @@ constexpr char kBatchNorm[] = "aten::native_batch_norm";
 constexpr char kBatchNormBwd[] = "aten::native_batch_norm_backward";
 constexpr char kMaxPool[] = "aten::max_pool2d_with_indices";
 constexpr char kMaxPoolBwd[] = "aten::max_pool2d_with_indices_backward";
+constexpr char kUpsample[] = "aten::upsample_nearest2d";
+constexpr char kUpsampleBwd[] = "aten::upsample_nearest2d_backward";
 
 // The synchronous path: the boxed zero-copy fallback these ops took before they had a kernel here.
 torch::jit::Stack boxed(const char* name, torch::jit::Stack stack) {
@@ -74,9 +81,6 @@ std::optional<c10::ScalarType> batch_norm_params(const at::Tensor& input, std::i
 bool queueable_input(const at::Tensor& input) {
   return may_enqueue() && queueable_like(input, input) && c10::isFloatingType(input.scalar_type()) &&
          input.dim() >= 2 && input.numel() > 0;
-}
-std::vector<int64_t> suggested_strides(const at::Tensor& input) {
-  return at::empty_like(meta_like(input), input.suggest_memory_format()).strides().vec();
 }
 
 // What at::batch_norm checks before it calls native_batch_norm, which CPU's kernel does not: a
@@ -206,6 +210,46 @@ at::Tensor max_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& 
   return boxed(kMaxPoolBwd, std::move(stack))[0].toTensor();
 }
 
+// ---- 2-d nearest upsampling (a UNet's decoder) -------------------------------------------------
+// Structured, like max pooling.
+at::Tensor upsample_nearest2d(const at::Tensor& self, c10::SymIntArrayRef output_size, std::optional<double> scales_h,
+                              std::optional<double> scales_w) {
+  if (queueable_input(self)) {
+    const std::vector<int64_t> size = C10_AS_INTARRAYREF_SLOW(output_size).vec();
+    const at::Tensor om = at::meta::upsample_nearest2d(meta_like(self), size, scales_h, scales_w);
+    QueuedCall q;
+    at::Tensor x = q.in(self), out;
+    at::Tensor o = q.out(out, om.sizes(), om.scalar_type(), om.strides());
+    q.enqueue(kUpsample, [x, o, size, scales_h, scales_w]() mutable {
+      at::cpu::upsample_nearest2d_out(o, x, size, scales_h, scales_w);
+    });
+    return out;
+  }
+  torch::jit::Stack stack;
+  torch::jit::push(stack, self, output_size, scales_h, scales_w);
+  return boxed(kUpsample, std::move(stack))[0].toTensor();
+}
+
+at::Tensor upsample_nearest2d_backward(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
+                                       c10::SymIntArrayRef input_size, std::optional<double> scales_h,
+                                       std::optional<double> scales_w) {
+  if (queueable_input(grad_output)) {
+    const std::vector<int64_t> osize = C10_AS_INTARRAYREF_SLOW(output_size).vec();
+    const std::vector<int64_t> isize = C10_AS_INTARRAYREF_SLOW(input_size).vec();
+    const at::Tensor gm = at::meta::upsample_nearest2d_backward(meta_like(grad_output), osize, isize, scales_h, scales_w);
+    QueuedCall q;
+    at::Tensor g = q.in(grad_output), out;
+    at::Tensor o = q.out(out, gm.sizes(), gm.scalar_type(), gm.strides());
+    q.enqueue(kUpsampleBwd, [g, o, osize, isize, scales_h, scales_w]() mutable {
+      at::cpu::upsample_nearest2d_backward_out(o, g, osize, isize, scales_h, scales_w);
+    });
+    return out;
+  }
+  torch::jit::Stack stack;
+  torch::jit::push(stack, grad_output, output_size, input_size, scales_h, scales_w);
+  return boxed(kUpsampleBwd, std::move(stack))[0].toTensor();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -213,6 +257,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_batch_norm_backward", TORCH_FN(batch_norm_backward));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d));
   m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_backward));
+  m.impl("upsample_nearest2d", TORCH_FN(upsample_nearest2d));
+  m.impl("upsample_nearest2d_backward", TORCH_FN(upsample_nearest2d_backward));
 }
 
 }  // namespace torchneuron

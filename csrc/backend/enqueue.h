@@ -10,6 +10,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/result_type.h>
 
@@ -19,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../runtime/engine.h"
 #include "zero_copy.h"
@@ -148,6 +150,12 @@ inline at::Tensor meta_like(const at::Tensor& t) {
 inline std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
   if (t.has_value() && t->defined()) return meta_like(*t);
   return std::nullopt;
+}
+
+// The strides of a tensor of t's sizes in t's suggested memory format (channels-last or
+// contiguous): what CPU's norm kernels give their results (empty_like(t, suggest_memory_format)).
+inline std::vector<int64_t> suggested_strides(const at::Tensor& t) {
+  return ::at::empty_like(meta_like(t), t.suggest_memory_format()).strides().vec();
 }
 
 // A queued kernel's result from CPU's functional kernel, copied into the result allocated at the

@@ -15,6 +15,7 @@
 #include <ATen/ops/embedding_dense_backward_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/nll_loss_backward_cpu_dispatch.h>
 #include <ATen/ops/nll_loss_backward_meta_dispatch.h>
 #include <ATen/ops/nll_loss_forward_cpu_dispatch.h>
@@ -294,21 +295,22 @@ bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 // Other copies within one device, between layouts (autograd's gradient layout fixes, a
-// transpose made contiguous) or broadcasting: queued when the engine is on and CPU's copy kernel
-// can raise nothing (one dtype or real floating dtypes, so casts such as autocast's too; a
-// source that broadcasts to the destination; no overlap).
+// transpose made contiguous, a slice's gradient) or broadcasting: queued when the engine is on
+// and CPU's copy kernel can raise nothing (one dtype, or real dtypes, so casts such as
+// autocast's and integer-to-float ones too; a source that broadcasts to the destination; no
+// overlap).
 bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
   // (Dtypes CPU's copy kernel converts: float4_e2m1fn_x2, a "reduced floating" type, raises in it.)
   const auto st = src.scalar_type(), dt = dst.scalar_type();
   auto floating = [](c10::ScalarType t) { return c10::isFloatingType(t) && t != c10::ScalarType::Float4_e2m1fn_x2; };
-  const bool dtypes = (st == dt && (floating(st) || c10::isIntegralType(st, /*includeBool=*/true) ||
-                                    c10::isComplexType(st))) ||
-                      (floating(st) && floating(dt));
+  auto real = [&](c10::ScalarType t) { return floating(t) || c10::isIntegralType(t, /*includeBool=*/true); };
+  const bool dtypes = (st == dt && (real(st) || c10::isComplexType(st))) || (real(st) && real(dt));
   if (!may_enqueue() || !dtypes || !queueable_like(dst, dst) || !queueable_like(src, src) ||
       src.device() != dst.device() || src._is_zerotensor() ||
       dst._is_zerotensor() || !at::is_expandable_to(src.sizes(), dst.sizes()) ||
       at::has_internal_overlap(dst) == at::MemOverlap::Yes ||
-      (!src.is_same(dst) && at::get_overlap_status(dst, src) != at::MemOverlapStatus::No)) {
+      (!src.is_same(dst) && src.storage().is_alias_of(dst.storage()) &&
+       at::get_overlap_status(dst, src) != at::MemOverlapStatus::No)) {  // ("too hard" for any view not dense)
     return false;
   }
   QueuedCall q;
@@ -600,6 +602,26 @@ template <class... A> bool clamp_has_bound(const A&... args) {  // CPU raises fo
   else return (is_bound(args) || ...);
 }
 
+// A pointwise op's operands that are not contiguous (a slice in rotary embeddings, a
+// channels-last activation): queued too when they have first's dtype and shape; the result's
+// layout is the one CPU's TensorIterator gives it, worked out on meta tensors (≈ 3 us).
+template <class T> bool strided_arg_fits(const at::Tensor& first, const T& arg) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    return arg.scalar_type() == first.scalar_type() && arg.sizes().equals(first.sizes());
+  } else {
+    return pooled_arg_fits(first, arg);
+  }
+}
+template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
+  at::TensorIteratorConfig config;
+  config.add_owned_output(at::Tensor());
+  auto add = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) config.add_owned_const_input(meta_like(a));
+  };
+  (add(args), ...);
+  return config.build().output(0).strides().vec();
+}
+
 template <class Sig> struct Pooled;
 template <class... A> struct Pooled<at::Tensor(A...)> {
   template <at::Tensor (*F)(A...), at::Tensor& (*O)(at::Tensor&, A...), const char* Name>
@@ -607,14 +629,21 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
     const at::Tensor& first = std::get<0>(std::forward_as_tuple(args...));
     static const int64_t vml_bound = serial_vml_bound(op_handle<Name>().operator_name());
     SerialVml vml(first.numel() < vml_bound);  // MKL's vector math on one thread (vml_threads.h)
+    std::vector<int64_t> strides;  // the result's, if not contiguous
     if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
-      return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
+      static const bool pointwise = op_handle<Name>().hasTag(at::Tag::pointwise);
+      if (!pointwise || !may_enqueue() || !c10::isFloatingType(first.scalar_type()) ||
+          !(strided_arg_fits(first, args) && ...) || !(pooled_arg_queues(first, args) && ...) ||
+          !clamp_has_bound(args...) || first.numel() == 0) {
+        return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
+      }
+      strides = pointwise_strides(args...);
     }
     if (may_enqueue() && (pooled_arg_queues(first, args) && ...) && clamp_has_bound(args...)) {
       QueuedCall q;
       std::tuple<std::decay_t<A>...> cpu{q_in(q, args)...};  // values: the kernel runs later
       at::Tensor out;
-      at::Tensor o = q.out(out, first.sizes(), first.scalar_type());
+      at::Tensor o = q.out(out, first.sizes(), first.scalar_type(), strides);
       const bool serial = first.numel() < vml_bound;
       q.enqueue(Name, [cpu, o, serial]() mutable {
         SerialVml vml(serial);
@@ -678,18 +707,23 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 // ... and the same over broadcast or strided operands (a mean's gradient is a 0-dim tensor
 // expanded, then divided): the result's layout is the one CPU's TensorIterator gives it, worked
 // out at the call on meta tensors of the operands' shapes and strides (≈ 3 us, taken only off the
-// same-shape path); a shape mismatch raises CPU's error there. Returns an undefined tensor if the
-// call does not qualify.
+// same-shape path); a shape mismatch raises CPU's error there. Operands of different real dtypes
+// (an int64 timestep times a float, a float activation times a 0-dim int64 tensor) are queued
+// when they promote to a floating dtype (at::result_type, as CPU's kernel promotes them): no
+// cast can then fail. Returns an undefined tensor if the call does not qualify.
 template <const char* Name, class OutCall>
 at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
   const at::Tensor& ref = is_number(self) ? other : self;
+  auto real = [](const at::Tensor& t) { return !c10::isComplexType(t.scalar_type()) && t.scalar_type() != at::kBool; };
   auto fits = [&](const at::Tensor& t) {
-    return is_number(t) ? number_keeps_dtype(ref, t) : queueable_like(ref, t);
+    if (is_number(t)) return real(t);
+    return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
+           !t.is_neg() && real(t);
   };
-  if (!may_enqueue() || is_number(ref) || !c10::isFloatingType(ref.scalar_type()) || !fits(self) || !fits(other)) {
-    return at::Tensor();
-  }
-  auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand of ref's dtype (it keeps it)
+  if (!may_enqueue() || is_number(ref) || !fits(self) || !fits(other)) return at::Tensor();
+  const c10::ScalarType dtype = at::result_type(self, other);
+  if (!c10::isFloatingType(dtype)) return at::Tensor();
+  auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand (layouts do not depend on dtypes)
     return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
   };
   at::Tensor layout;
@@ -701,7 +735,7 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
   }
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;
-  at::Tensor o = q.out(out, layout.sizes(), ref.scalar_type(), layout.strides());
+  at::Tensor o = q.out(out, layout.sizes(), dtype, layout.strides());
   q.enqueue(Name, [a, b, o, out_call]() mutable { out_call(o, a, b); });
   return out;
 }
@@ -1176,6 +1210,88 @@ LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Te
                                                                         weight, bias, mask);
 }
 
+// Group norm (diffusion models' UNets), forward and backward, queued like layer norm: CPU's
+// functional kernel into results shaped at the call (the input's suggested layout; mean/rstd
+// [N, group] of the parameters' dtype, fp32 parameters under a bf16/fp16 input). CPU's kernel
+// checks its arguments itself, and needs an input dense in its suggested layout: calls that
+// fail either run synchronously, raising CPU's error at the call.
+bool group_norm_args(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, int64_t N, int64_t C, int64_t HxW, int64_t group,
+                     c10::ScalarType* param_dtype) {
+  if (!may_enqueue() || !queueable_like(input, input) || !c10::isFloatingType(input.scalar_type()) ||
+      input.dim() < 2 || input.numel() == 0 || input.size(0) != N || input.size(1) != C || group <= 0 ||
+      C % group != 0 || N * C * HxW != input.numel() || !input.is_contiguous(input.suggest_memory_format())) {
+    return false;
+  }
+  std::optional<c10::ScalarType> pdt;
+  for (const auto* p : {&weight, &bias}) {
+    if (!p->has_value() || !(*p)->defined()) continue;
+    const at::Tensor& t = **p;
+    if (!t.is_privateuseone() || t.device() != input.device() || t.numel() != C || !t.is_contiguous() ||
+        t.is_conj() || t.is_neg() || (pdt && *pdt != t.scalar_type())) {
+      return false;
+    }
+    pdt = t.scalar_type();
+  }
+  const auto dt = input.scalar_type();
+  if (pdt && *pdt != dt && !(*pdt == at::kFloat && (dt == at::kBFloat16 || dt == at::kHalf))) return false;
+  *param_dtype = pdt.value_or(dt);
+  return true;
+}
+
+LayerNormResult group_norm_hot(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, int64_t N, int64_t C, int64_t HxW,
+                               int64_t group, double eps) {
+  if (c10::ScalarType pdt; group_norm_args(input, weight, bias, N, C, HxW, group, &pdt)) {
+    QueuedCall q;
+    at::Tensor x = q.in(input), y, mean, rstd;
+    std::optional<at::Tensor> wa = q.in(weight), ba = q.in(bias);
+    at::Tensor yo = q.out(y, input.sizes(), input.scalar_type(), suggested_strides(input));
+    at::Tensor mo = q.out(mean, {N, group}, pdt), ro = q.out(rstd, {N, group}, pdt);
+    q.enqueue(kGroupNorm, [x, wa, ba, yo, mo, ro, N, C, HxW, group, eps] {
+      auto [y, m, r] = at::cpu::native_group_norm(x, wa, ba, N, C, HxW, group, eps);
+      copy_result(kGroupNorm, yo, y);
+      copy_result(kGroupNorm, mo, m);
+      copy_result(kGroupNorm, ro, r);
+    });
+    return {y, mean, rstd};
+  }
+  return Hot<LayerNormResult(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                             int64_t, int64_t, int64_t, int64_t, double)>::call<&at::cpu::native_group_norm,
+                                                                                 kGroupNorm>(input, weight, bias, N, C,
+                                                                                             HxW, group, eps);
+}
+
+LayerNormResult group_norm_backward_hot(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+                                        const at::Tensor& rstd, const std::optional<at::Tensor>& weight, int64_t N,
+                                        int64_t C, int64_t HxW, int64_t group, std::array<bool, 3> mask) {
+  c10::ScalarType pdt;
+  if (group_norm_args(input, weight, std::nullopt, N, C, HxW, group, &pdt) && queueable_like(input, grad_out) &&
+      grad_out.sizes() == input.sizes() && grad_out.is_contiguous(input.suggest_memory_format()) &&
+      mean.is_privateuseone() && rstd.is_privateuseone() && mean.device() == input.device() &&
+      rstd.device() == input.device() && mean.scalar_type() == pdt && rstd.scalar_type() == pdt &&
+      mean.numel() == N * group && rstd.numel() == N * group && mean.is_contiguous() && rstd.is_contiguous()) {
+    QueuedCall q;
+    at::Tensor g = q.in(grad_out), x = q.in(input), m = q.in(mean), r = q.in(rstd), dx, dw, db, dxo, dwo, dbo;
+    std::optional<at::Tensor> wa = q.in(weight);
+    if (mask[0]) dxo = q.out(dx, input.sizes(), input.scalar_type(), suggested_strides(input));
+    if (mask[1]) dwo = q.out(dw, {C}, pdt);
+    if (mask[2]) dbo = q.out(db, {C}, pdt);
+    q.enqueue(kGroupNormBwd, [g, x, m, r, wa, dxo, dwo, dbo, N, C, HxW, group, mask] {
+      auto [dx, dw, db] = at::cpu::native_group_norm_backward(g, x, m, r, wa, N, C, HxW, group, mask);
+      if (mask[0]) copy_result(kGroupNormBwd, dxo, dx);
+      if (mask[1]) copy_result(kGroupNormBwd, dwo, dw);
+      if (mask[2]) copy_result(kGroupNormBwd, dbo, db);
+    });
+    return {dx, dw, db};
+  }
+  return Hot<LayerNormResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const std::optional<at::Tensor>&, int64_t, int64_t, int64_t, int64_t,
+                             std::array<bool, 3>)>::call<&at::cpu::native_group_norm_backward,
+                                                         kGroupNormBwd>(grad_out, input, mean, rstd, weight, N, C,
+                                                                        HxW, group, mask);
+}
+
 // ---- losses and embedding gradients: queued (the rest of a language model's step) ---------
 
 // nll_loss (cross_entropy's second half), forward and backward: CPU's out= kernels into results
@@ -1399,14 +1515,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Ops with a CPU kernel and a math composite (see fallback.cpp's list): CPU's kernel, unboxed.
   m.impl("native_layer_norm", TORCH_FN(layer_norm_hot));
   m.impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_hot));
-  m.impl("native_group_norm",
-         TORCH_FN((Hot<std::tuple<T, T, T>(CT, const std::optional<T>&, const std::optional<T>&, int64_t, int64_t,
-                                           int64_t, int64_t, double)>::call<&at::cpu::native_group_norm,
-                                                                             kGroupNorm>)));
-  m.impl("native_group_norm_backward",
-         TORCH_FN((Hot<std::tuple<T, T, T>(CT, CT, CT, CT, const std::optional<T>&, int64_t, int64_t, int64_t,
-                                           int64_t, std::array<bool, 3>)>::call<&at::cpu::native_group_norm_backward,
-                                                                                 kGroupNormBwd>)));
+  m.impl("native_group_norm", TORCH_FN(group_norm_hot));
+  m.impl("native_group_norm_backward", TORCH_FN(group_norm_backward_hot));
   m.impl("silu", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::silu, &at::cpu::silu_out, kSilu>)));
   // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which
   // autograd would run on a backend without a kernel of its own: five ops, other roundings.

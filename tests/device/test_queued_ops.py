@@ -1,7 +1,8 @@
 """Functional ops the execution engine queues with their results allocated at the call: the GEMM
 family, GELU, layer norm, sum/mean, pow, the pooled unary/softmax ops and their backward,
-nll_loss, embedding's gradient, cat, attention, and elementwise arithmetic over broadcast or
-strided operands.
+nll_loss, embedding's gradient, cat, attention, elementwise arithmetic over broadcast or strided
+operands or mixed dtypes, copies into views and casts, and a convolutional network's ops
+(convolution, batch and group norm, relu, max pooling, nearest upsampling, and their backward).
 
 Each op, with the engine on, (1) returns before its kernel ran (no host wait), (2) gives the
 result CPU PyTorch gives (values bit for bit, and shape, strides and dtype; GELU, whose neuron
@@ -185,6 +186,34 @@ CASES = {
     "max_pool2d_backward": (lambda g, x, i: torch.ops.aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0],
                                                                                             [1, 1], False, i),
                             lambda: (r(2, 3, 4, 3), *_pool_input_and_indices())),
+    # group norm and nearest upsampling (a UNet's)
+    "group_norm": (lambda x, w, b: torch.ops.aten.native_group_norm(x, w, b, 2, 6, 20, 3, 1e-5),
+                   lambda: (r(2, 6, 4, 5), r(6), r(6))),
+    "group_norm_channels_last_bf16_fp32_params": (
+        lambda x, w, b: torch.ops.aten.native_group_norm(x, w, b, 2, 8, 12, 4, 1e-5),
+        lambda: (r(2, 8, 3, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last), r(8), r(8))),
+    "group_norm_backward": (
+        lambda g, x, m, s, w: torch.ops.aten.native_group_norm_backward(g, x, m, s, w, 2, 6, 20, 3, [True, True, True]),
+        lambda: (r(2, 6, 4, 5), r(2, 6, 4, 5), r(2, 3), r(2, 3).abs(), r(6))),
+    "upsample_nearest2d": (lambda x: F.interpolate(x, scale_factor=2.0, mode="nearest"), lambda: (r(2, 3, 4, 5),)),
+    "upsample_nearest2d_sized_channels_last": (lambda x: F.interpolate(x, size=(7, 3), mode="nearest"),
+                                               lambda: (r(1, 4, 5, 6).contiguous(memory_format=torch.channels_last),)),
+    "upsample_nearest2d_backward": (lambda g: torch.ops.aten.upsample_nearest2d_backward(g, [8, 10], [2, 3, 4, 5]),
+                                    lambda: (r(2, 3, 8, 10),)),
+    # pointwise ops over strided operands, copies into views, slices' gradients, casts
+    "neg_of_a_slice": (lambda x: -x[:, ::2], lambda: (r(4, 6),)),
+    "silu_channels_last": (F.silu, lambda: (r(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),)),
+    "threshold_backward_transposed": (lambda g, x: torch.ops.aten.threshold_backward(g.t(), x.t(), 0.0),
+                                      lambda: (r(5, 4), r(5, 4))),
+    "copy_into_a_slice": (lambda d, s: d[:, 1:4].copy_(s), lambda: (r(3, 6), r(3, 3))),
+    "slice_backward": (lambda g: torch.ops.aten.slice_backward(g, [4, 6], 1, 1, 5, 2), lambda: (r(4, 2),)),
+    "select_backward": (lambda g: torch.ops.aten.select_backward(g, [3, 4, 5], 1, 2), lambda: (r(3, 5),)),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1)), lambda: (r(2, 3, 4),)),
+    "cast_int64_to_float": (lambda x: x.float(), lambda: (torch.tensor([[3, -7], [2 ** 40, 0]]),)),
+    "cast_float_to_int32": (lambda x: x.int(), lambda: (r(3, 4) * 100,)),
+    "mul_int64_by_float_number": (lambda x: x * 0.5, lambda: (torch.tensor([1, 2, 3]),)),
+    "mul_float_by_0dim_int64": (torch.mul, lambda: (r(3, 4), torch.tensor(3))),
+    "div_int64_by_float_broadcast": (torch.div, lambda: (torch.tensor([[1], [2]]), r(3))),
     # integer arithmetic in place (BatchNorm's num_batches_tracked += 1)
     "add_int64_inplace": (lambda t: t.add_(1), lambda: (torch.tensor(41),)),
     "sub_int32_inplace_alpha": (lambda a, b: a.sub_(b, alpha=2), lambda: (torch.arange(6, dtype=torch.int32),
@@ -318,6 +347,9 @@ ERRORS = {
                                                           1e-5, [True, False, False]), "must be defined"),
     "max_pool_padding": (lambda: torch.ops.aten.max_pool2d_with_indices(n(r(1, 4, 4)), [2, 2], [2, 2], [2, 2]),
                          "pad should be at most half"),
+    "group_norm_groups": (lambda: torch.ops.aten.native_group_norm(n(r(2, 6, 4)), None, None, 2, 6, 4, 4, 1e-5),
+                          "divisible"),
+    "upsample_size": (lambda: F.interpolate(n(r(1, 1, 2, 2)), size=(0, 3)), "greater than 0"),
     "add_int_float_alpha": (lambda: n(torch.arange(3)).add_(n(torch.arange(3)), alpha=0.5), "alpha"),
 }
 
@@ -398,6 +430,26 @@ def test_a_cnn_training_step_never_waits_and_gives_the_synchronous_bits():
     want_losses, want_state, _ = _cnn_steps()
     assert all(torch.equal(a, b) for a, b in zip(losses, want_losses))
     assert all(torch.equal(a, b) for a, b in zip(state, want_state))
+
+
+def test_a_vit_training_step_never_waits_for_the_device():
+    # Hugging Face's ViT (patch convolution, attention, layer norm, GELU, the class token's
+    # select and its gradient, cross-entropy, AdamW), built from a config
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, num_labels=5)
+    model = transformers.ViTForImageClassification(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, y = n(r(2, 3, 16, 16)), n(torch.tensor([1, 4]))
+    for _ in range(2):
+        torch.neuron.synchronize()
+        before = engine.stats()["drains"]
+        loss = model(pixel_values=x, labels=y).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        assert engine.stats()["drains"] == before
 
 
 def test_a_gpt_training_step_never_waits_for_the_device():
