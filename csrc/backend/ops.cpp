@@ -73,8 +73,12 @@
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/arange_cpu_dispatch.h>
+#include <ATen/native/RangeUtils.h>
+#include <ATen/Dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/mse_loss_cpu_dispatch.h>
+#include <ATen/ops/mse_loss_backward_cpu_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/copy.h>
 #include <ATen/ops/result_type.h>
@@ -323,6 +327,8 @@ bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   using neuron::rt::trace::CopyKind;
+  // Nothing to copy, nothing to wait for (a KV cache's torch.tensor([], device=...) each step).
+  if (self.numel() == 0 && dst.numel() == 0) return dst;
   if (small_copy(self, dst)) return dst;
   if (queued_copy(self, dst)) return dst;
   if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
@@ -504,6 +510,14 @@ inline bool same_kind(const at::Tensor& ref, const at::Tensor& t) {
          (t.dim() == 0 || t.sizes() == ref.sizes()) && !partially_overlap(ref, t);
 }
 template <class V> bool same_kind(const at::Tensor&, const V&) { return true; }  // scalars, ints
+// ... and for an in-place op, whose result is self's shape: an operand broadcasting to self
+// (linear's bias added in place to a batched product) cannot fail either.
+inline bool inplace_kind(const at::Tensor& self, const at::Tensor& t) {
+  if (is_number(t)) return number_keeps_dtype(self, t);
+  return t.is_privateuseone() && t.device() == self.device() && t.scalar_type() == self.scalar_type() &&
+         at::is_expandable_to(t.sizes(), self.sizes()) && !partially_overlap(self, t);
+}
+template <class V> bool inplace_kind(const at::Tensor&, const V&) { return true; }
 inline bool enqueueable(const at::Tensor& ref) {
   return ref.is_privateuseone() && c10::isFloatingType(ref.scalar_type()) && !ref.is_conj() && !ref.is_neg();
 }
@@ -530,7 +544,7 @@ template <class... Rest> struct HotInplace {
       via_fallback<Name>(self, rest...);  // writes self (rounded once from complex64)
       return self;
     }
-    if (may_enqueue() && (enqueueable(self) || (Integral && enqueueable_integral(self))) && (same_kind(self, rest) && ...) &&
+    if (may_enqueue() && (enqueueable(self) || (Integral && enqueueable_integral(self))) && (inplace_kind(self, rest) && ...) &&
         at::has_internal_overlap(self) != at::MemOverlap::Yes) {
       auto zc = std::make_shared<ZeroCopy>(ZeroCopy::Queued{});
       at::Tensor s = zc->in(self, /*allow_cpu=*/false, prof::kOutput | prof::kRead);
@@ -711,7 +725,9 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 // (an int64 timestep times a float, a float activation times a 0-dim int64 tensor) are queued
 // when they promote to a floating dtype (at::result_type, as CPU's kernel promotes them): no
 // cast can then fail. Returns an undefined tensor if the call does not qualify.
-template <const char* Name, class OutCall>
+// Integral: the caller's op cannot fail over integers (add, sub with an integral alpha, mul; an
+// integer position id plus an offset): integral results queue too.
+template <const char* Name, bool Integral = false, class OutCall>
 at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
   const at::Tensor& ref = is_number(self) ? other : self;
   auto real = [](const at::Tensor& t) { return !c10::isComplexType(t.scalar_type()) && t.scalar_type() != at::kBool; };
@@ -722,7 +738,9 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
   };
   if (!may_enqueue() || is_number(ref) || !fits(self) || !fits(other)) return at::Tensor();
   const c10::ScalarType dtype = at::result_type(self, other);
-  if (!c10::isFloatingType(dtype)) return at::Tensor();
+  if (!c10::isFloatingType(dtype) && !(Integral && c10::isIntegralType(dtype, /*includeBool=*/false))) {
+    return at::Tensor();
+  }
   auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand (layouts do not depend on dtypes)
     return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
   };
@@ -957,7 +975,11 @@ at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const a
   if (!alpha.isComplex()) {
     auto out_call = [alpha](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b, alpha); };
     if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, out_call); r.defined()) return r;
-    if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) return r;
+    if (alpha.isIntegral(/*includeBool=*/false)) {
+      if (at::Tensor r = enqueue_broadcast<Name, true>(self, other, out_call); r.defined()) return r;
+    } else if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) {
+      return r;
+    }
   }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
@@ -973,7 +995,7 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
   auto out_call = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b); };
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, out_call); r.defined()) return r;
-  if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) return r;
+  if (at::Tensor r = enqueue_broadcast<Name, K == Arith::Mul>(self, other, out_call); r.defined()) return r;
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);
@@ -1026,12 +1048,14 @@ HOT_NAME(kSum, "aten::sum.dim_IntList")
 HOT_NAME(kMean, "aten::mean.dim")
 HOT_NAME(kSoftmax, "aten::_softmax")
 HOT_NAME(kMseLoss, "aten::mse_loss")
+HOT_NAME(kMseLossBwd, "aten::mse_loss_backward")
 HOT_NAME(kLogSoftmax, "aten::_log_softmax")
 HOT_NAME(kGelu, "aten::gelu")
 HOT_NAME(kGeluBwd, "aten::gelu_backward")
 HOT_NAME(kLayerNorm, "aten::native_layer_norm")
 HOT_NAME(kLayerNormBwd, "aten::native_layer_norm_backward")
 HOT_NAME(kGroupNorm, "aten::native_group_norm")
+HOT_NAME(kArange, "aten::arange.start_out")
 HOT_NAME(kGroupNormBwd, "aten::native_group_norm_backward")
 HOT_NAME(kPowScalar, "aten::pow.Tensor_Scalar")
 HOT_NAME(kSilu, "aten::silu")
@@ -1292,6 +1316,69 @@ LayerNormResult group_norm_backward_hot(const at::Tensor& grad_out, const at::Te
                                                                         HxW, group, mask);
 }
 
+// arange (position ids, a timestep embedding's frequencies): the size from CPU's formula, which
+// raises CPU's errors at the call; the empty result the factory passes is sized here (no
+// bytes: nothing to wait for) and CPU's kernel fills it later.
+at::Tensor& arange_out_hot(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  const auto dt = out.scalar_type();
+  const bool kind = dt == at::kFloat || dt == at::kDouble || dt == at::kBFloat16 || dt == at::kHalf ||
+                    dt == at::kLong || dt == at::kInt;
+  if (may_enqueue() && kind && out.is_privateuseone() && out.layout() == c10::kStrided && !out.is_conj() &&
+      !out.is_neg() && !start.isComplex() && !end.isComplex() && !step.isComplex()) {
+    int64_t size = 0;
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "arange_out", [&] {
+      size = at::native::compute_arange_size<scalar_t>(start, end, step);
+    });
+    if (out.numel() != size) out.resize_({size});
+    if (out.is_contiguous()) {
+      QueuedCall q;
+      at::Tensor o = q.inout(out);
+      q.enqueue(kArange, [o, start, end, step]() mutable { at::cpu::arange_out(o, start, end, step); });
+      return out;
+    }
+  }
+  via_fallback<kArange>(start, end, step, out);
+  return out;
+}
+
+// mse_loss (a diffusion model's loss) and its backward over same-shaped contiguous operands of one
+// floating dtype: CPU's kernels into a 0-dim result (mean, sum) or one of the input's shape.
+bool queueable_mse(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  return may_enqueue() && queueable_like(self, self) && queueable_like(self, target) &&
+         c10::isFloatingType(self.scalar_type()) && self.sizes() == target.sizes() && self.is_contiguous() &&
+         target.is_contiguous() && reduction >= 0 && reduction <= 2;
+}
+
+at::Tensor mse_loss_hot(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  if (queueable_mse(self, target, reduction)) {
+    QueuedCall q;
+    at::Tensor s = q.in(self), t = q.in(target), out;
+    at::Tensor o = reduction == at::Reduction::None ? q.out(out, self.sizes(), self.scalar_type())
+                                                    : q.out(out, {}, self.scalar_type());
+    q.enqueue(kMseLoss, [s, t, o, reduction] { copy_result(kMseLoss, o, at::cpu::mse_loss(s, t, reduction)); });
+    return out;
+  }
+  return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>::call<&at::cpu::mse_loss, kMseLoss>(
+      self, target, reduction);
+}
+
+at::Tensor mse_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                 int64_t reduction) {
+  if (queueable_mse(self, target, reduction) && queueable_like(self, grad_output) &&
+      (reduction == at::Reduction::None ? grad_output.sizes() == self.sizes() && grad_output.is_contiguous()
+                                        : grad_output.dim() == 0)) {
+    QueuedCall q;
+    at::Tensor g = q.in(grad_output), s = q.in(self), t = q.in(target), out;
+    at::Tensor o = q.out(out, self.sizes(), self.scalar_type());
+    q.enqueue(kMseLossBwd, [g, s, t, o, reduction] {
+      copy_result(kMseLossBwd, o, at::cpu::mse_loss_backward(g, s, t, reduction));
+    });
+    return out;
+  }
+  return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>::call<
+      &at::cpu::mse_loss_backward, kMseLossBwd>(grad_output, self, target, reduction);
+}
+
 // ---- losses and embedding gradients: queued (the rest of a language model's step) ---------
 
 // nll_loss (cross_entropy's second half), forward and backward: CPU's out= kernels into results
@@ -1498,7 +1585,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sum.dim_IntList", TORCH_FN((reduction<kSum, &at::cpu::sum, &at::cpu::sum_out>)));
   m.impl("mean.dim", TORCH_FN((reduction<kMean, &at::cpu::mean, &at::cpu::mean_out>)));
   // Registered directly: through the fallback its composite passes a 0-dim out= and warns.
-  m.impl("mse_loss", TORCH_FN((Hot<T(CT, CT, int64_t)>::call<&at::cpu::mse_loss, kMseLoss>)));
+  m.impl("mse_loss", TORCH_FN(mse_loss_hot));
+  m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward_hot));
   m.impl("_softmax",
          TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_softmax, &at::cpu::_softmax_out, kSoftmax>)));
   m.impl("_log_softmax", TORCH_FN((Pooled<T(CT, int64_t, bool)>::call<&at::cpu::_log_softmax,
@@ -1516,6 +1604,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_layer_norm", TORCH_FN(layer_norm_hot));
   m.impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_hot));
   m.impl("native_group_norm", TORCH_FN(group_norm_hot));
+  m.impl("arange.start_out", TORCH_FN(arange_out_hot));
   m.impl("native_group_norm_backward", TORCH_FN(group_norm_backward_hot));
   m.impl("silu", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::silu, &at::cpu::silu_out, kSilu>)));
   // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which

@@ -230,10 +230,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   return {zc.out(gq), zc.out(gk), zc.out(gv), at::Tensor()};
 }
 
-// The ops compiled graphs call (sdpa.py pins them); through the fallback fp16 took CPU's kernel.
+// The ops compiled graphs call (sdpa.py pins them), and eager SDPA where the efficient op does not
+// apply (grouped-query attention: Hugging Face's Llama passes enable_gqa); through the fallback
+// fp16 took CPU's kernel. Queued like the efficient op, for q laid out (B, H, L, E) or as
+// (B, L, H, E) viewed so, k and v with H a multiple of theirs: CPU's output takes q's layout,
+// its logsumexp is (B, L, H) viewed as (B, H, L), its gradients (B, L, H, E) viewed so.
+bool queueable_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& mask, double dropout_p) {
+  if (dropout_p != 0.0 || !may_enqueue() || !queueable_like(q, q) || !queueable_like(q, k) || !queueable_like(q, v) ||
+      !c10::isFloatingType(q.scalar_type()) || attention_routed(q) || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 ||
+      q.size(0) != k.size(0) || q.size(0) != v.size(0) || k.size(1) != v.size(1) || k.size(1) == 0 ||
+      q.size(1) % k.size(1) != 0 || k.size(2) != v.size(2) || q.size(3) != k.size(3) || q.numel() == 0 ||
+      (mask.has_value() && mask->defined() &&
+       (!mask->is_privateuseone() || mask->device() != q.device() || mask->layout() != c10::kStrided))) {
+    return false;
+  }
+  return q.is_contiguous() || q.strides() == c10::IntArrayRef(bhle_strides(q));
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_attention_for_cpu(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  if (queueable_flash(query, key, value, attn_mask, dropout_p)) {
+    const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
+    const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const std::vector<int64_t> out_sizes{B, H, L, E};
+    QueuedCall q;
+    at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
+    std::optional<at::Tensor> mask = q.in(attn_mask);
+    at::Tensor oo = q.out(out, out_sizes, query.scalar_type(),
+                          query.is_contiguous() ? std::vector<int64_t>{H * L * E, L * E, E, 1}
+                                                : std::vector<int64_t>{L * H * E, E, H * E, 1});
+    at::Tensor lo = q.out(lse, {B, H, L}, acc, {L * H, 1, H});
+    q.enqueue("aten::_scaled_dot_product_flash_attention_for_cpu", [qa, ka, va, mask, oo, lo, is_causal, scale] {
+      auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, mask, scale);
+      at::Tensor(oo).copy_(o);
+      at::Tensor(lo).copy_(l);
+    });
+    return {out, lse};
+  }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
   auto mask = alias_opt(zc, attn_mask);
@@ -247,6 +282,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_cpu_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
     const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  if (queueable_flash(query, key, value, attn_mask, dropout_p) && queueable_like(query, grad_out) &&
+      queueable_like(query, out) && grad_out.sizes() == out.sizes() && logsumexp.is_privateuseone() &&
+      logsumexp.device() == query.device() && logsumexp.dim() == 3) {
+    QueuedCall q;
+    at::Tensor go = q.in(grad_out), qa = q.in(query), ka = q.in(key), va = q.in(value), oa = q.in(out),
+               la = q.in(logsumexp), gq, gk, gv;
+    std::optional<at::Tensor> mask = q.in(attn_mask);
+    at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
+    at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
+    at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
+    q.enqueue("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+              [go, qa, ka, va, oa, la, mask, gqo, gko, gvo, is_causal, scale] {
+                auto [a, b, c] = at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0,
+                                                                                          is_causal, mask, scale);
+                at::Tensor(gqo).copy_(a);
+                at::Tensor(gko).copy_(b);
+                at::Tensor(gvo).copy_(c);
+              });
+    return {gq, gk, gv};
+  }
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
   at::Tensor o = zc.in(out), lse = zc.in(logsumexp);

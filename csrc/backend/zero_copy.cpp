@@ -332,9 +332,10 @@ void ZeroCopy::sync_inputs() {
 
 void resize_storage_bytes(c10::StorageImpl* impl, size_t nbytes) {
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-  // Queued kernels hold aliases of the old bytes: they run first.
-  if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();
+  // Queued kernels hold aliases of the old bytes: they run first (no bytes, nothing to wait for:
+  // a factory's empty result sized by its out= kernel, arange's).
   const size_t old = impl->nbytes();
+  if (C10_UNLIKELY(old > 0 && neuron::rt::engine::pending())) neuron::rt::engine::drain();
   int device = impl->data_ptr().device().index();
   if (device < 0) device = neuron::rt::current_device();
   c10::DataPtr fresh = device_allocator()->allocate_on(device, nbytes);

@@ -214,6 +214,14 @@ CASES = {
     "mul_int64_by_float_number": (lambda x: x * 0.5, lambda: (torch.tensor([1, 2, 3]),)),
     "mul_float_by_0dim_int64": (torch.mul, lambda: (r(3, 4), torch.tensor(3))),
     "div_int64_by_float_broadcast": (torch.div, lambda: (torch.tensor([[1], [2]]), r(3))),
+    "add_bias_in_place_broadcast": (lambda y, b: y.add_(b), lambda: (r(2, 3, 4), r(4))),
+    "add_int64_broadcast": (torch.add, lambda: (torch.tensor([[1], [2]]), torch.tensor([10, 20, 2 ** 62]))),
+    "mul_int32_by_int_number": (lambda x: x * 3, lambda: (torch.arange(6, dtype=torch.int32).view(2, 3).t(),)),
+    # losses of diffusion models
+    "mse_loss_mean": (F.mse_loss, lambda: (r(4, 5), r(4, 5))),
+    "mse_loss_none": (lambda a, b: F.mse_loss(a, b, reduction="none"), lambda: (r(3, 2, 2), r(3, 2, 2))),
+    "mse_loss_backward_sum": (lambda g, a, b: torch.ops.aten.mse_loss_backward(g, a, b, 2),
+                              lambda: (torch.tensor(0.25), r(4, 5), r(4, 5))),
     # integer arithmetic in place (BatchNorm's num_batches_tracked += 1)
     "add_int64_inplace": (lambda t: t.add_(1), lambda: (torch.tensor(41),)),
     "sub_int32_inplace_alpha": (lambda a, b: a.sub_(b, alpha=2), lambda: (torch.arange(6, dtype=torch.int32),
@@ -364,6 +372,51 @@ def test_a_bad_call_raises_at_the_call_and_leaves_the_engine_usable(name):
     assert torch.equal((x @ x).cpu(), x.cpu() @ x.cpu())
 
 
+@pytest.mark.parametrize("args,dtype", [((5,), torch.int64), ((10, -2, -3), torch.int32), ((2, 9), torch.int64),
+                                        ((0, 3.5, 0.5), torch.float32), ((10, -2, -3), torch.float32),
+                                        ((-1, 1, 0.25), torch.bfloat16)], ids=str)
+def test_arange_queues_cpus_values(args, dtype):
+    # behind a queued kernel: sizing the factory's empty result must not wait for it
+    want = torch.arange(*args, dtype=dtype)
+    pending = n(r(64))
+    same(queued(lambda: (pending.mul_(2), torch.arange(*args, dtype=dtype, device="neuron"))[1]), want)
+
+
+def test_arange_raises_cpus_errors_at_the_call():
+    with pytest.raises(RuntimeError, match="upper bound and lower bound inconsistent"):
+        torch.arange(0, 5, -1, device="neuron")
+    with pytest.raises(RuntimeError, match="step must be nonzero"):
+        torch.arange(0, 5, 0, device="neuron")
+    with pytest.raises(ValueError, match="step must be nonzero"):  # 0.5 as int64 (CPU's ValueError)
+        torch.arange(0, 3.5, 0.5, dtype=torch.int64, device="neuron")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "split_heads", "sequence_major"])
+@pytest.mark.parametrize("kv_heads", [4, 2])  # 2: grouped-query attention (enable_gqa)
+def test_flash_attention_queues_the_synchronous_results_and_layouts(layout, kv_heads):
+    B, H, L, E = 2, 4, 8, 16
+
+    def make(heads):  # (B, heads, L, E), contiguous or a (B, L, heads, E) tensor's transpose, or another
+        t = r(B, L, heads, E)
+        if layout == "sequence_major":  # (L, B, heads, E): synchronous, CPU's result layout not predicted
+            return n(r(L, B, heads, E)).permute(1, 2, 0, 3)
+        return n(t).transpose(1, 2) if layout == "split_heads" else n(t.transpose(1, 2).contiguous())
+    q, k, v, go = make(H), make(kv_heads), make(kv_heads), make(H)
+
+    def run():
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, out, lse, 0.0, True)
+        return [out, lse, *grads]
+
+    engine.set_enabled(False)
+    want = run()
+    engine.set_enabled(True)
+    got = run() if layout == "sequence_major" else queued(run)
+    assert [t.stride() for t in got] == [t.stride() for t in want]
+    for a, e in zip(got, want):
+        assert torch.equal(a.cpu(), e.cpu())
+
+
 @pytest.mark.parametrize("input_cl,weight_cl", [(True, False), (False, True), (True, True)])
 def test_channels_last_convolutions_queue_the_synchronous_results_and_layouts(input_cl, weight_cl):
     cl = torch.channels_last
@@ -450,6 +503,52 @@ def test_a_vit_training_step_never_waits_for_the_device():
         loss.backward()
         opt.step()
         assert engine.stats()["drains"] == before
+
+
+def _never_waits(step, steps=2):
+    for _ in range(steps):
+        torch.neuron.synchronize()
+        before = engine.stats()["drains"]
+        step()
+        assert engine.stats()["drains"] == before
+
+
+def test_a_llama_training_step_never_waits_for_the_device():
+    # Hugging Face's Llama (rotary embeddings over slices, grouped-query attention, RMSNorm,
+    # SiLU gating, position ids from arange), built from a config
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = n(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0)))
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    _never_waits(step)
+
+
+def test_a_diffusion_unet_training_step_never_waits_for_the_device():
+    # diffusers' UNet2DModel (convolutions, group norm, SiLU, attention, nearest upsampling, a
+    # timestep embedding from arange and an int64 timestep, MSE loss), built from a config
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1,
+                                  block_out_channels=(16, 32), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                  up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, t = n(r(2, 3, 8, 8)), n(torch.tensor([10, 500]))
+
+    def step():
+        loss = F.mse_loss(model(x, t).sample, x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    _never_waits(step)
 
 
 def test_a_gpt_training_step_never_waits_for_the_device():
