@@ -154,7 +154,11 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
   static const bool installed = (torch::installCapturedTracebackPython(),
                                  neuron::rt::engine::set_blocking_wait(&wait_without_gil),
                                  neuron::rt::engine::set_error_text(&error_text),
-                                 neuron::rt::engine::set_describe(&describe), true);
+                                 neuron::rt::engine::set_describe(&describe),
+                                 neuron::rt::engine::set_current_where([]() -> neuron::rt::engine::Where {
+                                   return interned_stack();
+                                 }),
+                                 true);
   (void)installed;
   static const bool stacks = [] {
     const char* v = std::getenv("TORCHNEURON_ASYNC_STACKS");

@@ -132,18 +132,34 @@ struct Capture {
 };
 Capture g_capture;
 
+std::atomic<Describe> g_describe{nullptr};
+std::atomic<CurrentWhere> g_current_where{nullptr};
+
+// The violation names where the program made it: code between capture_begin and capture_end
+// (a library's forward, say) may catch the op's exception, and capture_end then reports it.
 [[noreturn]] void capture_violation(const std::string& what) {
+  std::string text = what;
+  const CurrentWhere current = g_current_where.load(std::memory_order_acquire);
+  const Describe describe = g_describe.load(std::memory_order_acquire);
+  if (current != nullptr && describe != nullptr) {
+    try {
+      if (Where where = current()) {
+        const std::string stack = describe(where.get());
+        if (!stack.empty()) text += "\nThe operation was called at (most recent call last):\n" + stack;
+      }
+    } catch (...) {
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(g_capture.mu);
-    if (g_capture.error.empty()) g_capture.error = what;
+    if (g_capture.error.empty()) g_capture.error = text;
   }
-  throw std::runtime_error("neuron: " + what);
+  throw std::runtime_error("neuron: " + text);
 }
 
 thread_local bool t_running = false;  // this thread is running queued kernels
 std::atomic<BlockingWait> g_blocking_wait{nullptr};
 std::atomic<ErrorText> g_error_text{nullptr};
-std::atomic<Describe> g_describe{nullptr};
 std::atomic<Fuser> g_fuser{nullptr};
 std::atomic<bool> g_executor{false};  // set_executor_thread
 std::atomic<void (*)()> g_executor_init{nullptr};
@@ -639,6 +655,8 @@ int64_t completion_time(uint64_t seq) noexcept {
   if (seq == 0 || e.done[seq % kTimes].load(std::memory_order_acquire) != seq) return 0;
   return e.times[seq % kTimes].load(std::memory_order_relaxed);
 }
+
+void set_current_where(CurrentWhere current) noexcept { g_current_where.store(current, std::memory_order_release); }
 
 void set_executor_thread(bool on) noexcept {
   g_executor.store(on, std::memory_order_release);

@@ -145,6 +145,9 @@ void set_error_text(ErrorText text) noexcept;
 // The text of a failed kernel's Where (the enqueueing stack). Default: none.
 using Describe = std::string (*)(const void* where);
 void set_describe(Describe describe) noexcept;
+// The calling thread's stack as a Where (for a graph capture's violation report). Default: none.
+using CurrentWhere = Where (*)();
+void set_current_where(CurrentWhere current) noexcept;
 
 // Graph capture (torch.accelerator.Graph; backend/graph.cpp). Between begin_capture and
 // end_capture, work enqueued on the capturing (device, stream) is recorded instead of queued:

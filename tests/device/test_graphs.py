@@ -151,6 +151,26 @@ def test_what_neuron_cannot_capture_fails_the_capture_and_leaves_the_device_usab
     assert torch.equal(a.cpu(), before * 3)
 
 
+def test_a_failed_capture_names_where_the_program_made_the_uncapturable_call():
+    # code between capture_begin and capture_end may catch the op's exception (a library's
+    # fallback path): capture_end then reports it, with the line that made the call
+    a = torch.randn(8, 8, device="neuron")
+
+    def reads_a_value_quietly():
+        try:
+            return bool((a > 0).all())
+        except RuntimeError:
+            return False
+
+    g = torch.accelerator.Graph()
+    with pytest.raises(RuntimeError, match="graph capture failed") as info:
+        with torch.Stream(device="neuron"), g:
+            a.mul_(2)
+            reads_a_value_quietly()
+    assert "The operation was called at" in str(info.value)
+    assert "in reads_a_value_quietly" in str(info.value)
+
+
 def test_work_on_another_stream_fails_the_capture():
     a = torch.zeros(16, device="neuron")
     other = torch.Stream(device="neuron")
