@@ -74,6 +74,7 @@
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/arange_cpu_dispatch.h>
+#include <ATen/ops/masked_fill_cpu_dispatch.h>
 #include <ATen/native/RangeUtils.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
@@ -1056,6 +1057,7 @@ HOT_NAME(kLayerNorm, "aten::native_layer_norm")
 HOT_NAME(kLayerNormBwd, "aten::native_layer_norm_backward")
 HOT_NAME(kGroupNorm, "aten::native_group_norm")
 HOT_NAME(kArange, "aten::arange.start_out")
+HOT_NAME(kMaskedFill, "aten::masked_fill_.Scalar")
 HOT_NAME(kGroupNormBwd, "aten::native_group_norm_backward")
 HOT_NAME(kPowScalar, "aten::pow.Tensor_Scalar")
 HOT_NAME(kSilu, "aten::silu")
@@ -1379,6 +1381,33 @@ at::Tensor mse_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor
       &at::cpu::mse_loss_backward, kMseLossBwd>(grad_output, self, target, reduction);
 }
 
+// masked_fill_ with a number (attention's causal mask: scores.masked_fill(mask == 0, -inf)), in
+// place over a floating self: queued when the bool mask broadcasts to self and the number
+// converts to self's dtype (CPU's conversion errors, and its shape and overlap errors, raise at
+// the call on the synchronous path).
+at::Tensor& masked_fill_hot(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
+  bool fits = may_enqueue() && enqueueable(self) && self.layout() == c10::kStrided && !value.isComplex() &&
+              mask.is_privateuseone() && mask.device() == self.device() && mask.scalar_type() == at::kBool &&
+              mask.layout() == c10::kStrided && at::is_expandable_to(mask.sizes(), self.sizes()) &&
+              at::has_internal_overlap(self) != at::MemOverlap::Yes && !partially_overlap(self, mask);
+  if (fits) {
+    try {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "masked_fill_",
+                                      [&] { (void)value.to<scalar_t>(); });
+    } catch (const c10::Error&) {
+      fits = false;
+    }
+  }
+  if (fits) {
+    QueuedCall q;
+    at::Tensor s = q.inout(self), m = q.in(mask);
+    q.enqueue(kMaskedFill, [s, m, value]() mutable { at::cpu::masked_fill_(s, m, value); });
+    return self;
+  }
+  via_fallback<kMaskedFill>(self, mask, value);
+  return self;
+}
+
 // ---- losses and embedding gradients: queued (the rest of a language model's step) ---------
 
 // nll_loss (cross_entropy's second half), forward and backward: CPU's out= kernels into results
@@ -1605,6 +1634,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_hot));
   m.impl("native_group_norm", TORCH_FN(group_norm_hot));
   m.impl("arange.start_out", TORCH_FN(arange_out_hot));
+  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_hot));
   m.impl("native_group_norm_backward", TORCH_FN(group_norm_backward_hot));
   m.impl("silu", TORCH_FN((Pooled<T(CT)>::call<&at::cpu::silu, &at::cpu::silu_out, kSilu>)));
   // silu_backward also has a CompositeImplicitAutograd kernel (math_silu_backward), which

@@ -217,6 +217,11 @@ CASES = {
     "add_bias_in_place_broadcast": (lambda y, b: y.add_(b), lambda: (r(2, 3, 4), r(4))),
     "add_int64_broadcast": (torch.add, lambda: (torch.tensor([[1], [2]]), torch.tensor([10, 20, 2 ** 62]))),
     "mul_int32_by_int_number": (lambda x: x * 3, lambda: (torch.arange(6, dtype=torch.int32).view(2, 3).t(),)),
+    # attention's causal mask
+    "masked_fill_causal": (lambda x, m: x.masked_fill(m, float("-inf")),
+                           lambda: (r(2, 4, 4), torch.ones(4, 4).triu(1).bool())),
+    "masked_fill_inplace_bf16_transposed": (lambda x, m: x.t().masked_fill_(m, -3.5),
+                                            lambda: (r(5, 3, dtype=torch.bfloat16), torch.rand(3, 5) > 0.5)),
     # losses of diffusion models
     "mse_loss_mean": (F.mse_loss, lambda: (r(4, 5), r(4, 5))),
     "mse_loss_none": (lambda a, b: F.mse_loss(a, b, reduction="none"), lambda: (r(3, 2, 2), r(3, 2, 2))),
@@ -358,6 +363,9 @@ ERRORS = {
     "group_norm_groups": (lambda: torch.ops.aten.native_group_norm(n(r(2, 6, 4)), None, None, 2, 6, 4, 4, 1e-5),
                           "divisible"),
     "upsample_size": (lambda: F.interpolate(n(r(1, 1, 2, 2)), size=(0, 3)), "greater than 0"),
+    "masked_fill_overflow": (lambda: n(torch.zeros(2, dtype=torch.bfloat16)).masked_fill_(n(torch.tensor([True, False])),
+                                                                                          1e300), "overflow"),
+    "masked_fill_mask_shape": (lambda: n(r(2, 3)).masked_fill_(n(torch.tensor([True, False])), 1.0), "must match|expand"),
     "add_int_float_alpha": (lambda: n(torch.arange(3)).add_(n(torch.arange(3)), alpha=0.5), "alpha"),
 }
 
