@@ -38,24 +38,14 @@ namespace {
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using OptTensor = std::optional<at::Tensor>;
 
+// The synchronous path of each is the boxed zero-copy fallback these ops took before they had a
+// kernel here (fallback.h, via_fallback).
 constexpr char kBatchNorm[] = "aten::native_batch_norm";
 constexpr char kBatchNormBwd[] = "aten::native_batch_norm_backward";
 constexpr char kMaxPool[] = "aten::max_pool2d_with_indices";
 constexpr char kMaxPoolBwd[] = "aten::max_pool2d_with_indices_backward";
 constexpr char kUpsample[] = "aten::upsample_nearest2d";
 constexpr char kUpsampleBwd[] = "aten::upsample_nearest2d_backward";
-
-// The synchronous path: the boxed zero-copy fallback these ops took before they had a kernel here.
-torch::jit::Stack boxed(const char* name, torch::jit::Stack stack) {
-  neuron_fallback(c10::Dispatcher::singleton().findSchemaOrThrow(name, ""), &stack);
-  return stack;
-}
-template <class... A> Tensor3 boxed3(const char* name, const A&... args) {
-  torch::jit::Stack stack;
-  torch::jit::push(stack, args...);
-  stack = boxed(name, std::move(stack));
-  return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
-}
 
 // ---- batch norm ------------------------------------------------------------------------------
 // The parameters' dtype if every present parameter (weight, bias, running statistics) is a
@@ -130,7 +120,8 @@ Tensor3 batch_norm(const at::Tensor& input, const OptTensor& weight, const OptTe
       return {out, mean, invstd};
     }
   }
-  return boxed3(kBatchNorm, input, weight, bias, running_mean, running_var, training, momentum, eps);
+  return FromStack<Tensor3>::get(
+      via_fallback<kBatchNorm>(input, weight, bias, running_mean, running_var, training, momentum, eps));
 }
 
 Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input, const OptTensor& weight,
@@ -164,8 +155,8 @@ Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
       return {gi, gw, gb};
     }
   }
-  return boxed3(kBatchNormBwd, grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                mask);
+  return FromStack<Tensor3>::get(via_fallback<kBatchNormBwd>(grad_out, input, weight, running_mean, running_var,
+                                                              save_mean, save_invstd, train, eps, mask));
 }
 
 // ---- 2-d max pooling ---------------------------------------------------------------------------
@@ -183,10 +174,8 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d(const at::Tensor& self, at::IntArr
                          ceil_mode]() mutable { at::cpu::max_pool2d_with_indices_out(o, i, x, k, s, p, d, ceil_mode); });
     return {out, indices};
   }
-  torch::jit::Stack stack;
-  torch::jit::push(stack, self, kernel_size, stride, padding, dilation, ceil_mode);
-  stack = boxed(kMaxPool, std::move(stack));
-  return {stack[0].toTensor(), stack[1].toTensor()};
+  return FromStack<std::tuple<at::Tensor, at::Tensor>>::get(
+      via_fallback<kMaxPool>(self, kernel_size, stride, padding, dilation, ceil_mode));
 }
 
 at::Tensor max_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
@@ -205,9 +194,8 @@ at::Tensor max_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& 
     });
     return out;
   }
-  torch::jit::Stack stack;
-  torch::jit::push(stack, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices);
-  return boxed(kMaxPoolBwd, std::move(stack))[0].toTensor();
+  return FromStack<at::Tensor>::get(
+      via_fallback<kMaxPoolBwd>(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices));
 }
 
 // ---- 2-d nearest upsampling (a UNet's decoder) -------------------------------------------------
@@ -225,9 +213,7 @@ at::Tensor upsample_nearest2d(const at::Tensor& self, c10::SymIntArrayRef output
     });
     return out;
   }
-  torch::jit::Stack stack;
-  torch::jit::push(stack, self, output_size, scales_h, scales_w);
-  return boxed(kUpsample, std::move(stack))[0].toTensor();
+  return FromStack<at::Tensor>::get(via_fallback<kUpsample>(self, output_size, scales_h, scales_w));
 }
 
 at::Tensor upsample_nearest2d_backward(const at::Tensor& grad_output, c10::SymIntArrayRef output_size,
@@ -245,9 +231,7 @@ at::Tensor upsample_nearest2d_backward(const at::Tensor& grad_output, c10::SymIn
     });
     return out;
   }
-  torch::jit::Stack stack;
-  torch::jit::push(stack, grad_output, output_size, input_size, scales_h, scales_w);
-  return boxed(kUpsampleBwd, std::move(stack))[0].toTensor();
+  return FromStack<at::Tensor>::get(via_fallback<kUpsampleBwd>(grad_output, output_size, input_size, scales_h, scales_w));
 }
 
 }  // namespace

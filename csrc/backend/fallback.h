@@ -3,6 +3,11 @@
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <string>
+#include <tuple>
+#include <utility>
 
 namespace torchneuron {
 
@@ -11,5 +16,42 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // The same, redispatching to `cpu_key` (CPU, SparseCPU or SparseCsrCPU): the CPU twin of the
 // neuron dispatch key that was called (sparse.cpp registers it for the sparse keys).
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key);
+
+// Unboxed kernels' way into the fallback: their synchronous path, or the cases they leave to it.
+// `Name` is "aten::op.overload" (or "aten::op"): the handle is looked up once per hot op.
+template <const char* Name> const c10::OperatorHandle& op_handle() {
+  static const c10::OperatorHandle op = [] {
+    const std::string full(Name);
+    const auto dot = full.find('.');
+    return dot == std::string::npos ? c10::Dispatcher::singleton().findSchemaOrThrow(full.c_str(), "")
+                                    : c10::Dispatcher::singleton().findSchemaOrThrow(
+                                          full.substr(0, dot).c_str(), full.substr(dot + 1).c_str());
+  }();
+  return op;
+}
+
+// Runs the op through the boxed fallback; returns the stack (the op's results).
+template <const char* Name, class... A> torch::jit::Stack via_fallback(const A&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(A));
+  torch::jit::push(stack, args...);
+  cpu_fallback(op_handle<Name>(), &stack, c10::DispatchKey::CPU);
+  return stack;
+}
+
+// The op's results, the last entries of the fallback's stack, as the kernel's return type.
+template <class R> struct FromStack {
+  static R get(torch::jit::Stack&& s) { return s.back().template to<R>(); }
+};
+template <class... T> struct FromStack<std::tuple<T...>> {
+  static std::tuple<T...> get(torch::jit::Stack&& s) {
+    return get(std::move(s), std::index_sequence_for<T...>{});
+  }
+  template <size_t... I>
+  static std::tuple<T...> get(torch::jit::Stack&& s, std::index_sequence<I...>) {
+    const size_t first = s.size() - sizeof...(T);
+    return {std::move(s[first + I]).template to<T>()...};
+  }
+};
 
 }  // namespace torchneuron

@@ -447,42 +447,6 @@ inline bool is_chalf(const std::optional<at::Tensor>& t) { return t.has_value() 
 template <class V> bool is_chalf(const V&) { return false; }
 template <class... A> bool any_chalf(const A&... args) { return (is_chalf(args) || ...); }
 
-// `Name` is "aten::op.overload" (or "aten::op"): the handle is looked up once per hot op.
-template <const char* Name> const c10::OperatorHandle& op_handle() {
-  static const c10::OperatorHandle op = [] {
-    const std::string full(Name);
-    const auto dot = full.find('.');
-    return dot == std::string::npos ? c10::Dispatcher::singleton().findSchemaOrThrow(full.c_str(), "")
-                                    : c10::Dispatcher::singleton().findSchemaOrThrow(
-                                          full.substr(0, dot).c_str(), full.substr(dot + 1).c_str());
-  }();
-  return op;
-}
-
-// Runs the op through the boxed fallback; returns the stack (the op's results).
-template <const char* Name, class... A> torch::jit::Stack via_fallback(const A&... args) {
-  torch::jit::Stack stack;
-  stack.reserve(sizeof...(A));
-  torch::jit::push(stack, args...);
-  cpu_fallback(op_handle<Name>(), &stack, c10::DispatchKey::CPU);
-  return stack;
-}
-
-// The op's results, the last entries of the fallback's stack, as the kernel's return type.
-template <class R> struct FromStack {
-  static R get(torch::jit::Stack&& s) { return s.back().template to<R>(); }
-};
-template <class... T> struct FromStack<std::tuple<T...>> {
-  static std::tuple<T...> get(torch::jit::Stack&& s) {
-    return get(std::move(s), std::index_sequence_for<T...>{});
-  }
-  template <size_t... I>
-  static std::tuple<T...> get(torch::jit::Stack&& s, std::index_sequence<I...>) {
-    const size_t first = s.size() - sizeof...(T);
-    return {std::move(s[first + I]).template to<T>()...};
-  }
-};
-
 template <class Sig> struct Hot;
 template <class R, class... A> struct Hot<R(A...)> {
   // Functional ops: alias the inputs, run the CPU kernel, adopt the result.
@@ -644,17 +608,17 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
     const at::Tensor& first = std::get<0>(std::forward_as_tuple(args...));
     static const int64_t vml_bound = serial_vml_bound(op_handle<Name>().operator_name());
     SerialVml vml(first.numel() < vml_bound);  // MKL's vector math on one thread (vml_threads.h)
+    auto queues = [&] { return may_enqueue() && (pooled_arg_queues(first, args) && ...) && clamp_has_bound(args...); };
     std::vector<int64_t> strides;  // the result's, if not contiguous
     if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
       static const bool pointwise = op_handle<Name>().hasTag(at::Tag::pointwise);
-      if (!pointwise || !may_enqueue() || !c10::isFloatingType(first.scalar_type()) ||
-          !(strided_arg_fits(first, args) && ...) || !(pooled_arg_queues(first, args) && ...) ||
-          !clamp_has_bound(args...) || first.numel() == 0) {
+      if (!pointwise || !c10::isFloatingType(first.scalar_type()) || !(strided_arg_fits(first, args) && ...) ||
+          first.numel() == 0 || !queues()) {
         return Hot<at::Tensor(A...)>::template call<F, Name>(args...);
       }
       strides = pointwise_strides(args...);
     }
-    if (may_enqueue() && (pooled_arg_queues(first, args) && ...) && clamp_has_bound(args...)) {
+    if (!strides.empty() || queues()) {
       QueuedCall q;
       std::tuple<std::decay_t<A>...> cpu{q_in(q, args)...};  // values: the kernel runs later
       at::Tensor out;

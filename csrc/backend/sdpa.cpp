@@ -129,13 +129,16 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
 // shapes CPU's kernel accepts. Results are laid out as the synchronous path lays them out: the
 // output (B, L, H, E) viewed as (B, H, L, E), the logsumexp (B, L, H) viewed as (B, H, L) in
 // fp32 (fp64 for fp64), the gradients of q, k, v as CPU's flash backward returns them,
-// (B, L, H, E) viewed as (B, H, L, E).
+// (B, L, H, E) viewed as (B, H, L, E). k and v may have fewer heads than q, a divisor of its
+// count (grouped-query attention, which CPU's flash kernels take; the efficient op checks that
+// the counts are equal).
 bool queueable_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask) {
   return may_enqueue() && queueable_like(q, q) && queueable_like(q, k) && queueable_like(q, v) &&
          c10::isFloatingType(q.scalar_type()) && !attention_routed(q) && q.dim() == 4 && k.dim() == 4 &&
-         v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) &&
-         q.size(1) == v.size(1) && k.size(2) == v.size(2) && q.size(3) == k.size(3) &&
+         v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+         (k.size(1) == q.size(1) || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)) && k.size(2) == v.size(2) &&
+         q.size(3) == k.size(3) &&
          (!mask.has_value() || !mask->defined() || (mask->is_privateuseone() && mask->device() == q.device() &&
                                                    mask->layout() == c10::kStrided));
 }
@@ -146,26 +149,67 @@ std::vector<int64_t> bhle_strides(const at::Tensor& t) {
   return {L * H * E, E, H * E, 1};
 }
 
+// The queued forward of both attention ops: CPU's flash kernel, its output (B, H, L, Ev) copied
+// into one laid out (B, L, H, Ev), or contiguous if `contiguous_out`, its logsumexp into a (B, H, L) one laid out (B, L, H) if `keep_lse`
+// (else an empty (B, H, 0) one, as the efficient op returns without compute_log_sumexp).
+std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value, const std::optional<at::Tensor>& mask,
+                                                   bool is_causal, std::optional<double> scale,
+                                                   bool contiguous_out, bool keep_lse) {
+  const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
+  const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  QueuedCall q;
+  at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
+  std::optional<at::Tensor> ma = q.in(mask);
+  at::Tensor oo = q.out(out, {B, H, L, E}, query.scalar_type(),
+                        contiguous_out ? std::vector<int64_t>{H * L * E, L * E, E, 1}
+                                       : std::vector<int64_t>{L * H * E, E, H * E, 1});
+  at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
+  q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse] {
+    auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, ma, scale);
+    at::Tensor(oo).copy_(o);
+    if (keep_lse) at::Tensor(lo).copy_(l);
+  });
+  return {out, lse};
+}
+
+// The queued backward of both: the arguments besides q, k, v the kernel reads are neuron tensors
+// it accepts; the gradients laid out as CPU's flash backward returns them.
+bool queueable_backward(const at::Tensor& query, const at::Tensor& grad_out, const at::Tensor& out,
+                        const at::Tensor& logsumexp) {
+  return queueable_like(query, grad_out) && queueable_like(query, out) && grad_out.sizes() == out.sizes() &&
+         logsumexp.is_privateuseone() && logsumexp.device() == query.device() && logsumexp.dim() == 3;
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> enqueue_backward(
+    const char* name, const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp,
+    const std::optional<at::Tensor>& mask, bool is_causal, std::optional<double> scale) {
+  QueuedCall q;
+  at::Tensor go = q.in(grad_out), qa = q.in(query), ka = q.in(key), va = q.in(value), oa = q.in(out),
+             la = q.in(logsumexp), gq, gk, gv;
+  std::optional<at::Tensor> ma = q.in(mask);
+  at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
+  at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
+  at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
+  q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
+    auto [a, b, c] =
+        at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
+    at::Tensor(gqo).copy_(a);
+    at::Tensor(gko).copy_(b);
+    at::Tensor(gvo).copy_(c);
+  });
+  return {gq, gk, gv};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
     bool is_causal, std::optional<double> scale) {
   TORCH_CHECK(dropout_p == 0.0, "neuron's efficient attention supports dropout_p == 0 only; "
               "scaled_dot_product_attention picks another kernel when dropout is used");
-  if (queueable_attention(query, key, value, attn_bias)) {
-    const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
-    const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    QueuedCall q;
-    at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
-    std::optional<at::Tensor> bias = q.in(attn_bias);
-    at::Tensor oo = q.out(out, {B, H, L, E}, query.scalar_type(), {L * H * E, E, H * E, 1});
-    at::Tensor lo = compute_log_sumexp ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
-    q.enqueue("aten::_scaled_dot_product_efficient_attention",
-              [qa, ka, va, bias, oo, lo, is_causal, scale, compute_log_sumexp] {
-                auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, bias, scale);
-                at::Tensor(oo).copy_(o);
-                if (compute_log_sumexp) at::Tensor(lo).copy_(l);
-              });
+  if (queueable_attention(query, key, value, attn_bias) && query.size(1) == key.size(1)) {
+    auto [out, lse] = enqueue_forward("aten::_scaled_dot_product_efficient_attention", query, key, value, attn_bias,
+                                      is_causal, scale, /*contiguous_out=*/false, compute_log_sumexp);
     auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());
     return {out, lse, at::zeros({}, opts), at::zeros({}, opts)};
   }
@@ -198,24 +242,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
               "neuron attention cannot differentiate with respect to attn_mask; detach the mask "
               "(masks are rarely trainable) or compute attention explicitly");
   const std::optional<at::Tensor> mask = attn_bias.defined() ? std::optional<at::Tensor>(attn_bias) : std::nullopt;
-  if (queueable_attention(query, key, value, mask) && queueable_like(query, grad_out) &&
-      queueable_like(query, out) && grad_out.sizes() == out.sizes() && logsumexp.is_privateuseone() &&
-      logsumexp.device() == query.device() && logsumexp.dim() == 3) {
-    QueuedCall q;
-    at::Tensor go = q.in(grad_out), qa = q.in(query), ka = q.in(key), va = q.in(value), oa = q.in(out),
-               la = q.in(logsumexp), gq, gk, gv;
-    std::optional<at::Tensor> bias = q.in(mask);
-    at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
-    at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
-    at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
-    q.enqueue("aten::_scaled_dot_product_efficient_attention_backward",
-              [go, qa, ka, va, oa, la, bias, gqo, gko, gvo, is_causal, scale] {
-                auto [a, b, c] = at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0,
-                                                                                          is_causal, bias, scale);
-                at::Tensor(gqo).copy_(a);
-                at::Tensor(gko).copy_(b);
-                at::Tensor(gvo).copy_(c);
-              });
+  if (queueable_attention(query, key, value, mask) && query.size(1) == key.size(1) &&
+      queueable_backward(query, grad_out, out, logsumexp)) {
+    auto [gq, gk, gv] = enqueue_backward("aten::_scaled_dot_product_efficient_attention_backward", grad_out, query,
+                                         key, value, out, logsumexp, mask, is_causal, scale);
     return {gq, gk, gv, at::Tensor()};
   }
   ZeroCopy zc;
@@ -237,37 +267,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
 // its logsumexp is (B, L, H) viewed as (B, H, L), its gradients (B, L, H, E) viewed so.
 bool queueable_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& mask, double dropout_p) {
-  if (dropout_p != 0.0 || !may_enqueue() || !queueable_like(q, q) || !queueable_like(q, k) || !queueable_like(q, v) ||
-      !c10::isFloatingType(q.scalar_type()) || attention_routed(q) || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 ||
-      q.size(0) != k.size(0) || q.size(0) != v.size(0) || k.size(1) != v.size(1) || k.size(1) == 0 ||
-      q.size(1) % k.size(1) != 0 || k.size(2) != v.size(2) || q.size(3) != k.size(3) || q.numel() == 0 ||
-      (mask.has_value() && mask->defined() &&
-       (!mask->is_privateuseone() || mask->device() != q.device() || mask->layout() != c10::kStrided))) {
-    return false;
-  }
-  return q.is_contiguous() || q.strides() == c10::IntArrayRef(bhle_strides(q));
+  return dropout_p == 0.0 && queueable_attention(q, k, v, mask) && q.numel() > 0 &&
+         (q.is_contiguous() || q.strides() == c10::IntArrayRef(bhle_strides(q)));
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_for_cpu(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
   if (queueable_flash(query, key, value, attn_mask, dropout_p)) {
-    const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
-    const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const std::vector<int64_t> out_sizes{B, H, L, E};
-    QueuedCall q;
-    at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
-    std::optional<at::Tensor> mask = q.in(attn_mask);
-    at::Tensor oo = q.out(out, out_sizes, query.scalar_type(),
-                          query.is_contiguous() ? std::vector<int64_t>{H * L * E, L * E, E, 1}
-                                                : std::vector<int64_t>{L * H * E, E, H * E, 1});
-    at::Tensor lo = q.out(lse, {B, H, L}, acc, {L * H, 1, H});
-    q.enqueue("aten::_scaled_dot_product_flash_attention_for_cpu", [qa, ka, va, mask, oo, lo, is_causal, scale] {
-      auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, mask, scale);
-      at::Tensor(oo).copy_(o);
-      at::Tensor(lo).copy_(l);
-    });
-    return {out, lse};
+    return enqueue_forward("aten::_scaled_dot_product_flash_attention_for_cpu", query, key, value, attn_mask,
+                           is_causal, scale, /*contiguous_out=*/query.is_contiguous(), /*keep_lse=*/true);
   }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
@@ -282,25 +291,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_cpu_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
     const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-  if (queueable_flash(query, key, value, attn_mask, dropout_p) && queueable_like(query, grad_out) &&
-      queueable_like(query, out) && grad_out.sizes() == out.sizes() && logsumexp.is_privateuseone() &&
-      logsumexp.device() == query.device() && logsumexp.dim() == 3) {
-    QueuedCall q;
-    at::Tensor go = q.in(grad_out), qa = q.in(query), ka = q.in(key), va = q.in(value), oa = q.in(out),
-               la = q.in(logsumexp), gq, gk, gv;
-    std::optional<at::Tensor> mask = q.in(attn_mask);
-    at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
-    at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
-    at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
-    q.enqueue("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-              [go, qa, ka, va, oa, la, mask, gqo, gko, gvo, is_causal, scale] {
-                auto [a, b, c] = at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0,
-                                                                                          is_causal, mask, scale);
-                at::Tensor(gqo).copy_(a);
-                at::Tensor(gko).copy_(b);
-                at::Tensor(gvo).copy_(c);
-              });
-    return {gq, gk, gv};
+  if (queueable_flash(query, key, value, attn_mask, dropout_p) && queueable_backward(query, grad_out, out, logsumexp)) {
+    return enqueue_backward("aten::_scaled_dot_product_flash_attention_for_cpu_backward", grad_out, query, key, value,
+                            out, logsumexp, attn_mask, is_causal, scale);
   }
   ZeroCopy zc;
   at::Tensor go = zc.in(grad_out), q = zc.in(query), k = zc.in(key), v = zc.in(value);
