@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine_steps import trains_without_waiting
+
 engine = torch.neuron.engine
 gen = torch.Generator().manual_seed(0)
 
@@ -493,23 +495,6 @@ def test_a_cnn_training_step_never_waits_and_gives_the_synchronous_bits():
     assert all(torch.equal(a, b) for a, b in zip(state, want_state))
 
 
-def _trains_without_waiting(loss_fn, opt, steps=2):
-    """`steps` training steps (loss_fn(), backward, opt.step()), each asserted to make no host
-    wait (the second has optimizer state); returns the kernels each step enqueued."""
-    enqueued = []
-    for _ in range(steps):
-        torch.neuron.synchronize()
-        before = engine.stats()
-        loss = loss_fn()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        after = engine.stats()
-        assert after["drains"] == before["drains"], "the step waited for the device"
-        enqueued.append(after["enqueued"] - before["enqueued"])
-    return enqueued
-
-
 def test_a_vit_training_step_never_waits_for_the_device():
     # Hugging Face's ViT (patch convolution, attention, layer norm, GELU, the class token's
     # select and its gradient, cross-entropy, AdamW), built from a config
@@ -520,7 +505,7 @@ def test_a_vit_training_step_never_waits_for_the_device():
     model = transformers.ViTForImageClassification(cfg).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, y = n(r(2, 3, 16, 16)), n(torch.tensor([1, 4]))
-    _trains_without_waiting(lambda: model(pixel_values=x, labels=y).loss, opt)
+    trains_without_waiting(lambda: model(pixel_values=x, labels=y).loss, opt)
 
 
 def test_a_llama_training_step_never_waits_for_the_device():
@@ -533,7 +518,7 @@ def test_a_llama_training_step_never_waits_for_the_device():
     model = transformers.LlamaForCausalLM(cfg).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     ids = n(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0)))
-    _trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
+    trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
 
 
 def test_a_diffusion_unet_training_step_never_waits_for_the_device():
@@ -546,7 +531,7 @@ def test_a_diffusion_unet_training_step_never_waits_for_the_device():
                                   up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, t = n(r(2, 3, 8, 8)), n(torch.tensor([10, 500]))
-    _trains_without_waiting(lambda: F.mse_loss(model(x, t).sample, x), opt)
+    trains_without_waiting(lambda: F.mse_loss(model(x, t).sample, x), opt)
 
 
 def test_a_gpt_training_step_never_waits_for_the_device():
@@ -559,7 +544,7 @@ def test_a_gpt_training_step_never_waits_for_the_device():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, y = CharDataset(block_size=cfg.block_size).batch(4, torch.Generator().manual_seed(0))
     x, y = x.to("neuron"), y.to("neuron")
-    _trains_without_waiting(lambda: model(x, y)[1], opt)
+    trains_without_waiting(lambda: model(x, y)[1], opt)
 
 
 def test_an_mlp_training_step_never_waits_for_the_device():
@@ -569,4 +554,4 @@ def test_an_mlp_training_step_never_waits_for_the_device():
     model = mlp_model("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=True)
     x = n(r(8, 256))
-    assert all(k >= 40 for k in _trains_without_waiting(lambda: model(x).square().mean(), opt))
+    assert all(k >= 40 for k in trains_without_waiting(lambda: model(x).square().mean(), opt))

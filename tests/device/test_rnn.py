@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from engine_steps import trains_without_waiting
+
 
 def _pair(module):
     torch.manual_seed(0)
@@ -208,3 +210,247 @@ def test_fused_lstm_backward_without_gradients_returns_undefined():
                                                              True)
     assert all(t is None for t in out)
 
+
+
+# ---- nn.LSTM through oneDNN, as on CPU ------------------------------------------------------------
+# Where CPU runs oneDNN's LSTM (fp32; bf16 where the host has it), neuron runs the same
+# mkldnn_rnn_layer kernels layer by layer: results and gradients equal CPU's bit for bit.
+
+def _lstm_step(module, x, hx=None):
+    out, (h, c) = module(x, hx) if hx is not None else module(x)
+    (out.square().sum() + h.sum() + c.sum()).backward()
+    return out.detach(), h.detach(), c.detach()
+
+
+def _assert_same_lstm_step(cpu, dev, x, hx=None):
+    xc, xd = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    hxd = tuple(t.to("neuron") for t in hx) if hx is not None else None
+    for a, b in zip(_lstm_step(dev, xd, hxd), _lstm_step(cpu, xc, hx)):
+        assert a.device.type == "neuron"
+        assert torch.equal(a.cpu(), b)
+    assert torch.equal(xd.grad.cpu(), xc.grad)
+    for (name, a), (_, b) in zip(cpu.named_parameters(), dev.named_parameters()):
+        assert torch.equal(b.grad.cpu(), a.grad), name
+
+
+def _fp32_pair(**kwargs):
+    torch.manual_seed(0)
+    cpu = nn.LSTM(5, 7, **kwargs)
+    return cpu, copy.deepcopy(cpu).to("neuron")
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_fp32_lstm_equals_cpu_bit_for_bit(num_layers, bidirectional):
+    cpu, dev = _fp32_pair(num_layers=num_layers, bidirectional=bidirectional)
+    _assert_same_lstm_step(cpu, dev, torch.randn(6, 3, 5))
+
+
+def test_fp32_lstm_batch_first_with_initial_state_equals_cpu_bit_for_bit():
+    cpu, dev = _fp32_pair(num_layers=2, batch_first=True)
+    hx = (torch.randn(2, 4, 7), torch.randn(2, 4, 7))
+    _assert_same_lstm_step(cpu, dev, torch.randn(4, 6, 5), hx)
+
+
+def test_fp32_lstm_without_bias_equals_cpu_bit_for_bit():
+    cpu, dev = _fp32_pair(num_layers=2, bias=False)
+    _assert_same_lstm_step(cpu, dev, torch.randn(6, 3, 5))
+
+
+def test_bf16_lstm_equals_cpu_bit_for_bit():
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this host's oneDNN has no bf16 LSTM: CPU and neuron take ATen's composite")
+    cpu, dev = _fp32_pair(num_layers=2)
+    cpu, dev = cpu.bfloat16(), dev.bfloat16()
+    _assert_same_lstm_step(cpu, dev, torch.randn(6, 3, 5, dtype=torch.bfloat16))
+
+
+def _lstm_kernels(module, x):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _lstm_step(module, x)
+    return {e.name for e in prof.events()}
+
+
+def test_fp32_lstm_runs_onednn_layers_not_per_step_cells():
+    _, dev = _fp32_pair(num_layers=2)
+    names = _lstm_kernels(dev, torch.randn(6, 3, 5, device="neuron"))
+    assert {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"} <= names
+    assert "aten::_thnn_fused_lstm_cell" not in names
+
+
+def test_lstm_with_onednn_disabled_takes_the_fused_cells():
+    _, dev = _fp32_pair()
+    with torch.backends.mkldnn.flags(enabled=False):
+        names = _lstm_kernels(dev, torch.randn(6, 3, 5, device="neuron"))
+    assert "aten::_thnn_fused_lstm_cell" in names and "aten::mkldnn_rnn_layer" not in names
+
+
+def test_fp32_lstm_with_projections_takes_the_fused_cells_and_matches_cpu():
+    # oneDNN has no projections (CPU warns and takes the composite too).
+    cpu, dev = _fp32_pair(proj_size=3)
+    x = torch.randn(6, 3, 5)
+    assert "aten::_thnn_fused_lstm_cell" in _lstm_kernels(dev, x.to("neuron"))
+    oc, od = cpu(x)[0], dev(x.to("neuron"))[0]
+    torch.testing.assert_close(od.cpu(), oc, atol=1e-6, rtol=1e-5)
+
+
+def test_lstm_dropout_between_layers_is_applied_in_training_only():
+    torch.manual_seed(0)
+    dev = nn.LSTM(5, 7, num_layers=2, dropout=0.5).to("neuron")
+    x = torch.randn(6, 3, 5, device="neuron")
+    torch.manual_seed(1)
+    a = dev(x)[0]
+    torch.manual_seed(1)
+    b = dev(x)[0]
+    assert torch.equal(a.cpu(), b.cpu())  # the device generator's stream
+    with torch.no_grad():
+        dev.dropout = 0.0
+        undropped = dev(x)[0]
+        dev.dropout = 0.5
+        dev.eval()
+        evaluated = dev(x)[0]
+    assert not torch.allclose(a.detach().cpu(), undropped.cpu())
+    assert torch.equal(evaluated.cpu(), undropped.cpu())
+
+
+def test_double_backward_through_fp32_lstm_matches_cpu():
+    cpu, dev = _fp32_pair()
+    x = torch.randn(4, 2, 5)
+    res = []
+    for m, xx in ((cpu, x.clone().requires_grad_()), (dev, x.to("neuron").requires_grad_())):
+        out = m(xx)[0]
+        (g,) = torch.autograd.grad(out.square().sum(), xx, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), xx)
+        res.append((g.detach().cpu(), gg.cpu()))
+    torch.testing.assert_close(res[1], res[0], atol=1e-6, rtol=1e-5)
+
+
+def test_lstm_with_too_few_hidden_states_raises_a_clear_error():
+    # Malformed arguments take ATen's composite, which checks them (CPU's oneDNN path indexes
+    # past the end instead: an IndexError from select).
+    _, dev = _fp32_pair(num_layers=2)
+    bad = (torch.zeros(1, 3, 7, device="neuron"), torch.zeros(1, 3, 7, device="neuron"))
+    with pytest.raises(RuntimeError, match="hidden states"):
+        torch._VF.lstm(torch.randn(6, 3, 5, device="neuron"), bad, dev._flat_weights, True, 2, 0.0, True, False, False)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_rnn_under_torch_compile_equals_eager_bit_for_bit(kind):
+    # Dynamo declines RNN modules and runs them eagerly: the neuron kernels they reach are run,
+    # not traced and compiled into the graph (kernels.never_traced).
+    torch.manual_seed(0)
+    dev = kind(5, 7, num_layers=2).to("neuron")
+    x = torch.randn(4, 3, 5, device="neuron")
+    expected = dev(x)[0]
+    torch._dynamo.reset()
+    got = torch.compile(dev, backend="neuron")(x)[0]
+    assert torch.equal(got.cpu(), expected.cpu())
+
+
+# ---- the fused cells against ATen's differentiable definitions ----------------------------------
+
+def _cell_args(factor, n=3, h=5, bias=True, dtype=torch.double):
+    g = torch.Generator().manual_seed(0)
+    t = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+    ig, hg, prev = t(n, factor * h), t(n, factor * h), t(n, h)
+    b1, b2 = (t(factor * h), t(factor * h)) if bias else (None, None)
+    return ig, hg, prev, b1, b2
+
+
+def _neuron(*ts):
+    return [t.to("neuron") if t is not None else None for t in ts]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("grads", ["both", "hy", "cy"])
+def test_fused_lstm_cell_backward_matches_atens_differentiable_backward(grads, bias):
+    ig, hg, cx, b1, b2 = _cell_args(4, bias=bias)
+    hy, cy, ws = torch.ops.aten._thnn_fused_lstm_cell(*_neuron(ig, hg, cx, b1, b2))
+    g = torch.Generator().manual_seed(1)
+    ghy = torch.randn(3, 5, generator=g, dtype=torch.double) if grads != "cy" else None
+    gcy = torch.randn(3, 5, generator=g, dtype=torch.double) if grads != "hy" else None
+    got = torch.ops.aten._thnn_fused_lstm_cell_backward_impl(*_neuron(ghy, gcy, cx), cy, ws, bias)
+    ref = torch.ops.aten._thnn_differentiable_lstm_cell_backward(ghy, gcy, ig, hg, b1, b2, cx, cy.cpu())
+    torch.testing.assert_close(got[0].cpu(), ref[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(got[1].cpu(), ref[2], atol=1e-12, rtol=1e-10)
+    if bias:
+        torch.testing.assert_close(got[2].cpu(), ref[3], atol=1e-12, rtol=1e-10)
+    else:
+        assert got[2] is None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_gru_cell_backward_matches_atens_differentiable_backward(bias):
+    ig, hg, hx, b1, b2 = _cell_args(3, bias=bias)
+    _, ws = torch.ops.aten._thnn_fused_gru_cell(*_neuron(ig, hg, hx, b1, b2))
+    ghy = torch.randn(3, 5, generator=torch.Generator().manual_seed(1), dtype=torch.double)
+    got = torch.ops.aten._thnn_fused_gru_cell_backward(ghy.to("neuron"), ws, bias)
+    ref = torch.ops.aten._thnn_differentiable_gru_cell_backward(ghy, ig, hg, hx, b1, b2)
+    for i in range(3):
+        torch.testing.assert_close(got[i].cpu(), ref[i], atol=1e-12, rtol=1e-10)
+    for i in (3, 4):
+        if bias:
+            torch.testing.assert_close(got[i].cpu(), ref[i], atol=1e-12, rtol=1e-10)
+        else:
+            assert got[i] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gru_low_precision_computes_in_fp32_and_rounds_once(dtype):
+    ig, hg, hx, b1, b2 = (t.to(dtype) for t in _cell_args(3, dtype=torch.float32))
+    hy, ws = torch.ops.aten._thnn_fused_gru_cell(*_neuron(ig, hg, hx, b1, b2))
+    gi, gh = (ig.float() + b1.float()).view(3, 3, 5), hg.float().view(3, 3, 5)
+    gh[:, :2] += b2.float().view(3, 5)[:2]
+    gh[:, 2] += b2.float().view(3, 5)[2]
+    rz = (ig.float().view(3, 3, 5)[:, :2] + hg.float().view(3, 3, 5)[:, :2] + b1.float().view(3, 5)[:2]
+          + b2.float().view(3, 5)[:2]).sigmoid()
+    n_ = (gi[:, 2] + rz[:, 0] * gh[:, 2]).tanh()
+    hy_ref = n_ + rz[:, 1] * (hx.float() - n_)
+    assert hy.dtype == dtype and ws.dtype == dtype
+    torch.testing.assert_close(hy.cpu(), hy_ref.to(dtype), atol=0, rtol=0)
+
+
+def test_fused_cells_read_strided_gates():
+    ig, hg, cx, b1, b2 = _cell_args(4)
+    expected = torch.ops.aten._thnn_fused_lstm_cell(*_neuron(ig, hg, cx, b1, b2))
+    # the same values through transposed and sliced layouts
+    igt = ig.t().contiguous().to("neuron").t()
+    hgs = torch.stack([hg, hg], 2).to("neuron")[:, :, 0]
+    got = torch.ops.aten._thnn_fused_lstm_cell(igt, hgs, *_neuron(cx, b1, b2))
+    assert not igt.is_contiguous() and not hgs.is_contiguous()
+    for a, b in zip(got, expected):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_fused_cell_rejects_a_bias_on_another_device():
+    ig, hg, cx, b1, b2 = _cell_args(4, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ops.aten._thnn_fused_lstm_cell(*_neuron(ig, hg, cx, b1), b2)
+
+
+def test_fused_cell_rejects_mixed_dtypes():
+    ig, hg, cx, b1, b2 = _cell_args(3, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.ops.aten._thnn_fused_gru_cell(*_neuron(ig, hg.double(), cx, b1, b2))
+
+
+def test_fused_gru_backward_rejects_a_workspace_of_the_wrong_size():
+    g = torch.randn(2, 3, device="neuron")
+    with pytest.raises(RuntimeError, match="workspace"):
+        torch.ops.aten._thnn_fused_gru_cell_backward(g, torch.randn(2, 12, device="neuron"), True)
+
+
+@pytest.mark.usefixtures("engine_on")
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTMCell])
+def test_recurrent_training_step_through_the_fused_cells_never_waits(kind):
+    # Per-step GEMMs and the fused cells, forward and backward, all queued (tests/conftest.py).
+    torch.manual_seed(0)
+    model = kind(6, 8).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 3, 6, device="neuron") if kind is nn.GRU else torch.randn(3, 6, device="neuron")
+
+    def loss():
+        out = model(x)
+        return (out[0] if isinstance(out, tuple) else out).square().sum()
+
+    trains_without_waiting(loss, opt)

@@ -9,6 +9,12 @@ the cases CPU covers back to the CPU kernel (:func:`cpu_kernel`), so those stay 
 
 Registration runs at import (inside ``import torch``): it must stay cheap, so kernel modules
 import only torch.
+
+These are kernels, below the dispatcher: TorchDynamo must not trace them. It would, since it
+hooks every Python frame a compiled function's eager parts call (an ``nn.LSTM`` it declines to
+trace runs eagerly and calls them) and would compile their insides into its graph, with the
+tracing tools' view of ops (meta kernels) instead of the kernel's. Each kernel's code is marked
+skipped, with everything it calls (``_KernelLibrary``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cpu_kernel", "on_cpu", "register"]
+__all__ = ["cpu_kernel", "never_traced", "on_cpu", "register"]
 
 _LIB: torch.library.Library | None = None
 
@@ -42,12 +48,30 @@ def on_cpu(name: str, fn: Any, *args: Any) -> Any:
     return _C._on_cpu(name, fn, *args)
 
 
+def never_traced(fn: Any) -> Any:
+    """Mark the Python function ``fn`` (a kernel) as one TorchDynamo runs without tracing, with
+    every frame it calls; through ``torch._C`` alone, so that TorchDynamo need not be imported."""
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    return fn
+
+
+class _KernelLibrary(torch.library.Library):
+    """``torch.library.Library`` whose registered kernels TorchDynamo never traces."""
+
+    def impl(self, op_name: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().impl(op_name, never_traced(fn), *args, **kwargs)
+
+
 def register() -> None:
     """Register every kernel of this package for the neuron key (once per process)."""
     global _LIB
     if _LIB is not None:
         return
-    lib = torch.library.Library("aten", "IMPL")
+    lib = _KernelLibrary("aten", "IMPL")
     from . import attention, dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm
 
     for module in (attention, dropout, dtypes, gemm_dtype, histc, pooling, rnn, sync_batch_norm):

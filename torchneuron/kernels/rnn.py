@@ -1,212 +1,98 @@
-"""The fused RNN cells ATen calls for every non-CPU input, with CUDA's semantics.
+"""``nn.LSTM`` on neuron through oneDNN, as on CPU.
 
-``aten/src/ATen/native/RNN.cpp`` computes ``LSTMCell`` / ``GRUCell`` (and so ``nn.LSTM``,
-``nn.GRU``, ``nn.LSTMCell``, ``nn.GRUCell``, packed sequences included) for inputs that are
-``is_cuda() || is_xpu() || is_privateuseone()`` as two GEMMs followed by one fused pointwise
-kernel, ``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``, whose backward
-(``_thnn_fused_lstm_cell_backward_impl`` / ``_thnn_fused_gru_cell_backward``) reads the
-*workspace* the forward saved. Only CUDA has those kernels (``aten/src/ATen/native/cuda/RNN.cu``);
-these are neuron's, with the same workspace layouts so forward and backward pair up (and a
-workspace made by one can be consumed by the other, as autograd does):
-
-- LSTM: ``workspace`` is ``[N, 4H]`` (contiguous, the gates' dtype) holding the *activated*
-  gates ``sigmoid(i), sigmoid(f), tanh(g), sigmoid(o)`` in that order along dim 1;
-- GRU: ``workspace`` is ``[N, 5H]`` holding ``r, z, n, hx, hn + b_hn`` (reset gate, update gate,
-  new gate after tanh, previous hidden state, hidden part of the new gate with its bias).
-
-Arithmetic is in the accumulation type (fp32 for fp16/bf16, as CUDA's ``acc_type``), results
-and workspace are rounded once to the input dtype. Gate pre-activations are summed in CUDA's
-order ``((input + hidden) + input_bias) + hidden_bias``.
+ATen's ``lstm`` (``aten/src/ATen/native/RNN.cpp``) runs oneDNN's fused LSTM only for CPU
+tensors; for every other device it runs two GEMMs and one fused cell per time step
+(``_thnn_fused_lstm_cell``, neuron's in ``csrc/backend/rnn_cells.cpp``). On this device the
+per-step route cost 2.9x CPU's time for a 2x200 LSTM training step. :func:`lstm`, registered
+above autograd, gives neuron CPU's choice: where CPU would run oneDNN it runs the same
+``mkldnn_rnn_layer`` kernels (the same bits as CPU, forward and backward); every other call
+(projections, float64, packed sequences, oneDNN disabled) takes ATen's composite.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import on_cpu
+__all__ = ["lstm"]
 
-__all__ = ["fused_lstm_cell", "fused_lstm_cell_backward_impl", "fused_gru_cell",
-           "fused_gru_cell_backward"]
-
-_FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+_ONEDNN_LSTM = 2  # ideep::rnn_kind::LSTM, the mode mkldnn_rnn_layer takes
 
 
-def _c10_name(dtype: torch.dtype) -> str:
-    """The ScalarType name ATen's dtype-dispatch errors use ('Long', 'ComplexFloat', ...)."""
-    return torch.empty((), dtype=dtype, device="meta").type().rsplit(".", 1)[-1].replace("Tensor", "")
+@functools.cache
+def _onednn_supports(dtype: torch.dtype) -> bool:
+    # CPU's use_mkldnn (aten/src/ATen/native/RNN.cpp): fp32 always, bf16/fp16 where oneDNN runs
+    # them natively on this host (fp16 only without autograd, checked by the caller).
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+def _onednn_lstm_applies(input, hx, params, has_biases: bool, num_layers: int, bidirectional: bool,
+                         batch_first: bool) -> bool:
+    """Whether CPU would run this ``lstm`` call through oneDNN were it on CPU: the same rule, for
+    neuron tensors of one device; anything else (projections, other dtypes, malformed
+    arguments, tensors being traced) takes ATen's composite, which raises CPU's errors."""
+    if not torch._C._get_mkldnn_enabled() or len(hx) != 2 or input.dim() != 3 or input.numel() == 0:
+        return False
+    if input.dtype == torch.float16 and torch.is_grad_enabled():
+        return False
+    if not _onednn_supports(input.dtype):
+        return False
+    tensors = [input, *hx, *params]
+    # Only plain device tensors: fake, functional or batched ones (torch.compile, torch.func)
+    # take the composite, whose decomposition those tools know.
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors):
+        return False
+    if torch._C._are_functorch_transforms_active() or any(t.device != input.device for t in tensors):
+        return False
+    layers = num_layers * (2 if bidirectional else 1)
+    h, c = hx
+    if h.dim() != 3 or c.shape != h.shape or h.size(0) != layers or h.size(1) != input.size(0 if batch_first else 1):
+        return False  # (projections give h and c different sizes)
+    return len(params) == layers * (4 if has_biases else 2)
 
 
-def _check_sizes(fn: str, input_gates, hidden_gates, input_bias, hidden_bias, factor: int, prev) -> None:
-    # The checks of RNN.cu's checkSizes, with its messages' substance.
-    if input_gates.dim() != 2:
-        raise RuntimeError(f"{fn}: Expected 2-dimensional tensor, but got {input_gates.dim()}-dimensional "
-                           "tensor for argument #1 'input_gates'")
-    if input_gates.shape != hidden_gates.shape:
-        raise RuntimeError(f"{fn}: Expected tensor for argument #1 'input_gates' to have the same size as "
-                           f"tensor for argument #2 'hidden_gates'; but {list(input_gates.shape)} does not "
-                           f"equal {list(hidden_gates.shape)}")
-    gates = input_gates.shape[1]
-    if (input_bias is None) != (hidden_bias is None):
-        raise RuntimeError(f"{fn}: input_bias and hidden_bias must both be given or both be None")
-    if input_bias is not None:
-        if input_bias.dim() != 1 or input_bias.numel() != gates:
-            raise RuntimeError(f"{fn}: Expected 'input_bias' to be 1-dimensional with {gates} elements, "
-                               f"but got shape {list(input_bias.shape)}")
-        if input_bias.shape != hidden_bias.shape:
-            raise RuntimeError(f"{fn}: 'input_bias' and 'hidden_bias' differ in size: "
-                               f"{list(input_bias.shape)} vs {list(hidden_bias.shape)}")
-    if prev.dim() != 2 or prev.numel() != input_gates.shape[0] * gates // factor:
-        raise RuntimeError(f"{fn}: Expected 'prev_hidden' of shape [{input_gates.shape[0]}, {gates // factor}], "
-                           f"but got {list(prev.shape)}")
-    tensors = [t for t in (input_gates, hidden_gates, input_bias, hidden_bias, prev) if t is not None]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise RuntimeError(f"{fn}: Expected all tensors to be on the same device, but found at least two "
-                           f"devices, {', '.join(sorted(str(d) for d in devices))}!")
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1:
-        raise RuntimeError(f"{fn}: expected all tensors to have the same dtype, got {sorted(map(str, dtypes))}")
-    if input_gates.dtype not in _FLOATING:
-        raise NotImplementedError(f'"{fn}" not implemented for \'{_c10_name(input_gates.dtype)}\'')
-
-
-def _gate_sum(ig, hg, b1, b2, acc):
-    s = ig.to(acc) + hg.to(acc)
-    if b1 is not None:
-        s = s + b1.to(acc) + b2.to(acc)
-    return s
-
-
-def _lstm_forward(ig, hg, cx, b1, b2):
-    dtype, acc = ig.dtype, _acc(ig.dtype)
-    n, h = cx.shape
-    gates = _gate_sum(ig, hg, b1, b2, acc).view(n, 4, h)
-    act = torch.empty_like(gates)
-    torch.sigmoid(gates[:, 0:2], out=act[:, 0:2])
-    torch.tanh(gates[:, 2], out=act[:, 2])
-    torch.sigmoid(gates[:, 3], out=act[:, 3])
-    i, f, g, o = act.unbind(1)
-    cy = f * cx.to(acc) + i * g
-    hy = o * torch.tanh(cy)
-    return hy.to(dtype), cy.to(dtype), act.view(n, 4 * h).to(dtype)
-
-
-def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
-    """``aten::_thnn_fused_lstm_cell``: ``(hy, cy, workspace)`` for pre-computed gate GEMMs."""
-    _check_sizes("_thnn_fused_lstm_cell", input_gates, hidden_gates, input_bias, hidden_bias, 4, cx)
-    return on_cpu("_thnn_fused_lstm_cell", _lstm_forward, input_gates, hidden_gates,
-                                        cx, input_bias, hidden_bias)
-
-
-def _lstm_backward(grad_hy, grad_cy, cx, cy, ws, has_bias):
-    dtype, acc = ws.dtype, _acc(ws.dtype)
-    n, h = cx.shape
-    i, f, g, o = ws.reshape(n, 4, h).to(acc).unbind(1)
-    tcy = torch.tanh(cy.to(acc))
-    go = grad_hy.to(acc) if grad_hy is not None else torch.zeros((), dtype=acc)
-    goc = grad_cy.to(acc) if grad_cy is not None else torch.zeros((), dtype=acc)
-    gog = go * tcy
-    gcx = go * o * (1 - tcy * tcy) + goc
-    grad = torch.empty((n, 4, h), dtype=acc)
-    grad[:, 0] = gcx * g * (1 - i) * i
-    grad[:, 1] = gcx * cx.to(acc) * (1 - f) * f
-    grad[:, 2] = gcx * i * (1 - g * g)
-    grad[:, 3] = gog * (1 - o) * o
-    grad_gates = grad.view(n, 4 * h).to(dtype)
-    grad_cx = (gcx * f).expand(n, h).to(dtype)
-    grad_bias = grad_gates.sum(0) if has_bias else None
-    return grad_gates, grad_cx.contiguous(), grad_bias
-
-
-def fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
-    """``aten::_thnn_fused_lstm_cell_backward_impl``: ``(grad_gates, grad_cx, grad_bias)`` from
-    the forward's workspace (``None`` results when neither gradient is defined, as on CUDA)."""
-    if grad_hy is None and grad_cy is None:
-        return None, None, None
-    defined = grad_hy if grad_hy is not None else grad_cy
-    exp = list(defined.shape)
-    if defined.dim() != 2:
-        raise RuntimeError("fused_lstm_cell_backward: Expected 2-dimensional gradient, "
-                           f"but got {defined.dim()}-dimensional")
-    for name, t in (("grad_hy", grad_hy), ("grad_cy", grad_cy), ("cx", cx), ("cy", cy)):
-        if t is not None and list(t.shape) != exp:
-            raise RuntimeError(f"fused_lstm_cell_backward: Expected tensor for '{name}' to have size {exp}, "
-                               f"but got {list(t.shape)}")
-    if workspace.dim() != 2 or workspace.numel() != exp[0] * exp[1] * 4:
-        raise RuntimeError(f"fused_lstm_cell_backward: Expected 'workspace' with {exp[0] * exp[1] * 4} "
-                           f"elements, but got shape {list(workspace.shape)}")
-    return on_cpu("_thnn_fused_lstm_cell_backward_impl", _lstm_backward, grad_hy,
-                                        grad_cy, cx, cy, workspace, has_bias)
-
-
-def _gru_forward(ig, hg, hx, b1, b2):
-    dtype, acc = ig.dtype, _acc(ig.dtype)
-    n, h = hx.shape
-    ig3, hg3 = ig.to(acc).reshape(n, 3, h), hg.to(acc).reshape(n, 3, h)
-    if b1 is not None:
-        b13, b23 = b1.to(acc).reshape(3, h), b2.to(acc).reshape(3, h)
-        rz = torch.sigmoid(ig3[:, 0:2] + hg3[:, 0:2] + b13[0:2] + b23[0:2])
-        hn = hg3[:, 2] + b23[2]
-        ng = torch.tanh(ig3[:, 2] + b13[2] + rz[:, 0] * hn)
-    else:
-        rz = torch.sigmoid(ig3[:, 0:2] + hg3[:, 0:2])
-        hn = hg3[:, 2]
-        ng = torch.tanh(ig3[:, 2] + rz[:, 0] * hn)
-    hxa = hx.to(acc)
-    hy = ng + rz[:, 1] * (hxa - ng)
-    ws = torch.empty((n, 5, h), dtype=dtype)
-    ws[:, 0:2] = rz
-    ws[:, 2] = ng
-    ws[:, 3] = hx
-    ws[:, 4] = hn
-    return hy.to(dtype), ws.view(n, 5 * h)
-
-
-def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
-    """``aten::_thnn_fused_gru_cell``: ``(hy, workspace)`` for pre-computed gate GEMMs."""
-    _check_sizes("_thnn_fused_gru_cell", input_gates, hidden_gates, input_bias, hidden_bias, 3, hx)
-    return on_cpu("_thnn_fused_gru_cell", _gru_forward, input_gates, hidden_gates, hx,
-                                        input_bias, hidden_bias)
-
-
-def _gru_backward(grad_hy, ws, has_bias):
-    dtype, acc = ws.dtype, _acc(ws.dtype)
-    n, h5 = ws.shape
-    h = h5 // 5
-    r, z, ng, hx, hn = ws.reshape(n, 5, h).to(acc).unbind(1)
-    go = grad_hy.to(acc)
-    gig = go * (hx - ng) * (1 - z) * z
-    ghx = go * z
-    gin = go * (1 - z) * (1 - ng * ng)
-    ghn = gin * r
-    grg = gin * hn * (1 - r) * r
-    gi = torch.stack((grg, gig, gin), 1).view(n, 3 * h).to(dtype)
-    gh = torch.stack((grg, gig, ghn), 1).view(n, 3 * h).to(dtype)
-    if has_bias:
-        return gi, gh, ghx.to(dtype), gi.sum(0), gh.sum(0)
-    return gi, gh, ghx.to(dtype), None, None
-
-
-def fused_gru_cell_backward(grad_hy, workspace, has_bias):
-    """``aten::_thnn_fused_gru_cell_backward``: ``(grad_input_gates, grad_hidden_gates, grad_hx,
-    grad_input_bias, grad_hidden_bias)`` from the forward's workspace."""
-    if grad_hy.dim() != 2:
-        raise RuntimeError("fused_gru_cell_backward: Expected 2-dimensional tensor for argument #1 'grad_hy', "
-                           f"but got {grad_hy.dim()}-dimensional")
-    expected = [grad_hy.shape[0], grad_hy.shape[1] * 5]
-    if list(workspace.shape) != expected:
-        raise RuntimeError(f"fused_gru_cell_backward: Expected tensor for argument #2 'workspace' to have size "
-                           f"{expected}, but got {list(workspace.shape)}")
-    return on_cpu("_thnn_fused_gru_cell_backward", _gru_backward, grad_hy, workspace,
-                                        has_bias)
+def lstm(input, hx, params, has_biases: bool, num_layers: int, dropout: float, train: bool,
+         bidirectional: bool, batch_first: bool):
+    """``aten::lstm.input`` for neuron tensors, above autograd: where CPU runs oneDNN's LSTM
+    (``use_mkldnn``), neuron runs the same ``mkldnn_rnn_layer`` kernels layer by layer (as
+    ``mkldnn_rnn`` does, with dropout between layers), so results and gradients equal CPU's bit
+    for bit; every other call takes ATen's composite (two GEMMs and a fused cell per step)."""
+    if not _onednn_lstm_applies(input, hx, params, has_biases, num_layers, bidirectional, batch_first):
+        return torch.ops.aten.lstm.input._op_dk(_COMPOSITE, input, hx, params, has_biases, num_layers, dropout,
+                                                train, bidirectional, batch_first)
+    x = (input.transpose(0, 1) if batch_first else input).contiguous()
+    h0, c0 = hx[0].contiguous(), hx[1].contiguous()
+    hidden = h0.size(2)
+    directions = 2 if bidirectional else 1
+    stride = 4 if has_biases else 2
+    hy, cy = [], []
+    for layer in range(num_layers):
+        outs = []
+        for d in range(directions):
+            i = layer * directions + d
+            w = params[i * stride:(i + 1) * stride]
+            # Without biases the kernel still takes two (ignored) tensors, zeros as mkldnn_rnn's.
+            b_ih = w[2] if has_biases else torch.zeros(w[0].shape, dtype=w[0].dtype, device=w[0].device)
+            b_hh = w[3] if has_biases else torch.zeros(w[1].shape, dtype=w[1].dtype, device=w[1].device)
+            y, h, c, _ = torch.ops.aten.mkldnn_rnn_layer(x, w[0], w[1], b_ih, b_hh, h0[i], c0[i], d > 0, [],
+                                                         _ONEDNN_LSTM, hidden, num_layers, has_biases,
+                                                         bidirectional, batch_first, train)
+            outs.append(y)
+            hy.append(h)
+            cy.append(c)
+        x = outs[0] if directions == 1 else torch.cat(outs, -1)
+        if dropout != 0 and train and layer < num_layers - 1:
+            x = torch.dropout(x, dropout, True)
+    return (x.transpose(0, 1) if batch_first else x), torch.stack(hy, 0), torch.stack(cy, 0)
 
 
 def register(lib: torch.library.Library) -> None:
-    lib.impl("_thnn_fused_lstm_cell", fused_lstm_cell, "PrivateUse1")
-    lib.impl("_thnn_fused_lstm_cell_backward_impl", fused_lstm_cell_backward_impl, "PrivateUse1")
-    lib.impl("_thnn_fused_gru_cell", fused_gru_cell, "PrivateUse1")
-    lib.impl("_thnn_fused_gru_cell_backward", fused_gru_cell_backward, "PrivateUse1")
+    lib.impl("lstm.input", lstm, "AutogradPrivateUse1")
