@@ -41,6 +41,8 @@
 
 #include "generator.h"
 #include "cpu_features.h"
+#include "enqueue.h"
+#include "fallback.h"
 #include "philox.h"
 #include "zero_copy.h"
 
@@ -637,6 +639,24 @@ at::Tensor& bernoulli_out(const at::Tensor& self, std::optional<at::Generator> g
 // CPU's semantics (output = input * mask * scale, bool mask, scale = 1 / (1 - p)), one fused pass
 // for contiguous floating inputs: the mask is bernoulli(1 - p) at the op's offset, the same
 // numbers the unfused bernoulli_ gives.
+void dropout_kernel(const at::Tensor& x, const at::Tensor& o, const at::Tensor& m, uint64_t seed, uint64_t offset,
+                    uint64_t t, double scale) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "native_dropout", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t s = static_cast<acc_t>(scale);
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* op = o.data_ptr<scalar_t>();
+    bool* mp = m.data_ptr<bool>();
+    for_each_chunk<1>(seed, offset, x.numel(), [=](int64_t i0, int64_t n, Words w) {
+      keep_mask(w[0], n, t, mp + i0);
+      // (x * mask) * scale, as CPU rounds it (x * 0 keeps signed zeros and NaN).
+      for (int64_t k = 0; k < n; ++k) {
+        op[i0 + k] = static_cast<scalar_t>(static_cast<acc_t>(xp[i0 + k]) * static_cast<acc_t>(mp[i0 + k]) * s);
+      }
+    });
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
   if (input.numel() == 0) return {input, at::empty_like(input)};
   if (train.has_value() && !*train) {
@@ -650,29 +670,61 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     return {input.mul(mask).mul_(scale), mask};
   }
   TORCH_CHECK(0 <= p1m && p1m <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p1m);
-  at::Tensor output = at::empty_like(input);
-  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
+  const uint64_t t = threshold(p1m);
+  at::Tensor output, mask;
+  // Queued with the engine on: the generator's offsets are reserved here, in program order, so
+  // the numbers are those a synchronous call would draw. Not while a graph is captured: a replay
+  // would draw the captured offsets again (CUDA graphs advance them per replay), so the capture
+  // stops with an error instead, as for every random op.
+  if (may_enqueue() && !neuron::rt::engine::capturing() && input.is_privateuseone()) {
+    QueuedCall q;
+    at::Tensor x = q.in(input);
+    at::Tensor o = q.out(output, input.sizes(), input.scalar_type()), m = q.out(mask, input.sizes(), at::kBool);
+    uint64_t seed, offset;  // (not a structured binding: C++17 lambdas cannot capture one)
+    std::tie(seed, offset) = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
+    q.enqueue("aten::native_dropout", [=]() { dropout_kernel(x, o, m, seed, offset, t, scale); });
+    return {output, mask};
+  }
+  output = at::empty_like(input);
+  mask = at::empty_like(input, input.options().dtype(at::kBool));
   ZeroCopy zc;
   at::Tensor x = zc.in(input), o = zc.in_output(output), m = zc.in_output(mask);
-  uint64_t seed, offset;
-  std::tie(seed, offset) = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
+  const auto [seed, offset] = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
   zc.launch("aten::native_dropout");
-  const uint64_t t = threshold(p1m);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "native_dropout", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const acc_t s = static_cast<acc_t>(scale);
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* op = o.data_ptr<scalar_t>();
-    bool* mp = m.data_ptr<bool>();
-    for_each_chunk<1>(seed, offset, input.numel(), [=](int64_t i0, int64_t n, Words w) {
-      keep_mask(w[0], n, t, mp + i0);
-      // (x * mask) * scale, as CPU rounds it (x * 0 keeps signed zeros and NaN).
-      for (int64_t k = 0; k < n; ++k) {
-        op[i0 + k] = static_cast<scalar_t>(static_cast<acc_t>(xp[i0 + k]) * static_cast<acc_t>(mp[i0 + k]) * s);
-      }
-    });
-  });
+  dropout_kernel(x, o, m, seed, offset, t, scale);
   return {output, mask};
+}
+
+// Its backward, grad * mask * scale with CPU's roundings (the product with the mask, exact, then
+// the scale in the accumulation type), queued for the dense arguments autograd passes; any other call takes
+// CPU's kernel through the boxed fallback.
+constexpr char kDropoutBackward[] = "aten::native_dropout_backward";
+at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mask, double scale) {
+  if (may_enqueue() && queueable_like(grad, grad) && at::isFloatingType(grad.scalar_type()) && grad.is_contiguous() &&
+      mask.is_privateuseone() && mask.device() == grad.device() && mask.scalar_type() == at::kBool &&
+      mask.layout() == c10::kStrided && mask.sizes() == grad.sizes() && mask.is_contiguous()) {
+    QueuedCall q;
+    at::Tensor g = q.in(grad), m = q.in(mask), out;
+    at::Tensor o = q.out(out, grad.sizes(), grad.scalar_type());
+    q.enqueue(kDropoutBackward, [g, m, o, scale]() {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "native_dropout_backward", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        const acc_t s = static_cast<acc_t>(scale);  // a Python number, cast as TensorIterator casts it
+        const scalar_t* gp = g.const_data_ptr<scalar_t>();
+        const bool* mp = m.const_data_ptr<bool>();
+        scalar_t* op = o.data_ptr<scalar_t>();
+        at::parallel_for(0, g.numel(), 32768, [=](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            // grad * mask rounded (exact: grad, a signed zero or NaN), then * scale rounded
+            const scalar_t gm = static_cast<scalar_t>(static_cast<acc_t>(gp[k]) * static_cast<acc_t>(mp[k]));
+            op[k] = static_cast<scalar_t>(static_cast<acc_t>(gm) * s);
+          }
+        });
+      });
+    });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<kDropoutBackward>(grad, mask, scale));
 }
 
 // ---- rrelu ----------------------------------------------------------------------------------
@@ -951,6 +1003,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor));
   m.impl("bernoulli.out", TORCH_FN(bernoulli_out));
   m.impl("native_dropout", TORCH_FN(native_dropout));
+  m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
   m.impl("rrelu_with_noise", TORCH_FN(rrelu_with_noise));
   m.impl("rrelu_with_noise.out", TORCH_FN(rrelu_with_noise_out));
   m.impl("rrelu_with_noise_", TORCH_FN(rrelu_with_noise_));

@@ -234,6 +234,11 @@ CASES = {
     "sub_int32_inplace_alpha": (lambda a, b: a.sub_(b, alpha=2), lambda: (torch.arange(6, dtype=torch.int32),
                                                                           torch.ones(6, dtype=torch.int32))),
     "mul_int64_inplace_wraps": (lambda t: t.mul_(2 ** 62), lambda: (torch.tensor([3, -5]),)),
+    # dropout's backward (its forward draws random numbers: test_dropout_* below)
+    "dropout_backward": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1.25),
+                         lambda: (r(6, 7), r(6, 7) > 0.3)),
+    "dropout_backward_bf16": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1 / 0.9),
+                              lambda: (r(5, 8, dtype=torch.bfloat16), r(5, 8) > -0.5)),
 }
 
 
@@ -555,3 +560,52 @@ def test_an_mlp_training_step_never_waits_for_the_device():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=True)
     x = n(r(8, 256))
     assert all(k >= 40 for k in trains_without_waiting(lambda: model(x).square().mean(), opt))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_queues_and_draws_what_a_synchronous_call_draws(dtype):
+    # The generator's offsets are reserved at the call, in program order: output, mask and the
+    # generator's state after two dropouts are those of the engine off, bit for bit.
+    x = n(r(300, 7, dtype=dtype))
+    results = []
+    for on in (False, True):
+        engine.set_enabled(on)
+        torch.manual_seed(5)
+        if on:
+            got = queued(lambda: (torch.ops.aten.native_dropout(x, 0.3, True), F.dropout(x, 0.5)))
+        else:
+            got = (torch.ops.aten.native_dropout(x, 0.3, True), F.dropout(x, 0.5))
+        (out, mask), second = got
+        results.append((out.cpu(), mask.cpu(), second.cpu(), torch.neuron.get_rng_state()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert results[1][1].dtype == torch.bool and 0 < results[1][1].sum() < x.numel()
+
+
+def test_dropout_with_an_invalid_probability_raises_at_the_call():
+    with pytest.raises(RuntimeError, match="p to be in"):
+        torch.ops.aten.native_dropout(n(r(8)), 1.5, True)
+
+
+def test_dropout_inside_a_graph_capture_is_refused():
+    # A replay would draw the captured offsets again (CUDA graphs advance them per replay).
+    x = n(r(64))
+    g = torch.neuron.NeuronGraph()
+    with pytest.raises(RuntimeError, match="(?s)cannot run while a graph is being captured.*in dropout"):
+        with torch.neuron.graph(g):
+            F.dropout(x, 0.5)
+
+
+def test_a_training_step_with_dropout_never_waits_for_the_device():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(32, 4)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = n(r(8, 16))
+    trains_without_waiting(lambda: model(x).square().mean(), opt)
+
+
+def test_dropout_backward_over_a_strided_gradient_runs_cpus_kernel():
+    g, m = r(7, 6).t(), r(6, 7) > 0
+    got = torch.ops.aten.native_dropout_backward(n(g), n(m), 2.0)
+    same(got, torch.ops.aten.native_dropout_backward(g, m, 2.0))
