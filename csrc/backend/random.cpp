@@ -14,6 +14,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/OpMathType.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/TransformationHelper.h>
@@ -636,9 +637,11 @@ at::Tensor& bernoulli_out(const at::Tensor& self, std::optional<at::Generator> g
 }
 
 // ---- dropout ---------------------------------------------------------------------------------
-// CPU's semantics (output = input * mask * scale, bool mask, scale = 1 / (1 - p)), one fused pass
-// for contiguous floating inputs: the mask is bernoulli(1 - p) at the op's offset, the same
-// numbers the unfused bernoulli_ gives.
+// output = input * mask * scale (bool mask, scale = 1 / (1 - p)), one fused pass for contiguous
+// floating inputs: the mask is bernoulli(1 - p) at the op's offset, the same numbers the unfused
+// bernoulli_ gives. The scale multiplies in the accumulation type, as CUDA's kernel does (and
+// as CPU's native_dropout_backward does; CPU's forward, input.mul(mask).mul_(scale) through the
+// C++ Scalar overload, rounds the scale to bf16/fp16 first).
 void dropout_kernel(const at::Tensor& x, const at::Tensor& o, const at::Tensor& m, uint64_t seed, uint64_t offset,
                     uint64_t t, double scale) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "native_dropout", [&] {
@@ -667,7 +670,9 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   if (!input.is_contiguous() || !at::isFloatingType(input.scalar_type())) {
     at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
     mask.bernoulli_(p1m);
-    return {input.mul(mask).mul_(scale), mask};
+    // The scale as a Python number is passed (the second operand): the same rounding as the fused
+    // kernel's, whatever the input's layout.
+    return {input.mul(mask).mul_(at::native::wrapped_scalar_tensor(scale)), mask};
   }
   TORCH_CHECK(0 <= p1m && p1m <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p1m);
   const uint64_t t = threshold(p1m);

@@ -54,10 +54,10 @@ def test_mish_backward_and_channel_shuffle_are_cpus_kernels_bit_for_bit():
 
 
 def test_boxed_fallback_is_registered_for_every_op():
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::cumsum", "PrivateUse1") is False
-    # The fallback serves ops without a kernel: cumsum runs and matches CPU.
-    x = torch.arange(10.0)
-    assert torch.equal(torch.cumsum(x.to("neuron"), 0).cpu(), torch.cumsum(x, 0))
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::cumprod", "PrivateUse1") is False
+    # The fallback serves ops without a kernel: cumprod runs and matches CPU.
+    x = torch.arange(1.0, 11.0)
+    assert torch.equal(torch.cumprod(x.to("neuron"), 0).cpu(), torch.cumprod(x, 0))
 
 
 def test_layer_norm_bf16_is_bit_identical_to_cpu():

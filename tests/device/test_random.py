@@ -476,6 +476,21 @@ def test_dropout_keeps_1_minus_p_and_scales():
     assert torch.equal(F.dropout(torch.ones(4, device=DEV), 0.5, training=False).cpu(), torch.ones(4))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dropout_of_a_strided_input_equals_that_of_its_contiguous_copy(dtype):
+    # Elements are numbered in logical order whatever the layout, and the scale is applied in
+    # the accumulation type on both paths (the fused one and the strided one).
+    x = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)).to(dtype).to(DEV).t()
+    torch.manual_seed(1)
+    a = F.dropout(x, 0.1)
+    torch.manual_seed(1)
+    b = F.dropout(x.contiguous(), 0.1)
+    assert torch.equal(a.cpu(), b.cpu())
+    kept = b.cpu() != 0
+    ref = (x.cpu().float() * (1 / 0.9)).to(dtype)  # one rounding of x * scale
+    assert torch.equal(b.cpu()[kept], ref[kept])
+
+
 def test_randint_random_covers_the_range_uniformly():
     torch.manual_seed(7)
     r = torch.randint(-3, 7, (N,), device=DEV).cpu()
