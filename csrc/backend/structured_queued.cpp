@@ -1,21 +1,37 @@
 // Structured ops the execution engine queues from their meta functions: the scan (cumsum), the
-// index reductions (argmax/argmin, max/min over a dim) and the triangle masks (triu/tril), ops a
-// training step calls on data it does not read back (position ids from an attention mask, a
-// causal mask built each step, a metric kept on the device).
+// index reductions (argmax/argmin, max/min over a dim), the triangle masks (triu/tril), the
+// infinity tests, boolean reductions over dims and where (SDPA's _safe_softmax under an
+// attention mask) and
+// the vector norms
+// (linalg_vector_norm, _foreach_norm: clip_grad_norm_), ops a training step calls on data it
+// does not read back (position ids from an attention mask, a causal mask built each step, the
+// gradients' norm, a metric kept on the device).
 //
 // ATen's structured meta function for each (at::meta::*, C++; run on meta tensors of the
 // arguments' sizes and strides) raises CPU's argument errors at the call and gives the results'
-// sizes, strides and dtype; the kernel is CPU's out= kernel over aliases, so results are CPU's bit
+// sizes, strides and dtype (for where, which is not structured: TensorIterator on meta tensors,
+// as CPU's where builds it); the kernel is CPU's out= kernel over aliases, so results are CPU's bit
 // for bit. Calls that cannot queue (engine off, arguments on other devices, lazy conj/neg bits)
 // take the boxed fallback as before.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/all_cpu_dispatch.h>
+#include <ATen/ops/all_meta_dispatch.h>
+#include <ATen/ops/any_cpu_dispatch.h>
+#include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/argmax_cpu_dispatch.h>
 #include <ATen/ops/argmax_meta_dispatch.h>
 #include <ATen/ops/argmin_cpu_dispatch.h>
 #include <ATen/ops/argmin_meta_dispatch.h>
 #include <ATen/ops/cumsum_cpu_dispatch.h>
 #include <ATen/ops/cumsum_meta_dispatch.h>
+#include <ATen/ops/isneginf_cpu_dispatch.h>
+#include <ATen/ops/isneginf_meta_dispatch.h>
+#include <ATen/ops/isposinf_cpu_dispatch.h>
+#include <ATen/ops/isposinf_meta_dispatch.h>
+#include <ATen/ops/linalg_vector_norm_cpu_dispatch.h>
+#include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/max_cpu_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/min_cpu_dispatch.h>
@@ -24,10 +40,12 @@
 #include <ATen/ops/tril_meta_dispatch.h>
 #include <ATen/ops/triu_cpu_dispatch.h>
 #include <ATen/ops/triu_meta_dispatch.h>
+#include <ATen/ops/where_cpu_dispatch.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "enqueue.h"
 #include "fallback.h"
@@ -112,9 +130,184 @@ at::Tensor triangle(const at::Tensor& self, int64_t diagonal) {
 constexpr char kTriu[] = "aten::triu";
 constexpr char kTril[] = "aten::tril";
 
+// isneginf / isposinf
+using UnaryFn = at::Tensor (*)(const at::Tensor&);
+using UnaryOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&);
+template <const char* Name, UnaryFn Meta, UnaryOutFn Cpu>
+at::Tensor unary(const at::Tensor& self) {
+  if (queueable(self)) {
+    const at::Tensor m = Meta(meta_like(self));
+    QueuedCall q;
+    at::Tensor x = q.in(self), out;
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(Name, [x, o]() mutable { Cpu(o, x); });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<Name>(self));
+}
+constexpr char kIsneginf[] = "aten::isneginf";
+constexpr char kIsposinf[] = "aten::isposinf";
+
+// all / any over dims
+using BoolFn = at::Tensor (*)(const at::Tensor&, at::OptionalIntArrayRef, bool);
+using BoolOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&, at::OptionalIntArrayRef, bool);
+template <const char* Name, BoolFn Meta, BoolOutFn Cpu>
+at::Tensor bool_reduction(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim) {
+  if (queueable(self)) {
+    const at::Tensor m = Meta(meta_like(self), dim, keepdim);
+    QueuedCall q;
+    at::Tensor x = q.in(self), out;
+    at::Tensor o = out_like(q, out, m);
+    std::optional<std::vector<int64_t>> d;
+    if (dim.has_value()) d = dim->vec();
+    q.enqueue(Name, [x, o, d, keepdim]() mutable {
+      Cpu(o, x, d.has_value() ? at::OptionalIntArrayRef(*d) : std::nullopt, keepdim);
+    });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, keepdim));
+}
+constexpr char kAllDims[] = "aten::all.dims";
+constexpr char kAnyDims[] = "aten::any.dims";
+// all.dim / any.dim: one dim
+template <const char* Name, BoolFn Meta, BoolOutFn Cpu>
+at::Tensor bool_reduction_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  if (queueable(self)) {
+    const int64_t d[1] = {dim};
+    return bool_reduction<Name, Meta, Cpu>(self, at::IntArrayRef(d), keepdim);
+  }
+  return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, keepdim));
+}
+constexpr char kAllDim[] = "aten::all.dim";
+constexpr char kAnyDim[] = "aten::any.dim";
+
+// Vector norms. The kernel is CPU's: its reduction order depends on the thread count, which
+// the queue runs with the host's (enqueue.cpp).
+constexpr char kVectorNorm[] = "aten::linalg_vector_norm";
+at::Tensor vector_norm(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dim, bool keepdim,
+                       std::optional<c10::ScalarType> dtype) {
+  if (queueable(self)) {
+    const at::Tensor m = at::meta::linalg_vector_norm(meta_like(self), ord, dim, keepdim, dtype);
+    QueuedCall q;
+    at::Tensor x = q.in(self), out;
+    at::Tensor o = out_like(q, out, m);
+    std::optional<std::vector<int64_t>> d;
+    if (dim.has_value()) d = dim->vec();
+    q.enqueue(kVectorNorm, [x, o, ord, d, keepdim, dtype]() mutable {
+      at::cpu::linalg_vector_norm_out(o, x, ord, d.has_value() ? at::OptionalIntArrayRef(*d) : std::nullopt, keepdim,
+                                      dtype);
+    });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<kVectorNorm>(self, ord, dim, keepdim, dtype));
+}
+
+// _foreach_norm: CPU's is a norm of each tensor (foreach_tensor_norm_slow); one queued kernel
+// computes them all, each with CPU's kernel.
+constexpr char kForeachNorm[] = "aten::_foreach_norm.Scalar";
+std::vector<at::Tensor> foreach_norm(at::TensorList tensors, const at::Scalar& ord, std::optional<c10::ScalarType> dtype) {
+  bool queue = may_enqueue() && !tensors.empty();
+  for (const at::Tensor& t : tensors) queue = queue && queueable_like(tensors[0], t);
+  if (queue) {
+    std::vector<at::Tensor> metas;
+    metas.reserve(tensors.size());
+    for (const at::Tensor& t : tensors) metas.push_back(at::meta::linalg_vector_norm(meta_like(t), ord, std::nullopt, false, dtype));
+    QueuedCall q;
+    std::vector<at::Tensor> xs, os, results(tensors.size());
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      xs.push_back(q.in(tensors[k]));
+      os.push_back(out_like(q, results[k], metas[k]));
+    }
+    q.enqueue(kForeachNorm, [xs, os, ord, dtype]() mutable {
+      for (size_t k = 0; k < xs.size(); ++k) at::cpu::linalg_vector_norm_out(os[k], xs[k], ord, std::nullopt, false, dtype);
+    });
+    return results;
+  }
+  return FromStack<std::vector<at::Tensor>>::get(via_fallback<kForeachNorm>(tensors, ord, dtype));
+}
+
+// where(condition, self, other): a bool condition and values that are neuron tensors or 0-dim
+// CPU tensors (Python numbers; _safe_softmax's zero), broadcast together. A CPU value is read at
+// the call (a copy), as CUDA reads it at launch.
+bool is_cpu_scalar(const at::Tensor& t) { return t.is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided; }
+bool where_value_queues(const at::Tensor& ref, const at::Tensor& v) {
+  return is_cpu_scalar(v) || (v.is_privateuseone() && v.device() == ref.device() && v.layout() == c10::kStrided &&
+                              !v.is_conj() && !v.is_neg());
+}
+at::Tensor where_value(QueuedCall& q, const at::Tensor& v) {
+  if (!is_cpu_scalar(v)) return q.in(v);
+  at::Tensor copy = v.clone();
+  if (v.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+// The result's layout (a meta tensor) if where(condition, self, other) may queue, else nullopt.
+// CPU's where casts a tensor value of another dtype first (.to(), which may change its layout):
+// such calls stay synchronous. The iterator's layout depends on the operands' sizes and strides
+// only, so the meta operands share one dtype (TensorIterator requires that).
+std::optional<at::Tensor> where_layout(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  if (!may_enqueue() || condition.scalar_type() != at::kBool || !queueable_like(condition, condition) ||
+      !where_value_queues(condition, self) || !where_value_queues(condition, other)) {
+    return std::nullopt;
+  }
+  const c10::ScalarType dtype = at::result_type(self, other);
+  if (!(is_cpu_scalar(self) || self.scalar_type() == dtype) || !(is_cpu_scalar(other) || other.scalar_type() == dtype)) {
+    return std::nullopt;
+  }
+  const auto meta = [dtype](const at::Tensor& t) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta).dtype(dtype));
+  };
+  at::TensorIteratorConfig config;  // raises CPU's broadcast error at the call
+  config.add_owned_output(at::Tensor())
+      .add_owned_const_input(meta(condition))
+      .add_owned_const_input(meta(self))
+      .add_owned_const_input(meta(other));
+  return config.build().output(0);
+}
+
+constexpr char kWhere[] = "aten::where.self";
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  if (const auto m = where_layout(condition, self, other)) {
+    QueuedCall q;
+    at::Tensor c = q.in(condition), a = where_value(q, self), b = where_value(q, other);
+    at::Tensor out, o = q.out(out, m->sizes(), m->scalar_type(), m->strides());
+    q.enqueue(kWhere, [c, a, b, o]() mutable { at::cpu::where_out(o, c, a, b); });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<kWhere>(condition, self, other));
+}
+
+// where.self_out, as _safe_softmax calls it (into its softmax result): queued when out already
+// has the result's shape and dtype (no resize) and does not overlap itself or partially
+// overlap an input (CPU raises for those).
+constexpr char kWhereOut[] = "aten::where.self_out";
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  const auto m = where_layout(condition, self, other);
+  if (m && out.is_privateuseone() && out.device() == condition.device() &&
+      out.layout() == c10::kStrided && !out.is_conj() && !out.is_neg() && out.scalar_type() == m->scalar_type() &&
+      out.sizes() == m->sizes() && at::has_internal_overlap(out) != at::MemOverlap::Yes &&
+      !partially_overlap(out, condition) && !partially_overlap(out, self) && !partially_overlap(out, other)) {
+    QueuedCall q;
+    at::Tensor c = q.in(condition), a = where_value(q, self), b = where_value(q, other), o = q.inout(out);
+    q.enqueue(kWhereOut, [c, a, b, o]() mutable { at::cpu::where_out(o, c, a, b); });
+    return out;
+  }
+  via_fallback<kWhereOut>(condition, self, other, out);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("where.self", TORCH_FN(where));
+  m.impl("where.self_out", TORCH_FN(where_out));
+  m.impl("isneginf", TORCH_FN((unary<kIsneginf, &at::meta::isneginf, &at::cpu::isneginf_out>)));
+  m.impl("isposinf", TORCH_FN((unary<kIsposinf, &at::meta::isposinf, &at::cpu::isposinf_out>)));
+  m.impl("all.dims", TORCH_FN((bool_reduction<kAllDims, &at::meta::all, &at::cpu::all_out>)));
+  m.impl("any.dims", TORCH_FN((bool_reduction<kAnyDims, &at::meta::any, &at::cpu::any_out>)));
+  m.impl("all.dim", TORCH_FN((bool_reduction_dim<kAllDim, &at::meta::all, &at::cpu::all_out>)));
+  m.impl("any.dim", TORCH_FN((bool_reduction_dim<kAnyDim, &at::meta::any, &at::cpu::any_out>)));
+  m.impl("linalg_vector_norm", TORCH_FN(vector_norm));
+  m.impl("_foreach_norm.Scalar", TORCH_FN(foreach_norm));
   m.impl("cumsum", TORCH_FN(cumsum));
   m.impl("argmax", TORCH_FN((arg_extremum<kArgmax, &at::meta::argmax, &at::cpu::argmax_out>)));
   m.impl("argmin", TORCH_FN((arg_extremum<kArgmin, &at::meta::argmin, &at::cpu::argmin_out>)));

@@ -250,6 +250,25 @@ CASES = {
     "triu": (lambda x: x.triu(1), lambda: (r(5, 5),)),
     "tril_batched_negative_diagonal": (lambda x: x.tril(-1), lambda: (r(2, 4, 6),)),
     "triu_bool_causal_mask": (lambda x: x.triu(1), lambda: (torch.ones(4, 4, dtype=torch.bool),)),
+    # norms (clip_grad_norm_), infinity tests, boolean reductions and where (_safe_softmax)
+    "vector_norm": (torch.linalg.vector_norm, lambda: (r(5, 7),)),
+    "vector_norm_ord1_dim_keepdim": (lambda x: torch.linalg.vector_norm(x, 1, dim=-1, keepdim=True), lambda: (r(5, 7),)),
+    "vector_norm_inf_bf16_as_fp32": (lambda x: torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32),
+                                     lambda: (r(4, 6, dtype=torch.bfloat16),)),
+    "foreach_norm": (lambda a, b, c: torch._foreach_norm([a, b, c]), lambda: (r(5, 3), r(7), r(2, 2, 2))),
+    "foreach_norm_ord_inf": (lambda a, b: torch._foreach_norm([a, b], float("inf")), lambda: (r(5, 3), r(7))),
+    "isneginf": (torch.isneginf, lambda: (torch.tensor([1.0, float("-inf"), float("inf"), float("nan")]),)),
+    "isposinf": (torch.isposinf, lambda: (torch.tensor([1.0, float("-inf"), float("inf"), float("nan")]),)),
+    "all_dim_keepdim": (lambda x: x.all(-1, keepdim=True), lambda: (r(4, 5) > -1,)),
+    "any_dims": (lambda x: x.any((0, 2)), lambda: (r(3, 4, 5) > 1,)),
+    "all_uint8_stays_uint8": (lambda x: x.all(0), lambda: ((r(3, 4) > 0).to(torch.uint8),)),
+    "where_broadcast": (torch.where, lambda: (r(4, 1) > 0, r(4, 5), r(5))),
+    "where_python_number": (lambda c, x: torch.where(c, x, 0.0), lambda: (r(3, 4) > 0, r(3, 4))),
+    "where_int64": (torch.where, lambda: (r(6) > 0, torch.arange(6), torch.zeros(6, dtype=torch.int64))),
+    "where_transposed_layout": (torch.where, lambda: (r(5, 4).t() > 0, r(5, 4).t(), r(5, 4).t())),
+    "where_out_into_a_value": (lambda c, a, o: torch.where(c, a, o, out=o), lambda: (r(3, 1) > 0, r(3, 4), r(3, 4))),
+    "safe_softmax_fully_masked_row": (lambda x: torch.ops.aten._safe_softmax(x, -1),
+                                      lambda: (torch.tensor([[0.5, 1.0, float("-inf")], [float("-inf")] * 3]),)),
     # dropout's backward (its forward draws random numbers: test_dropout_* below)
     "dropout_backward": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1.25),
                          lambda: (r(6, 7), r(6, 7) > 0.3)),
@@ -363,6 +382,8 @@ ERRORS = {
     "argmax_of_empty": (lambda: n(r(0, 3)).argmax(), "Expected reduction dim"),
     "max_dim_of_empty": (lambda: n(r(0, 3)).max(0), "non-zero size"),
     "triu_of_a_vector": (lambda: n(r(5)).triu(), "at least 2 dimensions"),
+    "where_shapes": (lambda: torch.where(n(r(3, 1) > 0), n(r(3, 4)), n(r(5))), "must match"),
+    "vector_norm_integer": (lambda: torch.linalg.vector_norm(n(torch.arange(4))), "floating point or complex"),
     "sum_repeated_dim": (lambda: n(r(3, 4)).sum((1, 1)), "appears multiple times"),
     "softmax_dim": (lambda: torch.softmax(n(r(3, 4)), 5), "Dimension out of range"),
     "broadcast": (lambda: n(r(3, 1)).expand(3, 4) + n(r(5)), "must match"),
@@ -629,3 +650,40 @@ def test_dropout_backward_over_a_strided_gradient_runs_cpus_kernel():
     g, m = r(7, 6).t(), r(6, 7) > 0
     got = torch.ops.aten.native_dropout_backward(n(g), n(m), 2.0)
     same(got, torch.ops.aten.native_dropout_backward(g, m, 2.0))
+
+
+def test_where_reads_a_cpu_scalar_value_at_the_call():
+    c, x, z = n(r(3, 4) > 0), n(r(3, 4)), torch.tensor(2.5)
+    out = queued(torch.where, c, z, x)
+    z.fill_(7.0)  # after the call, before the kernel ran
+    same(out, torch.where(c.cpu(), torch.tensor(2.5), x.cpu()))
+
+
+def test_a_step_clipping_the_gradients_norm_never_waits_for_the_device():
+    # clip_grad_norm_: _foreach_norm, the norm of the norms, the clamped coefficient, _foreach_mul_
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = n(r(4, 8))
+    for _ in range(2):
+        torch.neuron.synchronize()
+        before = engine.stats()
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+        assert engine.stats()["drains"] == before["drains"], "the step waited for the device"
+    assert norm.cpu() > 0
+
+
+def test_a_gpt2_training_step_never_waits_for_the_device():
+    # Hugging Face's GPT-2 (SDPA with its causal mask: _safe_softmax, where into the softmax),
+    # built from a config
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = n(torch.randint(0, 128, (2, 16), generator=gen))
+    trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
