@@ -1,18 +1,17 @@
-// Structured ops the execution engine queues from their meta functions: the scan (cumsum), the
-// index reductions (argmax/argmin, max/min over a dim), the triangle masks (triu/tril), the
-// infinity tests, boolean reductions over dims and where (SDPA's _safe_softmax under an
-// attention mask) and
-// the vector norms
-// (linalg_vector_norm, _foreach_norm: clip_grad_norm_), ops a training step calls on data it
-// does not read back (position ids from an attention mask, a causal mask built each step, the
-// gradients' norm, a metric kept on the device).
+// Ops the execution engine queues with their results laid out by ATen's own shape functions:
+// the scan (cumsum), the index reductions (argmax/argmin, max/min over a dim), the triangle
+// masks (triu/tril), the infinity tests, the boolean reductions over dims, where (SDPA's
+// _safe_softmax under an attention mask) and the vector norms (linalg_vector_norm, _foreach_norm:
+// clip_grad_norm_): ops a training step calls on data it does not read back (position ids from
+// an attention mask, a causal mask built each step, the gradients' norm, a metric kept on the
+// device).
 //
 // ATen's structured meta function for each (at::meta::*, C++; run on meta tensors of the
-// arguments' sizes and strides) raises CPU's argument errors at the call and gives the results'
-// sizes, strides and dtype (for where, which is not structured: TensorIterator on meta tensors,
-// as CPU's where builds it); the kernel is CPU's out= kernel over aliases, so results are CPU's bit
-// for bit. Calls that cannot queue (engine off, arguments on other devices, lazy conj/neg bits)
-// take the boxed fallback as before.
+// arguments' sizes and strides; for where, which is not structured, TensorIterator on meta
+// tensors as CPU's where builds it) raises CPU's argument errors at the call and gives the
+// results' sizes, strides and dtype; the kernel is CPU's out= kernel over aliases, so results
+// are CPU's bit for bit. Calls that cannot queue (engine off, arguments on other devices, lazy
+// conj/neg bits) take the boxed fallback as before.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
@@ -63,15 +62,34 @@ at::Tensor out_like(QueuedCall& q, at::Tensor& result, const at::Tensor& m) {
   return q.out(result, m.sizes(), m.scalar_type(), m.strides());
 }
 
+// The queued call of an op with one tensor argument and one result: `meta(meta_self)` is the
+// op's meta function, `cpu(out_alias, self_alias)` its CPU out= kernel.
+template <class Meta, class Cpu>
+at::Tensor enqueue_unary(const char* name, const at::Tensor& self, Meta&& meta, Cpu cpu) {
+  const at::Tensor m = meta(meta_like(self));
+  QueuedCall q;
+  at::Tensor x = q.in(self), out;
+  at::Tensor o = out_like(q, out, m);
+  q.enqueue(name, [x, o, cpu]() mutable { cpu(o, x); });
+  return out;
+}
+
+// An optional list of dims a kernel keeps (the caller's list does not outlive the call).
+std::optional<std::vector<int64_t>> owned(at::OptionalIntArrayRef dims) {
+  if (!dims.has_value()) return std::nullopt;
+  return dims->vec();
+}
+at::OptionalIntArrayRef ref(const std::optional<std::vector<int64_t>>& dims) {
+  if (!dims.has_value()) return std::nullopt;
+  return at::IntArrayRef(*dims);
+}
+
 constexpr char kCumsum[] = "aten::cumsum";
 at::Tensor cumsum(const at::Tensor& self, int64_t dim, std::optional<c10::ScalarType> dtype) {
   if (queueable(self)) {
-    const at::Tensor m = at::meta::cumsum(meta_like(self), dim, dtype);
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    q.enqueue(kCumsum, [x, o, dim, dtype]() mutable { at::cpu::cumsum_out(o, x, dim, dtype); });
-    return out;
+    return enqueue_unary(
+        kCumsum, self, [&](const at::Tensor& m) { return at::meta::cumsum(m, dim, dtype); },
+        [dim, dtype](at::Tensor& o, const at::Tensor& x) { at::cpu::cumsum_out(o, x, dim, dtype); });
   }
   return FromStack<at::Tensor>::get(via_fallback<kCumsum>(self, dim, dtype));
 }
@@ -82,12 +100,9 @@ using ArgOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&, std::optional<i
 template <const char* Name, ArgFn Meta, ArgOutFn Cpu>
 at::Tensor arg_extremum(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
   if (queueable(self)) {
-    const at::Tensor m = Meta(meta_like(self), dim, keepdim);
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    q.enqueue(Name, [x, o, dim, keepdim]() mutable { Cpu(o, x, dim, keepdim); });
-    return out;
+    return enqueue_unary(
+        Name, self, [&](const at::Tensor& m) { return Meta(m, dim, keepdim); },
+        [dim, keepdim](at::Tensor& o, const at::Tensor& x) { Cpu(o, x, dim, keepdim); });
   }
   return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, keepdim));
 }
@@ -118,12 +133,9 @@ using TriOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&, int64_t);
 template <const char* Name, TriFn Meta, TriOutFn Cpu>
 at::Tensor triangle(const at::Tensor& self, int64_t diagonal) {
   if (queueable(self)) {
-    const at::Tensor m = Meta(meta_like(self), diagonal);
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    q.enqueue(Name, [x, o, diagonal]() mutable { Cpu(o, x, diagonal); });
-    return out;
+    return enqueue_unary(
+        Name, self, [&](const at::Tensor& m) { return Meta(m, diagonal); },
+        [diagonal](at::Tensor& o, const at::Tensor& x) { Cpu(o, x, diagonal); });
   }
   return FromStack<at::Tensor>::get(via_fallback<Name>(self, diagonal));
 }
@@ -136,12 +148,8 @@ using UnaryOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&);
 template <const char* Name, UnaryFn Meta, UnaryOutFn Cpu>
 at::Tensor unary(const at::Tensor& self) {
   if (queueable(self)) {
-    const at::Tensor m = Meta(meta_like(self));
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    q.enqueue(Name, [x, o]() mutable { Cpu(o, x); });
-    return out;
+    return enqueue_unary(
+        Name, self, [](const at::Tensor& m) { return Meta(m); }, [](at::Tensor& o, const at::Tensor& x) { Cpu(o, x); });
   }
   return FromStack<at::Tensor>::get(via_fallback<Name>(self));
 }
@@ -154,16 +162,9 @@ using BoolOutFn = at::Tensor& (*)(at::Tensor&, const at::Tensor&, at::OptionalIn
 template <const char* Name, BoolFn Meta, BoolOutFn Cpu>
 at::Tensor bool_reduction(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim) {
   if (queueable(self)) {
-    const at::Tensor m = Meta(meta_like(self), dim, keepdim);
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    std::optional<std::vector<int64_t>> d;
-    if (dim.has_value()) d = dim->vec();
-    q.enqueue(Name, [x, o, d, keepdim]() mutable {
-      Cpu(o, x, d.has_value() ? at::OptionalIntArrayRef(*d) : std::nullopt, keepdim);
-    });
-    return out;
+    return enqueue_unary(
+        Name, self, [&](const at::Tensor& m) { return Meta(m, dim, keepdim); },
+        [d = owned(dim), keepdim](at::Tensor& o, const at::Tensor& x) { Cpu(o, x, ref(d), keepdim); });
   }
   return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, keepdim));
 }
@@ -187,17 +188,11 @@ constexpr char kVectorNorm[] = "aten::linalg_vector_norm";
 at::Tensor vector_norm(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dim, bool keepdim,
                        std::optional<c10::ScalarType> dtype) {
   if (queueable(self)) {
-    const at::Tensor m = at::meta::linalg_vector_norm(meta_like(self), ord, dim, keepdim, dtype);
-    QueuedCall q;
-    at::Tensor x = q.in(self), out;
-    at::Tensor o = out_like(q, out, m);
-    std::optional<std::vector<int64_t>> d;
-    if (dim.has_value()) d = dim->vec();
-    q.enqueue(kVectorNorm, [x, o, ord, d, keepdim, dtype]() mutable {
-      at::cpu::linalg_vector_norm_out(o, x, ord, d.has_value() ? at::OptionalIntArrayRef(*d) : std::nullopt, keepdim,
-                                      dtype);
-    });
-    return out;
+    return enqueue_unary(
+        kVectorNorm, self, [&](const at::Tensor& m) { return at::meta::linalg_vector_norm(m, ord, dim, keepdim, dtype); },
+        [ord, d = owned(dim), keepdim, dtype](at::Tensor& o, const at::Tensor& x) {
+          at::cpu::linalg_vector_norm_out(o, x, ord, ref(d), keepdim, dtype);
+        });
   }
   return FromStack<at::Tensor>::get(via_fallback<kVectorNorm>(self, ord, dim, keepdim, dtype));
 }
