@@ -14,6 +14,18 @@
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/embedding_dense_backward_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/eq_cpu_dispatch.h>
+#include <ATen/ops/eq_meta_dispatch.h>
+#include <ATen/ops/ge_cpu_dispatch.h>
+#include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/gt_cpu_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/le_cpu_dispatch.h>
+#include <ATen/ops/le_meta_dispatch.h>
+#include <ATen/ops/lt_cpu_dispatch.h>
+#include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/ne_cpu_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/nll_loss_backward_cpu_dispatch.h>
@@ -894,19 +906,55 @@ at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
   return HotInplace<const at::Tensor&>::template call<F, Name, K == Arith::Mul>(self, other);
 }
 
-// Comparisons: the small path, else the boxed fallback (as before they had a kernel here). A
-// Python number arrives as a Scalar; it is wrapped as ATen's meta function wraps it.
-template <const char* Name, Arith K>
+// Comparisons: the small path; else, with the engine on, queued with the bool result laid out
+// by ATen's structured meta function (which raises CPU's broadcast errors at the call) and
+// CPU's out= kernel over aliases (any real dtype: integer labels against -100, token ids against
+// a pad id); else the boxed fallback, as before they had a kernel here. A Python number arrives
+// as a Scalar; the small path wraps it as ATen's meta function wraps it.
+// An operand a queued comparison may read: a neuron tensor of ref's device, or a 0-dim CPU
+// tensor (copied at the call: its value is the one the call saw).
+inline bool comparison_operand_queues(const at::Tensor& ref, const at::Tensor& t) {
+  if (t.is_cpu()) return t.dim() == 0 && t.layout() == c10::kStrided && !t.is_complex();
+  return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
+         !t.is_neg() && !t.is_complex();
+}
+inline at::Tensor comparison_operand(QueuedCall& q, const at::Tensor& t) {
+  if (!t.is_cpu()) return q.in(t);
+  at::Tensor copy = t.clone();
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+template <const char* Name, Arith K, at::Tensor (*Meta)(const at::Tensor&, const at::Tensor&),
+          at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&)>
 at::Tensor comparison(const at::Tensor& self, const at::Tensor& other) {
   if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
+  const at::Tensor& ref = self.is_privateuseone() ? self : other;
+  if (may_enqueue() && ref.is_privateuseone() && comparison_operand_queues(ref, self) &&
+      comparison_operand_queues(ref, other)) {
+    const at::Tensor m = Meta(meta_like(self), meta_like(other));
+    QueuedCall q;
+    at::Tensor a = comparison_operand(q, self), b = comparison_operand(q, other), out;
+    at::Tensor o = q.out(out, m.sizes(), m.scalar_type(), m.strides());
+    q.enqueue(Name, [a, b, o]() mutable { Out(o, a, b); });
+    return out;
+  }
   return via_fallback<Name>(self, other).back().toTensor();
 }
-template <const char* Name, Arith K>
+template <const char* Name, Arith K, at::Tensor (*Meta)(const at::Tensor&, const at::Scalar&),
+          at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor comparison_scalar(const at::Tensor& self, const at::Scalar& other) {
   if (self.is_privateuseone() && !other.isSymbolic() && self.numel() <= kSmallNumel) {
     at::Tensor number = c10::scalar_to_tensor(other);
     number.unsafeGetTensorImpl()->set_wrapped_number(true);
     if (at::Tensor r; small_binary<Name, K>(self, number, nullptr, false, &r)) return r;
+  }
+  if (may_enqueue() && !other.isSymbolic() && !other.isComplex() && comparison_operand_queues(self, self)) {
+    const at::Tensor m = Meta(meta_like(self), other);
+    QueuedCall q;
+    at::Tensor a = q.in(self), out;
+    at::Tensor o = q.out(out, m.sizes(), m.scalar_type(), m.strides());
+    q.enqueue(Name, [a, other, o]() mutable { Out(o, a, other); });
+    return out;
   }
   return via_fallback<Name>(self, other).back().toTensor();
 }
@@ -1561,18 +1609,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mul_.Tensor", TORCH_FN((inplace<kMul_, Arith::Mul, &at::cpu::mul_>)));
   m.impl("div_.Tensor", TORCH_FN((inplace<kDiv_, Arith::Div, &at::cpu::div_>)));
   m.impl("sqrt", TORCH_FN((unary_floating<kSqrt, &at::cpu::sqrt_out, &at::cpu::sqrt>)));
-  m.impl("eq.Tensor", TORCH_FN((comparison<kEq, Arith::Eq>)));
-  m.impl("ne.Tensor", TORCH_FN((comparison<kNe, Arith::Ne>)));
-  m.impl("lt.Tensor", TORCH_FN((comparison<kLt, Arith::Lt>)));
-  m.impl("le.Tensor", TORCH_FN((comparison<kLe, Arith::Le>)));
-  m.impl("gt.Tensor", TORCH_FN((comparison<kGt, Arith::Gt>)));
-  m.impl("ge.Tensor", TORCH_FN((comparison<kGe, Arith::Ge>)));
-  m.impl("eq.Scalar", TORCH_FN((comparison_scalar<kEqS, Arith::Eq>)));
-  m.impl("ne.Scalar", TORCH_FN((comparison_scalar<kNeS, Arith::Ne>)));
-  m.impl("lt.Scalar", TORCH_FN((comparison_scalar<kLtS, Arith::Lt>)));
-  m.impl("le.Scalar", TORCH_FN((comparison_scalar<kLeS, Arith::Le>)));
-  m.impl("gt.Scalar", TORCH_FN((comparison_scalar<kGtS, Arith::Gt>)));
-  m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge>)));
+  m.impl("eq.Tensor", TORCH_FN((comparison<kEq, Arith::Eq, &at::meta::eq, &at::cpu::eq_out>)));
+  m.impl("ne.Tensor", TORCH_FN((comparison<kNe, Arith::Ne, &at::meta::ne, &at::cpu::ne_out>)));
+  m.impl("lt.Tensor", TORCH_FN((comparison<kLt, Arith::Lt, &at::meta::lt, &at::cpu::lt_out>)));
+  m.impl("le.Tensor", TORCH_FN((comparison<kLe, Arith::Le, &at::meta::le, &at::cpu::le_out>)));
+  m.impl("gt.Tensor", TORCH_FN((comparison<kGt, Arith::Gt, &at::meta::gt, &at::cpu::gt_out>)));
+  m.impl("ge.Tensor", TORCH_FN((comparison<kGe, Arith::Ge, &at::meta::ge, &at::cpu::ge_out>)));
+  m.impl("eq.Scalar", TORCH_FN((comparison_scalar<kEqS, Arith::Eq, &at::meta::eq, &at::cpu::eq_out>)));
+  m.impl("ne.Scalar", TORCH_FN((comparison_scalar<kNeS, Arith::Ne, &at::meta::ne, &at::cpu::ne_out>)));
+  m.impl("lt.Scalar", TORCH_FN((comparison_scalar<kLtS, Arith::Lt, &at::meta::lt, &at::cpu::lt_out>)));
+  m.impl("le.Scalar", TORCH_FN((comparison_scalar<kLeS, Arith::Le, &at::meta::le, &at::cpu::le_out>)));
+  m.impl("gt.Scalar", TORCH_FN((comparison_scalar<kGtS, Arith::Gt, &at::meta::gt, &at::cpu::gt_out>)));
+  m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge, &at::meta::ge, &at::cpu::ge_out>)));
   m.impl("zero_", TORCH_FN(zero_<kZero_>));
   m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList", TORCH_FN((reduction<kSum, &at::cpu::sum, &at::cpu::sum_out>)));

@@ -269,6 +269,13 @@ CASES = {
     "where_out_into_a_value": (lambda c, a, o: torch.where(c, a, o, out=o), lambda: (r(3, 1) > 0, r(3, 4), r(3, 4))),
     "safe_softmax_fully_masked_row": (lambda x: torch.ops.aten._safe_softmax(x, -1),
                                       lambda: (torch.tensor([[0.5, 1.0, float("-inf")], [float("-inf")] * 3]),)),
+    # comparisons above the small path's size, any real dtype
+    "gt_float_large": (lambda x: x > 0, lambda: (r(64, 64),)),
+    "ne_int64_labels": (lambda t: t != -100, lambda: (torch.tensor([3, -100, 7, -100] * 750),)),
+    "lt_broadcast_large": (lambda a, b: a < b, lambda: (r(64, 64), r(64))),
+    "eq_transposed_number": (lambda x: x.t() == 0.25, lambda: (torch.tensor([0.25, 1.0, -0.5] * 1000).view(60, 50),)),
+    "ge_int64_vs_float": (lambda a, b: a >= b, lambda: (torch.arange(3000), r(3000) * 3000)),
+    "le_bf16_0dim": (lambda a, b: a <= b, lambda: (r(50, 50, dtype=torch.bfloat16), torch.tensor(0.5))),
     # dropout's backward (its forward draws random numbers: test_dropout_* below)
     "dropout_backward": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1.25),
                          lambda: (r(6, 7), r(6, 7) > 0.3)),
@@ -383,6 +390,7 @@ ERRORS = {
     "max_dim_of_empty": (lambda: n(r(0, 3)).max(0), "non-zero size"),
     "triu_of_a_vector": (lambda: n(r(5)).triu(), "at least 2 dimensions"),
     "where_shapes": (lambda: torch.where(n(r(3, 1) > 0), n(r(3, 4)), n(r(5))), "must match"),
+    "comparison_shapes": (lambda: n(r(64, 64)) > n(r(63)), "must match"),
     "vector_norm_integer": (lambda: torch.linalg.vector_norm(n(torch.arange(4))), "floating point or complex"),
     "sum_repeated_dim": (lambda: n(r(3, 4)).sum((1, 1)), "appears multiple times"),
     "softmax_dim": (lambda: torch.softmax(n(r(3, 4)), 5), "Dimension out of range"),
@@ -687,3 +695,10 @@ def test_a_gpt2_training_step_never_waits_for_the_device():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     ids = n(torch.randint(0, 128, (2, 16), generator=gen))
     trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
+
+
+def test_a_comparison_reads_a_cpu_scalar_value_at_the_call():
+    x, z = n(r(64, 64)), torch.tensor(0.1)
+    out = queued(torch.gt, x, z)
+    z.fill_(7.0)  # after the call, before the kernel ran
+    same(out, x.cpu() > 0.1)
