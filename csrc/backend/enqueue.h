@@ -124,6 +124,22 @@ class QueuedCall {
   std::shared_ptr<ZeroCopy> zc_;
 };
 
+// A value operand of a queued kernel: a neuron tensor of ref's device (strided, without lazy
+// conj/neg bits), or a 0-dim CPU tensor (a Python number, or a CPU scalar PyTorch lets mix with
+// device tensors). queued_value copies a CPU one at the call, so the kernel reads the value the
+// call saw (as CUDA reads it at launch).
+inline bool queueable_value(const at::Tensor& ref, const at::Tensor& t) {
+  if (t.is_cpu()) return t.dim() == 0 && t.layout() == c10::kStrided;
+  return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
+         !t.is_neg();
+}
+inline at::Tensor queued_value(QueuedCall& q, const at::Tensor& t) {
+  if (!t.is_cpu()) return q.in(t);
+  at::Tensor copy = t.clone();
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+
 // Whether `t` may be an argument of a queued functional op whose reference argument is `ref`:
 // a neuron tensor of ref's device and dtype, without lazy conj/neg bits.
 inline bool queueable_like(const at::Tensor& ref, const at::Tensor& t) {

@@ -911,29 +911,16 @@ at::Tensor& inplace(at::Tensor& self, const at::Tensor& other) {
 // CPU's out= kernel over aliases (any real dtype: integer labels against -100, token ids against
 // a pad id); else the boxed fallback, as before they had a kernel here. A Python number arrives
 // as a Scalar; the small path wraps it as ATen's meta function wraps it.
-// An operand a queued comparison may read: a neuron tensor of ref's device, or a 0-dim CPU
-// tensor (copied at the call: its value is the one the call saw).
-inline bool comparison_operand_queues(const at::Tensor& ref, const at::Tensor& t) {
-  if (t.is_cpu()) return t.dim() == 0 && t.layout() == c10::kStrided && !t.is_complex();
-  return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
-         !t.is_neg() && !t.is_complex();
-}
-inline at::Tensor comparison_operand(QueuedCall& q, const at::Tensor& t) {
-  if (!t.is_cpu()) return q.in(t);
-  at::Tensor copy = t.clone();
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return copy;
-}
 template <const char* Name, Arith K, at::Tensor (*Meta)(const at::Tensor&, const at::Tensor&),
           at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, const at::Tensor&)>
 at::Tensor comparison(const at::Tensor& self, const at::Tensor& other) {
   if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
   const at::Tensor& ref = self.is_privateuseone() ? self : other;
-  if (may_enqueue() && ref.is_privateuseone() && comparison_operand_queues(ref, self) &&
-      comparison_operand_queues(ref, other)) {
+  if (may_enqueue() && ref.is_privateuseone() && queueable_value(ref, self) && queueable_value(ref, other) &&
+      !self.is_complex() && !other.is_complex()) {
     const at::Tensor m = Meta(meta_like(self), meta_like(other));
     QueuedCall q;
-    at::Tensor a = comparison_operand(q, self), b = comparison_operand(q, other), out;
+    at::Tensor a = queued_value(q, self), b = queued_value(q, other), out;
     at::Tensor o = q.out(out, m.sizes(), m.scalar_type(), m.strides());
     q.enqueue(Name, [a, b, o]() mutable { Out(o, a, b); });
     return out;
@@ -948,7 +935,8 @@ at::Tensor comparison_scalar(const at::Tensor& self, const at::Scalar& other) {
     number.unsafeGetTensorImpl()->set_wrapped_number(true);
     if (at::Tensor r; small_binary<Name, K>(self, number, nullptr, false, &r)) return r;
   }
-  if (may_enqueue() && !other.isSymbolic() && !other.isComplex() && comparison_operand_queues(self, self)) {
+  if (may_enqueue() && !other.isSymbolic() && !other.isComplex() && self.is_privateuseone() &&
+      queueable_value(self, self) && !self.is_complex()) {
     const at::Tensor m = Meta(meta_like(self), other);
     QueuedCall q;
     at::Tensor a = q.in(self), out;

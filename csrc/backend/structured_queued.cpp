@@ -222,26 +222,17 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, const at::Scalar& o
 }
 
 // where(condition, self, other): a bool condition and values that are neuron tensors or 0-dim
-// CPU tensors (Python numbers; _safe_softmax's zero), broadcast together. A CPU value is read at
-// the call (a copy), as CUDA reads it at launch.
-bool is_cpu_scalar(const at::Tensor& t) { return t.is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided; }
-bool where_value_queues(const at::Tensor& ref, const at::Tensor& v) {
-  return is_cpu_scalar(v) || (v.is_privateuseone() && v.device() == ref.device() && v.layout() == c10::kStrided &&
-                              !v.is_conj() && !v.is_neg());
-}
-at::Tensor where_value(QueuedCall& q, const at::Tensor& v) {
-  if (!is_cpu_scalar(v)) return q.in(v);
-  at::Tensor copy = v.clone();
-  if (v.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return copy;
-}
+// CPU tensors (Python numbers; _safe_softmax's zero), broadcast together (enqueue.h,
+// queueable_value).
+bool is_cpu_scalar(const at::Tensor& t) { return t.is_cpu() && t.dim() == 0; }
+
 // The result's layout (a meta tensor) if where(condition, self, other) may queue, else nullopt.
 // CPU's where casts a tensor value of another dtype first (.to(), which may change its layout):
 // such calls stay synchronous. The iterator's layout depends on the operands' sizes and strides
 // only, so the meta operands share one dtype (TensorIterator requires that).
 std::optional<at::Tensor> where_layout(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
   if (!may_enqueue() || condition.scalar_type() != at::kBool || !queueable_like(condition, condition) ||
-      !where_value_queues(condition, self) || !where_value_queues(condition, other)) {
+      !queueable_value(condition, self) || !queueable_value(condition, other)) {
     return std::nullopt;
   }
   const c10::ScalarType dtype = at::result_type(self, other);
@@ -263,7 +254,7 @@ constexpr char kWhere[] = "aten::where.self";
 at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
   if (const auto m = where_layout(condition, self, other)) {
     QueuedCall q;
-    at::Tensor c = q.in(condition), a = where_value(q, self), b = where_value(q, other);
+    at::Tensor c = q.in(condition), a = queued_value(q, self), b = queued_value(q, other);
     at::Tensor out, o = q.out(out, m->sizes(), m->scalar_type(), m->strides());
     q.enqueue(kWhere, [c, a, b, o]() mutable { at::cpu::where_out(o, c, a, b); });
     return out;
@@ -282,7 +273,7 @@ at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const
       out.sizes() == m->sizes() && at::has_internal_overlap(out) != at::MemOverlap::Yes &&
       !partially_overlap(out, condition) && !partially_overlap(out, self) && !partially_overlap(out, other)) {
     QueuedCall q;
-    at::Tensor c = q.in(condition), a = where_value(q, self), b = where_value(q, other), o = q.inout(out);
+    at::Tensor c = q.in(condition), a = queued_value(q, self), b = queued_value(q, other), o = q.inout(out);
     q.enqueue(kWhereOut, [c, a, b, o]() mutable { at::cpu::where_out(o, c, a, b); });
     return out;
   }
