@@ -174,8 +174,10 @@ constexpr char kAnyDims[] = "aten::any.dims";
 template <const char* Name, BoolFn Meta, BoolOutFn Cpu>
 at::Tensor bool_reduction_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
   if (queueable(self)) {
-    const int64_t d[1] = {dim};
-    return bool_reduction<Name, Meta, Cpu>(self, at::IntArrayRef(d), keepdim);
+    const std::vector<int64_t> d{dim};
+    return enqueue_unary(
+        Name, self, [&](const at::Tensor& m) { return Meta(m, d, keepdim); },
+        [d, keepdim](at::Tensor& o, const at::Tensor& x) { Cpu(o, x, d, keepdim); });
   }
   return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, keepdim));
 }
