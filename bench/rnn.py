@@ -1,8 +1,8 @@
-"""nn.LSTM / nn.GRU training steps on neuron (fused-cell kernels) vs the same model on CPU.
+"""nn.LSTM / nn.GRU / nn.RNN training steps on neuron vs the same model on CPU.
 
-On neuron ATen runs each time step as two GEMMs plus the fused pointwise cell
-(``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``, torchneuron/kernels/rnn.py); on CPU it runs
-the unfused cell. Prints the median [min-max] time per forward+backward step of each and the
+On neuron (torchneuron/kernels/rnn.py) the LSTM runs oneDNN's layers as on CPU; the GRU and the
+RNN project the inputs of all steps in one GEMM per layer and direction, as on CPU, then run
+one cell a step (the GRU the fused ``_thnn_fused_gru_cell``, the RNN CPU's ops). Prints the median [min-max] time per forward+backward step of each and the
 neuron/CPU ratio per interleaved round (bench/_stats.py).
 
 Usage: python bench/rnn.py [--rounds 7] [--seq 35] [--batch 20] [--hidden 200]
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=200)
     args = p.parse_args()
     torch.manual_seed(0)
-    for kind in (nn.LSTM, nn.GRU):
+    for kind in (nn.LSTM, nn.GRU, nn.RNN):
         cpu = kind(args.hidden, args.hidden, num_layers=2)
         dev = copy.deepcopy(cpu).to("neuron")
         x = torch.randn(args.seq, args.batch, args.hidden)

@@ -1,6 +1,7 @@
-"""nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell on neuron: ATen takes the fused-cell kernels
-(``_thnn_fused_lstm_cell``, ``_thnn_fused_gru_cell`` and their backward) for every non-CPU
-input; CPU's unfused path is the oracle, forward and backward."""
+"""nn.LSTM / nn.GRU / nn.RNN / nn.LSTMCell / nn.GRUCell on neuron, CPU as the oracle, forward and
+backward: the cells through neuron's fused-cell kernels (``_thnn_fused_lstm_cell``,
+``_thnn_fused_gru_cell`` and their backward, ATen's route for non-CPU inputs), the layers
+through CPU's algorithms (torchneuron/kernels/rnn.py)."""
 
 import copy
 
@@ -222,10 +223,13 @@ def _lstm_step(module, x, hx=None):
     return out.detach(), h.detach(), c.detach()
 
 
-def _assert_same_lstm_step(cpu, dev, x, hx=None):
+def _assert_same_step(step, cpu, dev, x, hx=None, lengths=None):
+    """One training step (`step(module, input, hx)`) on each: results, the input's and the
+    parameters' gradients equal bit for bit. `lengths` packs the input."""
     xc, xd = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
-    hxd = tuple(t.to("neuron") for t in hx) if hx is not None else None
-    for a, b in zip(_lstm_step(dev, xd, hxd), _lstm_step(cpu, xc, hx)):
+    hxd = None if hx is None else tuple(t.to("neuron") for t in hx) if isinstance(hx, tuple) else hx.to("neuron")
+    ic, idev = (xc, xd) if lengths is None else (pack_padded_sequence(xc, lengths), pack_padded_sequence(xd, lengths))
+    for a, b in zip(step(dev, idev, hxd), step(cpu, ic, hx)):
         assert a.device.type == "neuron"
         assert torch.equal(a.cpu(), b)
     assert torch.equal(xd.grad.cpu(), xc.grad)
@@ -233,9 +237,13 @@ def _assert_same_lstm_step(cpu, dev, x, hx=None):
         assert torch.equal(b.grad.cpu(), a.grad), name
 
 
-def _fp32_pair(**kwargs):
+def _assert_same_lstm_step(cpu, dev, x, hx=None):
+    _assert_same_step(_lstm_step, cpu, dev, x, hx)
+
+
+def _fp32_pair(kind=nn.LSTM, **kwargs):
     torch.manual_seed(0)
-    cpu = nn.LSTM(5, 7, **kwargs)
+    cpu = kind(5, 7, **kwargs)
     return cpu, copy.deepcopy(cpu).to("neuron")
 
 
@@ -294,25 +302,6 @@ def test_fp32_lstm_with_projections_takes_the_fused_cells_and_matches_cpu():
     torch.testing.assert_close(od.cpu(), oc, atol=1e-6, rtol=1e-5)
 
 
-def test_lstm_dropout_between_layers_is_applied_in_training_only():
-    torch.manual_seed(0)
-    dev = nn.LSTM(5, 7, num_layers=2, dropout=0.5).to("neuron")
-    x = torch.randn(6, 3, 5, device="neuron")
-    torch.manual_seed(1)
-    a = dev(x)[0]
-    torch.manual_seed(1)
-    b = dev(x)[0]
-    assert torch.equal(a.cpu(), b.cpu())  # the device generator's stream
-    with torch.no_grad():
-        dev.dropout = 0.0
-        undropped = dev(x)[0]
-        dev.dropout = 0.5
-        dev.eval()
-        evaluated = dev(x)[0]
-    assert not torch.allclose(a.detach().cpu(), undropped.cpu())
-    assert torch.equal(evaluated.cpu(), undropped.cpu())
-
-
 def test_double_backward_through_fp32_lstm_matches_cpu():
     cpu, dev = _fp32_pair()
     x = torch.randn(4, 2, 5)
@@ -334,7 +323,7 @@ def test_lstm_with_too_few_hidden_states_raises_a_clear_error():
         torch._VF.lstm(torch.randn(6, 3, 5, device="neuron"), bad, dev._flat_weights, True, 2, 0.0, True, False, False)
 
 
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN])
 def test_rnn_under_torch_compile_equals_eager_bit_for_bit(kind):
     # Dynamo declines RNN modules and runs them eagerly: the neuron kernels they reach are run,
     # not traced and compiled into the graph (kernels.never_traced).
@@ -345,6 +334,116 @@ def test_rnn_under_torch_compile_equals_eager_bit_for_bit(kind):
     torch._dynamo.reset()
     got = torch.compile(dev, backend="neuron")(x)[0]
     assert torch.equal(got.cpu(), expected.cpu())
+
+
+# ---- nn.RNN / nn.GRU: CPU's algorithm, the input projection of all steps in one GEMM -------------
+
+def _one_hidden_step(module, x, hx=None):
+    out, h = module(x, hx) if hx is not None else module(x)
+    packed = isinstance(out, nn.utils.rnn.PackedSequence)
+    out = pad_packed_sequence(out)[0] if packed else out
+    (out.square().sum() + h.sum()).backward()
+    return out.detach(), h.detach()
+
+
+def _assert_same_one_hidden_step(cpu, dev, x, hx=None, lengths=None):
+    _assert_same_step(_one_hidden_step, cpu, dev, x, hx, lengths)
+
+
+def _rnn_pair(**kwargs):
+    return _fp32_pair(nn.RNN, **kwargs)
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_fp32_rnn_equals_cpu_bit_for_bit(bidirectional, nonlinearity):
+    cpu, dev = _rnn_pair(num_layers=2, bidirectional=bidirectional, nonlinearity=nonlinearity)
+    _assert_same_one_hidden_step(cpu, dev, torch.randn(6, 3, 5))
+
+
+def test_fp32_rnn_batch_first_with_initial_state_equals_cpu_bit_for_bit():
+    cpu, dev = _rnn_pair(num_layers=2, batch_first=True)
+    _assert_same_one_hidden_step(cpu, dev, torch.randn(4, 6, 5), torch.randn(2, 4, 7))
+
+
+def test_fp32_rnn_without_bias_equals_cpu_bit_for_bit():
+    cpu, dev = _rnn_pair(num_layers=2, bias=False)
+    _assert_same_one_hidden_step(cpu, dev, torch.randn(6, 3, 5))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_fp32_packed_rnn_equals_cpu_bit_for_bit(bidirectional):
+    # Sequences of different lengths: the batch shrinks as they end (and grows again in the
+    # reverse direction), the final hidden states gathered from the steps where each ended.
+    cpu, dev = _rnn_pair(num_layers=2, bidirectional=bidirectional)
+    _assert_same_one_hidden_step(cpu, dev, torch.randn(6, 4, 5), torch.randn(4 if bidirectional else 2, 4, 7),
+                                 lengths=torch.tensor([6, 4, 4, 1]))
+
+
+def _gemm_calls(run):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    names = [e.name for e in prof.events()]
+    return names.count("aten::addmm") + names.count("aten::mm"), names
+
+
+@pytest.mark.parametrize("kind", [nn.RNN, nn.GRU])
+def test_one_input_projection_per_layer_and_direction(kind):
+    # CPU's algorithm: one GEMM for the inputs of all steps, one per step for the hidden state
+    # (the per-step route took two per step).
+    torch.manual_seed(0)
+    steps, layers, directions = 6, 2, 2
+    dev = kind(5, 7, num_layers=layers, bidirectional=True).to("neuron")
+    x = torch.randn(steps, 3, 5, device="neuron")
+    with torch.no_grad():
+        gemms, _ = _gemm_calls(lambda: dev(x))
+    assert gemms == layers * directions * (1 + steps)
+
+
+def test_gru_steps_run_the_fused_cell():
+    dev = nn.GRU(5, 7).to("neuron")
+    x = torch.randn(6, 3, 5, device="neuron", requires_grad=True)
+    _, names = _gemm_calls(lambda: _one_hidden_step(dev, x))
+    assert names.count("aten::_thnn_fused_gru_cell") == 6
+    assert "aten::_thnn_fused_gru_cell_backward" in names
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN])
+def test_dropout_between_layers_is_applied_in_training_only(kind):
+    torch.manual_seed(0)
+    dev = kind(5, 7, num_layers=2, dropout=0.5).to("neuron")
+    x = torch.randn(6, 3, 5, device="neuron")
+    torch.manual_seed(1)
+    a = dev(x)[0]
+    torch.manual_seed(1)
+    assert torch.equal(dev(x)[0].cpu(), a.cpu())  # the device generator's stream
+    assert bool((a != 0).all())  # between layers, not on the last layer's output
+    with torch.no_grad():
+        dev.dropout = 0.0
+        undropped = dev(x)[0]
+        dev.dropout = 0.5
+        dev.eval()
+        evaluated = dev(x)[0]
+    assert not torch.allclose(a.detach().cpu(), undropped.cpu())
+    assert torch.equal(evaluated.cpu(), undropped.cpu())
+
+
+@pytest.mark.parametrize("kind", [nn.RNN, nn.GRU])
+def test_one_hidden_layer_with_a_wrong_hidden_state_raises_cpus_error(kind):
+    dev = kind(5, 7, num_layers=2).to("neuron")
+    x = torch.randn(6, 3, 5, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected more hidden states"):
+        torch._VF.rnn_tanh(x, torch.zeros(1, 3, 7, device="neuron"), dev._flat_weights, True, 2, 0.0, True, False, False) \
+            if kind is nn.RNN else \
+            torch._VF.gru(x, torch.zeros(1, 3, 7, device="neuron"), dev._flat_weights, True, 2, 0.0, True, False, False)
+
+
+def test_one_hidden_layer_with_weights_on_another_device_raises_cpus_error():
+    dev = nn.GRU(5, 7).to("neuron")
+    weights = [w.cpu() for w in dev._flat_weights]
+    with pytest.raises(RuntimeError, match="Input and parameter tensors are not at the same device"):
+        torch._VF.gru(torch.randn(6, 3, 5, device="neuron"), torch.zeros(1, 3, 7, device="neuron"), weights,
+                      True, 1, 0.0, True, False, False)
 
 
 # ---- the fused cells against ATen's differentiable definitions ----------------------------------
@@ -441,13 +540,13 @@ def test_fused_gru_backward_rejects_a_workspace_of_the_wrong_size():
 
 
 @pytest.mark.usefixtures("engine_on")
-@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTMCell])
-def test_recurrent_training_step_through_the_fused_cells_never_waits(kind):
-    # Per-step GEMMs and the fused cells, forward and backward, all queued (tests/conftest.py).
+@pytest.mark.parametrize("kind", [nn.GRU, nn.RNN, nn.LSTMCell])
+def test_recurrent_training_step_never_waits(kind):
+    # The GEMMs and the cells, forward and backward, all queued (tests/conftest.py).
     torch.manual_seed(0)
     model = kind(6, 8).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(5, 3, 6, device="neuron") if kind is nn.GRU else torch.randn(3, 6, device="neuron")
+    x = torch.randn(5, 3, 6, device="neuron") if kind in (nn.GRU, nn.RNN) else torch.randn(3, 6, device="neuron")
 
     def loss():
         out = model(x)
