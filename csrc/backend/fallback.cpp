@@ -375,13 +375,17 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     }
   }
   // No written tensor may overlap itself or partially overlap another argument of its call
-  // (CPU kernels raise). List elements were checked call by call above.
+  // (CPU kernels raise). Only a pointwise op may read the tensor it writes (x.add_(x)); others
+  // raise for it (scatter_ with its own index) or depend on their order of writes.
+  // List elements were checked call by call above.
+  const bool pointwise = op.hasTag(at::Tag::pointwise);
   for (const at::Tensor& w : written) {
     if (lists.empty()) {
       if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return false;
       for (const auto* group : {&written, &read}) {
         for (const at::Tensor& r : *group) {
           if (partially_overlap(w, r)) return false;
+          if (!pointwise && group == &read && at::get_overlap_status(w, r) != at::MemOverlapStatus::No) return false;
         }
       }
     } else {

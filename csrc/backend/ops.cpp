@@ -83,7 +83,6 @@
 #include <ATen/ops/silu_backward_cpu_dispatch.h>
 #include <ATen/ops/threshold_backward_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
-#include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/arange_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
@@ -1007,21 +1006,6 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   return elementwise(zc, a, b, dtype, [&](at::Tensor& o) { Out(o, a, b); }, [&] { return Func(a, b); });
 }
 
-// x[idx]: index tensors may live on the CPU, as on CUDA.
-at::Tensor index_hot(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
-  ZeroCopy zc;
-  at::Tensor s = zc.in(self);
-  c10::List<std::optional<at::Tensor>> idx;
-  idx.reserve(indices.size());
-  for (size_t i = 0; i < indices.size(); ++i) {
-    std::optional<at::Tensor> t = indices.get(i);
-    if (t.has_value() && t->defined()) idx.push_back(zc.in(*t, /*allow_cpu=*/true));
-    else idx.push_back(std::nullopt);
-  }
-  zc.launch("aten::index.Tensor");
-  return zc.out(at::cpu::index(s, idx));
-}
-
 #define HOT_NAME(var, str) constexpr char var[] = str;
 HOT_NAME(kAdd, "aten::add.Tensor")
 HOT_NAME(kU_neg, "aten::neg")
@@ -1381,19 +1365,20 @@ at::Tensor mse_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor
       &at::cpu::mse_loss_backward, kMseLossBwd>(grad_output, self, target, reduction);
 }
 
-// masked_fill_ with a number (attention's causal mask: scores.masked_fill(mask == 0, -inf)), in
-// place over a floating self: queued when the bool mask broadcasts to self and the number
-// converts to self's dtype (CPU's conversion errors, and its shape and overlap errors, raise at
-// the call on the synchronous path).
+// masked_fill_ with a number (attention's causal mask: scores.masked_fill(mask == 0, -inf);
+// label ids: ids.masked_fill_(ids == -100, pad)), in place over a real or bool self: queued when
+// the bool mask broadcasts to self and the number converts to self's dtype (CPU's conversion
+// errors, and its shape and overlap errors, raise at the call on the synchronous path).
 at::Tensor& masked_fill_hot(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
-  bool fits = may_enqueue() && enqueueable(self) && self.layout() == c10::kStrided && !value.isComplex() &&
+  bool fits = may_enqueue() && self.is_privateuseone() && !c10::isComplexType(self.scalar_type()) &&
+              !self.is_conj() && !self.is_neg() && self.layout() == c10::kStrided && !value.isComplex() &&
               mask.is_privateuseone() && mask.device() == self.device() && mask.scalar_type() == at::kBool &&
               mask.layout() == c10::kStrided && at::is_expandable_to(mask.sizes(), self.sizes()) &&
               at::has_internal_overlap(self) != at::MemOverlap::Yes && !partially_overlap(self, mask);
   if (fits) {
     try {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "masked_fill_",
-                                      [&] { (void)value.to<scalar_t>(); });
+      AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "masked_fill_",
+                                 [&] { (void)value.to<scalar_t>(); });
     } catch (const c10::Error&) {
       fits = false;
     }
@@ -1610,7 +1595,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gt.Scalar", TORCH_FN((comparison_scalar<kGtS, Arith::Gt, &at::meta::gt, &at::cpu::gt_out>)));
   m.impl("ge.Scalar", TORCH_FN((comparison_scalar<kGeS, Arith::Ge, &at::meta::ge, &at::cpu::ge_out>)));
   m.impl("zero_", TORCH_FN(zero_<kZero_>));
-  m.impl("index.Tensor", TORCH_FN(index_hot));
   m.impl("sum.dim_IntList", TORCH_FN((reduction<kSum, &at::cpu::sum, &at::cpu::sum_out>)));
   m.impl("mean.dim", TORCH_FN((reduction<kMean, &at::cpu::mean, &at::cpu::mean_out>)));
   // Registered directly: through the fallback its composite passes a 0-dim out= and warns.

@@ -2,9 +2,10 @@
 // the scan (cumsum), the index reductions (argmax/argmin, max/min over a dim), the triangle
 // masks (triu/tril), the infinity tests, the boolean reductions over dims, where (SDPA's
 // _safe_softmax under an attention mask) and the vector norms (linalg_vector_norm, _foreach_norm:
-// clip_grad_norm_): ops a training step calls on data it does not read back (position ids from
-// an attention mask, a causal mask built each step, the gradients' norm, a metric kept on the
-// device).
+// clip_grad_norm_), and the indexing a mixture-of-experts layer routes tokens with (topk, sort,
+// gather, scatter, x[idx], index_put_, floor_divide, _grouped_mm): ops a training step calls on data it does
+// not read back (position ids from an attention mask, a causal mask built each step, the
+// gradients' norm, a metric kept on the device, the experts each token goes to).
 //
 // ATen's structured meta function for each (at::meta::*, C++; run on meta tensors of the
 // arguments' sizes and strides; for where, which is not structured, TensorIterator on meta
@@ -13,8 +14,13 @@
 // are CPU's bit for bit. Calls that cannot queue (engine off, arguments on other devices, lazy
 // conj/neg bits) take the boxed fallback as before.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/GroupedMMUtils.h>
+#include <ATen/ops/_grouped_mm_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_index_put_impl_cpu_dispatch.h>
 #include <ATen/ops/all_cpu_dispatch.h>
 #include <ATen/ops/all_meta_dispatch.h>
 #include <ATen/ops/any_cpu_dispatch.h>
@@ -25,6 +31,11 @@
 #include <ATen/ops/argmin_meta_dispatch.h>
 #include <ATen/ops/cumsum_cpu_dispatch.h>
 #include <ATen/ops/cumsum_meta_dispatch.h>
+#include <ATen/ops/floor_divide_cpu_dispatch.h>
+#include <ATen/ops/gather_cpu_dispatch.h>
+#include <ATen/ops/gather_meta_dispatch.h>
+#include <ATen/ops/index_cpu_dispatch.h>
+#include <ATen/ops/index_meta_dispatch.h>
 #include <ATen/ops/isneginf_cpu_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_cpu_dispatch.h>
@@ -35,6 +46,14 @@
 #include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/min_cpu_dispatch.h>
 #include <ATen/ops/min_meta_dispatch.h>
+#include <ATen/ops/scatter_add_cpu_dispatch.h>
+#include <ATen/ops/scatter_add_meta_dispatch.h>
+#include <ATen/ops/scatter_cpu_dispatch.h>
+#include <ATen/ops/scatter_meta_dispatch.h>
+#include <ATen/ops/sort_cpu_dispatch.h>
+#include <ATen/ops/sort_meta_dispatch.h>
+#include <ATen/ops/topk_cpu_dispatch.h>
+#include <ATen/ops/topk_meta_dispatch.h>
 #include <ATen/ops/tril_cpu_dispatch.h>
 #include <ATen/ops/tril_meta_dispatch.h>
 #include <ATen/ops/triu_cpu_dispatch.h>
@@ -48,6 +67,8 @@
 
 #include "enqueue.h"
 #include "fallback.h"
+#include "gemm.h"
+#include "zero_copy.h"
 
 namespace torchneuron {
 namespace structured_queued {
@@ -72,6 +93,17 @@ at::Tensor enqueue_unary(const char* name, const at::Tensor& self, Meta&& meta, 
   at::Tensor o = out_like(q, out, m);
   q.enqueue(name, [x, o, cpu]() mutable { cpu(o, x); });
   return out;
+}
+
+// The queued call of an op with one tensor argument and two results (values and indices):
+// `m` is the meta results, `cpu(values_alias, indices_alias, self_alias)` the CPU out= kernel.
+template <class Cpu>
+Pair enqueue_pair(const char* name, const at::Tensor& self, const Pair& m, Cpu cpu) {
+  QueuedCall q;
+  at::Tensor x = q.in(self), values, indices;
+  at::Tensor v = out_like(q, values, std::get<0>(m)), i = out_like(q, indices, std::get<1>(m));
+  q.enqueue(name, [x, v, i, cpu]() mutable { cpu(v, i, x); });
+  return {values, indices};
 }
 
 // An optional list of dims a kernel keeps (the caller's list does not outlive the call).
@@ -115,12 +147,8 @@ using DimOutFn = std::tuple<at::Tensor&, at::Tensor&> (*)(at::Tensor&, at::Tenso
 template <const char* Name, DimFn Meta, DimOutFn Cpu>
 Pair dim_extremum(const at::Tensor& self, int64_t dim, bool keepdim) {
   if (queueable(self)) {
-    const auto [mv, mi] = Meta(meta_like(self), dim, keepdim);
-    QueuedCall q;
-    at::Tensor x = q.in(self), values, indices;
-    at::Tensor v = out_like(q, values, mv), i = out_like(q, indices, mi);
-    q.enqueue(Name, [x, v, i, dim, keepdim]() mutable { Cpu(v, i, x, dim, keepdim); });
-    return {values, indices};
+    return enqueue_pair(Name, self, Meta(meta_like(self), dim, keepdim),
+                        [dim, keepdim](at::Tensor& v, at::Tensor& i, const at::Tensor& x) { Cpu(v, i, x, dim, keepdim); });
   }
   return FromStack<Pair>::get(via_fallback<Name>(self, dim, keepdim));
 }
@@ -183,6 +211,246 @@ at::Tensor bool_reduction_dim(const at::Tensor& self, int64_t dim, bool keepdim)
 }
 constexpr char kAllDim[] = "aten::all.dim";
 constexpr char kAnyDim[] = "aten::any.dim";
+
+// topk / sort (a router's choice of experts, and the tokens grouped by expert)
+constexpr char kTopk[] = "aten::topk";
+Pair topk(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted) {
+  if (queueable(self)) {
+    return enqueue_pair(kTopk, self, at::meta::topk(meta_like(self), k, dim, largest, sorted),
+                        [k, dim, largest, sorted](at::Tensor& v, at::Tensor& i, const at::Tensor& x) {
+                          at::cpu::topk_out(v, i, x, k, dim, largest, sorted);
+                        });
+  }
+  return FromStack<Pair>::get(via_fallback<kTopk>(self, k, dim, largest, sorted));
+}
+
+constexpr char kSort[] = "aten::sort.stable";
+Pair sort(const at::Tensor& self, std::optional<bool> stable, int64_t dim, bool descending) {
+  if (queueable(self)) {
+    return enqueue_pair(kSort, self, at::meta::sort(meta_like(self), stable, dim, descending),
+                        [stable, dim, descending](at::Tensor& v, at::Tensor& i, const at::Tensor& x) {
+                          at::cpu::sort_out(v, i, x, stable, dim, descending);
+                        });
+  }
+  return FromStack<Pair>::get(via_fallback<kSort>(self, stable, dim, descending));
+}
+
+// gather / scatter: int64 or int32 indices on self's device. An index out of range is found by
+// the kernel and reported at the next synchronization (as on CUDA, where the kernel asserts).
+bool queueable_with_index(const at::Tensor& self, const at::Tensor& index) {
+  return queueable(self) && queueable_index(self, index);
+}
+
+constexpr char kGather[] = "aten::gather";
+at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad) {
+  if (queueable_with_index(self, index)) {
+    const at::Tensor m = at::meta::gather(meta_like(self), dim, meta_like(index), sparse_grad);
+    QueuedCall q;
+    at::Tensor x = q.in(self), i = q.in(index), out;
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(kGather, [x, i, o, dim, sparse_grad]() mutable { at::cpu::gather_out(o, x, dim, i, sparse_grad); });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<kGather>(self, dim, index, sparse_grad));
+}
+
+// scatter.src, scatter.value, scatter_add (functional) and their in-place forms. `Src` is the
+// source tensor or number. In place, a self overlapping the index (CPU's kernel raises) or the
+// source (whose values would depend on the order the kernel writes) runs synchronously; the meta
+// function raises for a self overlapping itself.
+template <class Src> bool queueable_src(const at::Tensor& self, const Src& src) {
+  if constexpr (std::is_same_v<Src, at::Tensor>) return queueable_like(self, src);
+  else return !src.isComplex() || c10::isComplexType(self.scalar_type());
+}
+template <class Src> Src queued_src(QueuedCall& q, const Src& src) {
+  if constexpr (std::is_same_v<Src, at::Tensor>) return q.in(src);
+  else return src;
+}
+bool writable_without_overlap(const at::Tensor& self, const at::Tensor& other) {
+  return at::get_overlap_status(self, other) == at::MemOverlapStatus::No;
+}
+template <class Src> bool in_place_fits(const at::Tensor& self, const at::Tensor& index, const Src& src) {
+  if (!writable_without_overlap(self, index)) return false;
+  if constexpr (std::is_same_v<Src, at::Tensor>) return writable_without_overlap(self, src);
+  else return true;
+}
+
+template <const char* Name, class Src, at::Tensor (*Meta)(const at::Tensor&, int64_t, const at::Tensor&, const Src&),
+          at::Tensor& (*Cpu)(at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&, const Src&)>
+at::Tensor scatter(const at::Tensor& self, int64_t dim, const at::Tensor& index, const Src& src) {
+  if (queueable_with_index(self, index) && queueable_src(self, src)) {
+    const at::Tensor m = [&] {
+      if constexpr (std::is_same_v<Src, at::Tensor>) return Meta(meta_like(self), dim, meta_like(index), meta_like(src));
+      else return Meta(meta_like(self), dim, meta_like(index), src);
+    }();
+    QueuedCall q;
+    at::Tensor x = q.in(self), i = q.in(index), out;
+    Src v = queued_src(q, src);
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(Name, [x, i, v, o, dim]() mutable { Cpu(o, x, dim, i, v); });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<Name>(self, dim, index, src));
+}
+
+template <const char* Name, class Src, at::Tensor& (*Meta)(at::Tensor&, int64_t, const at::Tensor&, const Src&),
+          at::Tensor& (*Cpu)(at::Tensor&, int64_t, const at::Tensor&, const Src&)>
+at::Tensor& scatter_(at::Tensor& self, int64_t dim, const at::Tensor& index, const Src& src) {
+  if (queueable_with_index(self, index) && queueable_src(self, src) && in_place_fits(self, index, src)) {
+    at::Tensor m = meta_like(self);
+    if constexpr (std::is_same_v<Src, at::Tensor>) Meta(m, dim, meta_like(index), meta_like(src));
+    else Meta(m, dim, meta_like(index), src);
+    QueuedCall q;
+    at::Tensor s = q.inout(self), i = q.in(index);
+    Src v = queued_src(q, src);
+    q.enqueue(Name, [s, i, v, dim]() mutable { Cpu(s, dim, i, v); });
+    return self;
+  }
+  via_fallback<Name>(self, dim, index, src);
+  return self;
+}
+constexpr char kScatterSrc[] = "aten::scatter.src";
+constexpr char kScatterValue[] = "aten::scatter.value";
+constexpr char kScatterAdd[] = "aten::scatter_add";
+constexpr char kScatterSrc_[] = "aten::scatter_.src";
+constexpr char kScatterValue_[] = "aten::scatter_.value";
+constexpr char kScatterAdd_[] = "aten::scatter_add_";
+
+// x[idx] with integer index tensors (the tokens an expert takes): the result's layout is the
+// structured index's. Boolean masks (data-dependent shapes) and index tensors on the CPU (whose
+// bytes could change before the kernel reads them) take the synchronous path.
+using Indices = c10::List<std::optional<at::Tensor>>;
+bool queueable_indices(const at::Tensor& self, const Indices& indices) {
+  bool any = false;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const std::optional<at::Tensor> t = indices.get(k);
+    if (!t.has_value() || !t->defined()) continue;
+    if (!queueable_index(self, *t)) return false;
+    any = true;
+  }
+  return any && queueable(self);
+}
+Indices meta_indices(const Indices& indices) {
+  Indices m;
+  m.reserve(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) m.push_back(meta_like(indices.get(k)));
+  return m;
+}
+Indices queued_indices(QueuedCall& q, const Indices& indices) {
+  Indices a;
+  a.reserve(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) a.push_back(q.in(indices.get(k)));
+  return a;
+}
+
+constexpr char kIndex[] = "aten::index.Tensor";
+at::Tensor index(const at::Tensor& self, const Indices& indices) {
+  if (queueable_indices(self, indices)) {
+    const at::Tensor m = at::meta::index(meta_like(self), meta_indices(indices));
+    QueuedCall q;
+    at::Tensor x = q.in(self), out;
+    Indices idx = queued_indices(q, indices);
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(kIndex, [x, idx, o]() mutable { at::cpu::index_out(o, x, idx); });
+    return out;
+  }
+  // Index tensors may live on the CPU, as on CUDA.
+  ZeroCopy zc;
+  at::Tensor s = zc.in(self);
+  Indices idx;
+  idx.reserve(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const std::optional<at::Tensor> t = indices.get(k);
+    if (t.has_value() && t->defined()) idx.push_back(zc.in(*t, /*allow_cpu=*/true));
+    else idx.push_back(std::nullopt);
+  }
+  zc.launch(kIndex);
+  return zc.out(at::cpu::index(s, idx));
+}
+
+// index_put_ / x[idx] = v (index_put_'s composite calls this): in place, values of self's dtype
+// that broadcast to the indexed shape, no overlap between self and the values or indices (CPU
+// raises for each; those calls run synchronously and raise at the call).
+constexpr char kIndexPut[] = "aten::_index_put_impl_";
+at::Tensor& index_put_impl_(at::Tensor& self, const Indices& indices, const at::Tensor& values, bool accumulate,
+                            bool unsafe) {
+  bool fits = queueable_indices(self, indices) && queueable_like(self, values) &&
+              at::has_internal_overlap(self) != at::MemOverlap::Yes && writable_without_overlap(self, values);
+  for (size_t k = 0; fits && k < indices.size(); ++k) {
+    const std::optional<at::Tensor> t = indices.get(k);
+    fits = !t.has_value() || !t->defined() || writable_without_overlap(self, *t);
+  }
+  if (fits) {
+    try {  // the indexed shape: index's own errors (too many indices, shapes) raise at the call
+      fits = at::is_expandable_to(values.sizes(), at::meta::index(meta_like(self), meta_indices(indices)).sizes());
+    } catch (const c10::Error&) {
+      fits = false;  // the synchronous path raises CPU's error
+    }
+  }
+  if (fits) {
+    QueuedCall q;
+    at::Tensor s = q.inout(self), v = q.in(values);
+    Indices idx = queued_indices(q, indices);
+    q.enqueue(kIndexPut, [s, idx, v, accumulate, unsafe]() mutable {
+      at::cpu::_index_put_impl_(s, idx, v, accumulate, unsafe);
+    });
+    return self;
+  }
+  via_fallback<kIndexPut>(self, indices, values, accumulate, unsafe);
+  return self;
+}
+
+// floor_divide (`ids // k`: the token each routed slot came from): CPU's binary-op iterator
+// (promoted dtype, broadcast shape, the operands' layout) worked out on meta operands. An integer
+// division by zero is found by the kernel and reported at the next synchronization.
+constexpr char kFloorDivide[] = "aten::floor_divide";
+at::Tensor floor_divide(const at::Tensor& self, const at::Tensor& other) {
+  if (queueable(self) && queueable_value(self, other)) {
+    const auto meta = [](const at::Tensor& t) { return t.is_cpu() ? t : meta_like(t); };
+    at::TensorIteratorConfig config;  // build_borrowing_binary_op's: raises CPU's errors at the call
+    config.set_check_mem_overlap(true)
+        .allow_cpu_scalars(true)
+        .promote_inputs_to_common_dtype(true)
+        .cast_common_dtype_to_outputs(true)
+        .enforce_safe_casting_to_output(true)
+        .add_owned_output(at::Tensor())
+        .add_owned_const_input(meta(self))
+        .add_owned_const_input(meta(other));
+    const at::Tensor m = config.build().output(0);
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = queued_value(q, other), out;
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(kFloorDivide, [a, b, o]() mutable { at::cpu::floor_divide_out(o, a, b); });
+    return out;
+  }
+  return FromStack<at::Tensor>::get(via_fallback<kFloorDivide>(self, other));
+}
+
+// _grouped_mm (mixture-of-experts GEMMs, one per expert's token group): ATen's composite reads
+// the group offsets on the host (offs.cpu()) before its per-group GEMMs. Queued, the same
+// composite runs later over the aliases, so the offsets are read when the kernel runs. Layout
+// and argument checks are the composite's own (GroupedMMUtils.h). Dtypes whose GEMMs leave CPU's
+// kernel (gemm.h, routed) keep the composite, whose per-group mm calls take that route.
+constexpr char kGroupedMm[] = "aten::_grouped_mm";
+at::Tensor grouped_mm(const at::Tensor& self, const at::Tensor& mat2, const std::optional<at::Tensor>& offs,
+                      const std::optional<at::Tensor>& bias, std::optional<c10::ScalarType> out_dtype) {
+  if (queueable(self) && queueable_like(self, mat2) && !gemm::routed(self) && !bias.has_value() &&
+      (!offs.has_value() || queueable_index(self, *offs))) {
+    at::native::_grouped_mm_validate_inputs(self, mat2, offs, bias, out_dtype);
+    const c10::ScalarType dtype = at::native::_resolve_grouped_mm_out_dtype(self, mat2, out_dtype);
+    const at::Tensor m =
+        at::native::create_grouped_gemm_output_tensor(meta_like(self), meta_like(mat2), meta_like(offs), dtype);
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), out;
+    std::optional<at::Tensor> o_offs = q.in(offs);
+    at::Tensor o = out_like(q, out, m);
+    q.enqueue(kGroupedMm, [a, b, o_offs, o, dtype]() mutable {
+      at::native::_grouped_mm_fallback(a, b, o_offs, std::nullopt, dtype, o);
+    });
+    return out;
+  }
+  return at::compositeexplicitautograd::_grouped_mm(self, mat2, offs, bias, out_dtype);
+}
 
 // Vector norms. The kernel is CPU's: its reduction order depends on the thread count, which
 // the queue runs with the host's (enqueue.cpp).
@@ -302,6 +570,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max.dim", TORCH_FN((dim_extremum<kMaxDim, &at::meta::max, &at::cpu::max_out>)));
   m.impl("min.dim", TORCH_FN((dim_extremum<kMinDim, &at::meta::min, &at::cpu::min_out>)));
   m.impl("triu", TORCH_FN((triangle<kTriu, &at::meta::triu, &at::cpu::triu_out>)));
+  m.impl("topk", TORCH_FN(topk));
+  m.impl("sort.stable", TORCH_FN(sort));
+  m.impl("gather", TORCH_FN(gather));
+  m.impl("scatter.src", TORCH_FN((scatter<kScatterSrc, at::Tensor, &at::meta::scatter, &at::cpu::scatter_out>)));
+  m.impl("scatter.value", TORCH_FN((scatter<kScatterValue, at::Scalar, &at::meta::scatter, &at::cpu::scatter_out>)));
+  m.impl("scatter_add", TORCH_FN((scatter<kScatterAdd, at::Tensor, &at::meta::scatter_add, &at::cpu::scatter_add_out>)));
+  m.impl("scatter_.src", TORCH_FN((scatter_<kScatterSrc_, at::Tensor, &at::meta::scatter_, &at::cpu::scatter_>)));
+  m.impl("scatter_.value", TORCH_FN((scatter_<kScatterValue_, at::Scalar, &at::meta::scatter_, &at::cpu::scatter_>)));
+  m.impl("scatter_add_", TORCH_FN((scatter_<kScatterAdd_, at::Tensor, &at::meta::scatter_add_, &at::cpu::scatter_add_>)));
+  m.impl("index.Tensor", TORCH_FN(index));
+  m.impl("_index_put_impl_", TORCH_FN(index_put_impl_));
+  m.impl("_grouped_mm", TORCH_FN(grouped_mm));
+  m.impl("floor_divide", TORCH_FN(floor_divide));
   m.impl("tril", TORCH_FN((triangle<kTril, &at::meta::tril, &at::cpu::tril_out>)));
 }
 

@@ -228,6 +228,11 @@ CASES = {
     # attention's causal mask
     "masked_fill_causal": (lambda x, m: x.masked_fill(m, float("-inf")),
                            lambda: (r(2, 4, 4), torch.ones(4, 4).triu(1).bool())),
+    "masked_fill_inplace_int64_label_ids": (lambda x: x.masked_fill_(x == -100, 0),
+                                            lambda: (torch.tensor([[3, -100, 7], [-100, -100, 1]]),)),
+    "masked_fill_inplace_bool_broadcast_mask": (lambda x, m: x.masked_fill_(m, True),
+                                                lambda: (torch.rand(4, 5, generator=gen) > 0.5,
+                                                         torch.rand(5, generator=gen) > 0.5)),
     "masked_fill_inplace_bf16_transposed": (lambda x, m: x.t().masked_fill_(m, -3.5),
                                             lambda: (r(5, 3, dtype=torch.bfloat16), torch.rand(3, 5) > 0.5)),
     # losses of diffusion models
@@ -283,6 +288,45 @@ CASES = {
     "ge_int64_vs_float": (lambda a, b: a >= b, lambda: (torch.arange(3000), r(3000) * 3000)),
     "le_bf16_0dim": (lambda a, b: a <= b, lambda: (r(50, 50, dtype=torch.bfloat16), torch.tensor(0.5))),
     # dropout's backward (its forward draws random numbers: test_dropout_* below)
+    # a mixture-of-experts layer's routing (tests/device/test_moe_queued.py: a whole step)
+    "topk": (lambda x: torch.topk(x, 3, dim=1), lambda: (r(5, 8),)),
+    "topk_smallest_unsorted_dim0": (lambda x: torch.topk(x, 2, dim=0, largest=False, sorted=False), lambda: (r(5, 8),)),
+    "topk_transposed": (lambda x: torch.topk(x.t(), 4), lambda: (r(6, 5),)),
+    "sort": (lambda x: torch.sort(x), lambda: (r(4, 9),)),
+    "sort_stable_descending_dim0": (lambda x: torch.sort(x, dim=0, descending=True, stable=True),
+                                    lambda: (torch.randint(0, 3, (9, 4), generator=gen),)),
+    "gather": (lambda x, i: torch.gather(x, 1, i), lambda: (r(4, 6), torch.randint(0, 6, (4, 3), generator=gen))),
+    "gather_int32_index": (lambda x, i: torch.gather(x, 1, i),
+                           lambda: (r(4, 6), torch.randint(0, 6, (4, 3), generator=gen).int())),
+    "gather_transposed_source": (lambda x, i: torch.gather(x.t(), 0, i),
+                                 lambda: (r(6, 4), torch.randint(0, 4, (2, 6), generator=gen))),
+    "scatter_src": (lambda x, i, s: torch.scatter(x, 1, i, s),
+                    lambda: (r(4, 6), torch.randint(0, 6, (4, 3), generator=gen), r(4, 3))),
+    "scatter_value": (lambda x, i: torch.scatter(x, 0, i, -2.5), lambda: (r(4, 6), torch.randint(0, 4, (2, 6), generator=gen))),
+    "scatter_add_duplicates": (lambda x, i, s: torch.scatter_add(x, 0, i, s),
+                               lambda: (r(3, 5), torch.randint(0, 3, (6, 5), generator=gen), r(6, 5))),
+    "scatter_inplace": (lambda x, i, s: x.scatter_(1, i, s), lambda: (r(4, 6), torch.randint(0, 6, (4, 2), generator=gen), r(4, 2))),
+    "scatter_value_inplace": (lambda x, i: x.scatter_(1, i, 7.0), lambda: (r(4, 6), torch.randint(0, 6, (4, 2), generator=gen))),
+    "scatter_add_inplace_int64": (lambda x, i, s: x.scatter_add_(0, i, s),
+                                  lambda: (torch.zeros(4, dtype=torch.long), torch.randint(0, 4, (10,), generator=gen),
+                                           torch.ones(10, dtype=torch.long))),
+    "index_rows": (lambda x, i: x[i], lambda: (r(6, 4), torch.randint(0, 6, (5,), generator=gen))),
+    "index_two_tensors_broadcast": (lambda x, i, j: x[i, j], lambda: (r(5, 7), torch.randint(0, 5, (3, 1), generator=gen),
+                                                                      torch.randint(0, 7, (4,), generator=gen))),
+    "index_after_slice_int32": (lambda x, i: x[:, i], lambda: (r(3, 6, 2), torch.randint(0, 6, (4,), generator=gen).int())),
+    "index_put_accumulate_duplicates": (lambda x, i, v: x.index_put_((i,), v, accumulate=True),
+                                        lambda: (r(5, 3), torch.tensor([1, 4, 1, 1]), r(4, 3))),
+    "index_put_broadcast_value": (lambda x, i, j, v: x.index_put_((i, j), v),
+                                  lambda: (r(5, 6), torch.tensor([0, 2]), torch.tensor([5, 1]), r(1))),
+    "index_put_functional": (lambda x, i, v: torch.index_put(x, (i,), v),
+                             lambda: (r(5, 3), torch.tensor([3, 0]), r(2, 3))),
+    "grouped_mm_2d_3d": (lambda a, b, offs: torch._grouped_mm(a, b, offs=offs),
+                         lambda: (r(10, 8), r(3, 8, 4), torch.tensor([3, 3, 10], dtype=torch.int32))),
+    "grouped_mm_3d_3d": (lambda a, b: torch._grouped_mm(a, b), lambda: (r(2, 5, 8), r(2, 8, 4))),
+    "floor_divide_by_number": (lambda a: a // 3, lambda: (torch.arange(-7, 8),)),
+    "floor_divide_broadcast_promoting": (lambda a, b: torch.floor_divide(a, b),
+                                         lambda: (torch.arange(-6, 6).view(3, 4), r(4) + 3)),
+    "floor_divide_by_cpu_scalar_transposed": (lambda a, b: torch.floor_divide(a.t(), b), lambda: (r(3, 5), torch.tensor(0.7))),
     "dropout_backward": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1.25),
                          lambda: (r(6, 7), r(6, 7) > 0.3)),
     "dropout_backward_bf16": (lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1 / 0.9),
@@ -431,8 +475,37 @@ ERRORS = {
     "upsample_size": (lambda: F.interpolate(n(r(1, 1, 2, 2)), size=(0, 3)), "greater than 0"),
     "masked_fill_overflow": (lambda: n(torch.zeros(2, dtype=torch.bfloat16)).masked_fill_(n(torch.tensor([True, False])),
                                                                                           1e300), "overflow"),
+    "masked_fill_int8_overflow": (lambda: n(torch.zeros(2, dtype=torch.int8)).masked_fill_(n(torch.tensor([True, False])),
+                                                                                        300), "overflow"),
     "masked_fill_mask_shape": (lambda: n(r(2, 3)).masked_fill_(n(torch.tensor([True, False])), 1.0), "must match|expand"),
     "add_int_float_alpha": (lambda: n(torch.arange(3)).add_(n(torch.arange(3)), alpha=0.5), "alpha"),
+    "topk_k_too_large": (lambda: torch.topk(n(r(3, 4)), 5), "out of range"),
+    "sort_dim": (lambda: torch.sort(n(r(3, 4)), dim=3), "Dimension out of range"),
+    "gather_index_dims": (lambda: torch.gather(n(r(3, 4)), 1, n(torch.zeros(3, dtype=torch.long))),
+                          "Index tensor must have the same number of dimensions"),
+    "gather_int16_index": (lambda: torch.gather(n(r(3, 4)), 1, n(torch.zeros(3, 1, dtype=torch.int16))), "int32/int64"),
+    "scatter_src_dtype": (lambda: torch.scatter(n(r(3, 4)), 1, n(torch.zeros(3, 1, dtype=torch.long)),
+                                                n(torch.ones(3, 1, dtype=torch.double))), "dtype"),
+    "scatter_inplace_index_size": (lambda: n(r(3, 4)).scatter_(1, n(torch.zeros(5, 1, dtype=torch.long)), 1.0),
+                                   "Expected index"),
+    "index_too_many": (lambda: n(r(3, 4))[n(torch.tensor([0])), n(torch.tensor([0])), n(torch.tensor([0]))],
+                       "too many indices"),
+    "index_shapes": (lambda: n(r(3, 4))[n(torch.tensor([0, 1])), n(torch.tensor([0, 1, 2]))], "shape mismatch"),
+    "index_put_value_shape": (lambda: n(r(5, 3)).index_put_((n(torch.tensor([0, 1])),), n(r(3, 3))), "shape mismatch"),
+    "index_put_dtype": (lambda: n(r(5, 3)).index_put_((n(torch.tensor([0])),), n(torch.ones(1, 3, dtype=torch.double))),
+                        "dtype"),
+    "floor_divide_shapes": (lambda: n(r(3, 4)) // n(r(5)), "must match"),
+    "scatter_inplace_into_expanded": (lambda: n(r(1, 4)).expand(3, 4).scatter_(1, n(torch.zeros(3, 1, dtype=torch.long)),
+                                                                                1.0), "memory location"),
+    "scatter_inplace_index_is_self": (lambda: (lambda x: x.scatter_(0, x, 1))(n(torch.zeros(4, dtype=torch.long))),
+                                      "memory location"),
+    "index_without_index_tensors": (lambda: torch.ops.aten.index(n(r(3, 4)), [None]), "ntensor"),
+    "index_put_index_is_self": (lambda: (lambda x: x.index_put_((x,), n(torch.tensor(1))))(n(torch.zeros(4, dtype=torch.long))),
+                                "memory location"),
+    "index_put_overlapping_values": (lambda: (lambda x: x.index_put_((n(torch.tensor([0])),), x[1:2]))(n(r(3, 4))),
+                                     "memory location"),
+    "grouped_mm_offs_dtype": (lambda: torch._grouped_mm(n(r(10, 8)), n(r(3, 8, 4)), offs=n(torch.tensor([3, 3, 10]))),
+                              "int32"),
 }
 
 
@@ -707,8 +780,95 @@ def test_a_gpt2_training_step_never_waits_for_the_device():
     trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
 
 
+@pytest.mark.parametrize("arch", ["Mixtral", "Qwen3Moe"])
+def test_a_hugging_face_mixture_of_experts_training_step_never_waits_for_the_device(arch):
+    # Top-k routing, tokens sorted and counted per expert (histc over integers), _grouped_mm
+    # per expert group, results scattered back (transformers' grouped_mm experts)
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    if arch == "Mixtral":
+        cfg = transformers.MixtralConfig(**sizes, num_local_experts=4, num_experts_per_tok=2)
+    else:
+        cfg = transformers.Qwen3MoeConfig(**sizes, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    model = getattr(transformers, f"{arch}ForCausalLM")(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = n(torch.randint(0, 128, (2, 16), generator=gen))
+    trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
+
+
+def test_integer_histc_with_bounds_queues_cudas_counts():
+    x = torch.tensor([-3, 0, 1, 1, 2, 5, 9, 3, 3, 3], dtype=torch.int32)
+    got = queued(lambda t: torch.histc(t, bins=4, min=0, max=3), n(x))
+    assert torch.equal(got.cpu(), torch.tensor([1, 2, 1, 3], dtype=torch.int32))  # 0 | 1 1 | 2 | 3 3 3
+
+
 def test_a_comparison_reads_a_cpu_scalar_value_at_the_call():
     x, z = n(r(64, 64)), torch.tensor(0.1)
     out = queued(torch.gt, x, z)
     z.fill_(7.0)  # after the call, before the kernel ran
     same(out, x.cpu() > 0.1)
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter_add_", "index", "index_put_"])
+def test_an_index_out_of_range_surfaces_at_the_next_synchronization(op):
+    # Only the kernel reads the indices (as on CUDA): the error is reported where the host next
+    # waits, naming the op, and the device stays usable.
+    x, bad = n(r(4, 5)), n(torch.tensor([[0], [9], [1], [2]]))
+    run = {"gather": lambda: torch.gather(x, 1, bad),
+           "scatter_add_": lambda: x.scatter_add_(1, bad, n(r(4, 1))),
+           "index": lambda: x[bad.view(-1)],
+           "index_put_": lambda: x.index_put_((bad.view(-1),), n(r(4, 5)))}[op]
+    queued(run)
+    name = {"index": "index.Tensor", "index_put_": "_index_put_impl_"}.get(op, op)
+    with pytest.raises(RuntimeError, match=f"(?s)aten::{name} failed on the device.*out of bounds"):
+        torch.neuron.synchronize()
+    torch.neuron.synchronize()
+    assert torch.equal((x @ x.t()).cpu(), x.cpu() @ x.cpu().t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grouped_mm_in_a_routed_dtype_takes_the_routed_gemms(dtype):
+    # fp16 (and bf16 where CPU's bf16 kernels are slow) GEMMs leave CPU's kernel (gemm.h; CPU's
+    # fp16 GEMM is 10-400x slower than bf16): each group's product is the neuron mm of that group.
+    a, b = n(r(10, 64, dtype=dtype)), n(r(3, 64, 8, dtype=dtype))
+    offs = n(torch.tensor([3, 3, 10], dtype=torch.int32))
+    if dtype == torch.bfloat16 and not BF16_ROUTED:
+        pytest.skip("CPU's bf16 kernels are fast on this host: bf16 is not routed")
+    n(r(64)).mul_(2)  # pending work
+    before = engine.stats()["drains"]
+    got = torch._grouped_mm(a, b, offs=offs)
+    # ATen's composite, not the queued kernel: it reads the offsets on the host (a wait), and
+    # its per-group products take the routed mm (synchronous, gemm.cpp)
+    assert engine.stats()["drains"] > before
+    want = torch.cat([a[0:3] @ b[0], a[3:3] @ b[1], a[3:10] @ b[2]])
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+def test_a_mixture_of_experts_training_step_never_waits_for_the_device():
+    # Top-k routing, tokens sorted and counted by expert, one GEMM per expert's group
+    # (_grouped_mm), the weighted results scattered back: the shape of Hugging Face's MoE
+    # layers, with the counts computed by scatter_add (histc over integers waits; see
+    # docs/architecture.md).
+    torch.manual_seed(0)
+    experts, top_k, d = 4, 2, 8
+    router = torch.nn.Linear(d, experts).to("neuron")
+    w1 = torch.nn.Parameter(n(r(experts, d, 16) * 0.1))
+    w2 = torch.nn.Parameter(n(r(experts, 16, d) * 0.1))
+    opt = torch.optim.SGD([*router.parameters(), w1, w2], lr=0.1)
+    x = n(r(12, d))
+
+    def loss():
+        weights, chosen = torch.topk(router(x).softmax(-1), top_k)
+        flat = chosen.reshape(-1)
+        order = flat.sort(stable=True).indices
+        counts = torch.zeros(experts, dtype=torch.long, device="neuron").scatter_add(0, flat, torch.ones_like(flat))
+        offs = counts.cumsum(0).int()
+        tokens = x[order // top_k]
+        h = torch._grouped_mm(tokens, w1, offs=offs).relu()
+        out = torch._grouped_mm(h, w2, offs=offs) * weights.reshape(-1)[order].unsqueeze(-1)
+        y = torch.zeros_like(x).index_put_((order // top_k,), out, accumulate=True)
+        return y.square().mean()
+
+    trains_without_waiting(loss, opt)

@@ -62,10 +62,14 @@ def _integer_histc(self: torch.Tensor, bins: int, min, max) -> torch.Tensor:
     span = _wrap(hi - lo, torch.int64)
     if span <= 0:  # CUDA's int64 arithmetic overflows here and indexes out of bounds
         raise RuntimeError(f"histc: the range [{lo}, {hi}] is wider than int64 can hold")
+    # Shapes that do not depend on the data (no boolean mask, no bincount), so that with the
+    # execution engine on nothing here waits for the device: values out of range count in an
+    # extra bin that is dropped.
     values = self.reshape(-1).to(torch.int64)
-    values = values[(values >= lo) & (values <= hi)]
-    index = torch.div((values - lo) * bins, span, rounding_mode="floor").clamp_(max=bins - 1)
-    return torch.bincount(index, minlength=bins).to(dtype)
+    index = ((values - lo) * bins // span).clamp_(max=bins - 1)
+    index = torch.where(values < lo, bins, torch.where(values > hi, bins, index))
+    counts = torch.zeros(bins + 1, dtype=torch.int64, device=self.device).scatter_add_(0, index, torch.ones_like(index))
+    return counts[:bins].to(dtype)
 
 
 def histc(self: torch.Tensor, bins: int = 100, min=0, max=0) -> torch.Tensor:
