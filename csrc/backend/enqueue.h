@@ -8,6 +8,7 @@
 // first (ZeroCopy::in, at its first neuron tensor).
 #pragma once
 
+#include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Tensor.h>
 #include <ATen/ops/empty_like.h>
@@ -48,6 +49,18 @@ template <class Tp> bool number_value(const at::Tensor& number, Tp* out) {
     case c10::ScalarType::Float: *out = static_cast<Tp>(*static_cast<const float*>(p)); return true;
     default: return false;
   }
+}
+// Whether a number converts to `dtype` as CPU's kernels convert it (Scalar::to, which raises for
+// one out of the dtype's range): checked at the call, so the queued kernel cannot fail on it.
+inline bool number_fits(c10::ScalarType dtype, const at::Scalar& value) {
+  if (value.isComplex() && !c10::isComplexType(dtype)) return false;
+  try {
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, dtype, "number_fits",
+                                           [&] { (void)value.to<scalar_t>(); });
+  } catch (const c10::Error&) {
+    return false;  // out of range, or a dtype no kernel takes: the synchronous path raises
+  }
+  return true;
 }
 // Two arguments partially overlapping (an element of the other, say): CPU kernels raise for a
 // written one, so such a call runs synchronously and raises at the call.

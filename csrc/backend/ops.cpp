@@ -1370,19 +1370,12 @@ at::Tensor mse_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor
 // the bool mask broadcasts to self and the number converts to self's dtype (CPU's conversion
 // errors, and its shape and overlap errors, raise at the call on the synchronous path).
 at::Tensor& masked_fill_hot(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
-  bool fits = may_enqueue() && self.is_privateuseone() && !c10::isComplexType(self.scalar_type()) &&
-              !self.is_conj() && !self.is_neg() && self.layout() == c10::kStrided && !value.isComplex() &&
-              mask.is_privateuseone() && mask.device() == self.device() && mask.scalar_type() == at::kBool &&
-              mask.layout() == c10::kStrided && at::is_expandable_to(mask.sizes(), self.sizes()) &&
-              at::has_internal_overlap(self) != at::MemOverlap::Yes && !partially_overlap(self, mask);
-  if (fits) {
-    try {
-      AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "masked_fill_",
-                                 [&] { (void)value.to<scalar_t>(); });
-    } catch (const c10::Error&) {
-      fits = false;
-    }
-  }
+  const bool fits = may_enqueue() && self.is_privateuseone() && !c10::isComplexType(self.scalar_type()) &&
+                    !self.is_conj() && !self.is_neg() && self.layout() == c10::kStrided && mask.is_privateuseone() &&
+                    mask.device() == self.device() && mask.scalar_type() == at::kBool &&
+                    mask.layout() == c10::kStrided && at::is_expandable_to(mask.sizes(), self.sizes()) &&
+                    at::has_internal_overlap(self) != at::MemOverlap::Yes && !partially_overlap(self, mask) &&
+                    number_fits(self.scalar_type(), value);
   if (fits) {
     QueuedCall q;
     at::Tensor s = q.inout(self), m = q.in(mask);

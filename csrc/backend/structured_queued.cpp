@@ -260,7 +260,7 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
 // function raises for a self overlapping itself.
 template <class Src> bool queueable_src(const at::Tensor& self, const Src& src) {
   if constexpr (std::is_same_v<Src, at::Tensor>) return queueable_like(self, src);
-  else return !src.isComplex() || c10::isComplexType(self.scalar_type());
+  else return number_fits(self.scalar_type(), src);
 }
 template <class Src> Src queued_src(QueuedCall& q, const Src& src) {
   if constexpr (std::is_same_v<Src, at::Tensor>) return q.in(src);

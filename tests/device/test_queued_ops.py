@@ -495,6 +495,8 @@ ERRORS = {
     "index_put_dtype": (lambda: n(r(5, 3)).index_put_((n(torch.tensor([0])),), n(torch.ones(1, 3, dtype=torch.double))),
                         "dtype"),
     "floor_divide_shapes": (lambda: n(r(3, 4)) // n(r(5)), "must match"),
+    "scatter_value_int8_overflow": (lambda: torch.scatter(n(torch.zeros(3, dtype=torch.int8)), 0, n(torch.tensor([0])), 300),
+                                    "overflow"),
     "scatter_inplace_into_expanded": (lambda: n(r(1, 4)).expand(3, 4).scatter_(1, n(torch.zeros(3, 1, dtype=torch.long)),
                                                                                 1.0), "memory location"),
     "scatter_inplace_index_is_self": (lambda: (lambda x: x.scatter_(0, x, 1))(n(torch.zeros(4, dtype=torch.long))),
