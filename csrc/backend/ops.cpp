@@ -100,6 +100,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -612,6 +613,13 @@ template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
   return config.build().output(0).strides().vec();
 }
 
+// Ops whose integer results keep the operand's dtype (neg: T5's relative positions) take the
+// pooled route for integers too; the others' results are floating (exp, sigmoid, ...).
+template <const char* Name> bool keeps_integers(c10::ScalarType dtype) {
+  static const bool keeps = std::string_view(Name) == "aten::neg";
+  return keeps && c10::isIntegralType(dtype, /*includeBool=*/false);
+}
+
 template <class Sig> struct Pooled;
 template <class... A> struct Pooled<at::Tensor(A...)> {
   template <at::Tensor (*F)(A...), at::Tensor& (*O)(at::Tensor&, A...), const char* Name>
@@ -621,7 +629,8 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
     SerialVml vml(first.numel() < vml_bound);  // MKL's vector math on one thread (vml_threads.h)
     auto queues = [&] { return may_enqueue() && (pooled_arg_queues(first, args) && ...) && clamp_has_bound(args...); };
     std::vector<int64_t> strides;  // the result's, if not contiguous
-    if (!c10::isFloatingType(first.scalar_type()) || !(pooled_arg_fits(first, args) && ...)) {
+    const bool pooled_dtype = c10::isFloatingType(first.scalar_type()) || keeps_integers<Name>(first.scalar_type());
+    if (!pooled_dtype || !(pooled_arg_fits(first, args) && ...)) {
       static const bool pointwise = op_handle<Name>().hasTag(at::Tag::pointwise);
       if (!pointwise || !c10::isFloatingType(first.scalar_type()) || !(strided_arg_fits(first, args) && ...) ||
           first.numel() == 0 || !queues()) {

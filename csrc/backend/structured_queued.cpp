@@ -21,6 +21,8 @@
 #include <ATen/native/GroupedMMUtils.h>
 #include <ATen/ops/_grouped_mm_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_index_put_impl_cpu_dispatch.h>
+#include <ATen/ops/abs_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/abs_cpu_dispatch.h>
 #include <ATen/ops/all_cpu_dispatch.h>
 #include <ATen/ops/all_meta_dispatch.h>
 #include <ATen/ops/any_cpu_dispatch.h>
@@ -426,6 +428,26 @@ at::Tensor floor_divide(const at::Tensor& self, const at::Tensor& other) {
   return FromStack<at::Tensor>::get(via_fallback<kFloorDivide>(self, other));
 }
 
+// abs of a real tensor (T5's relative-position buckets over int64): ATen's composite allocates
+// an empty result for abs.out to resize, which the fallback cannot queue. The result keeps the
+// dtype, laid out by CPU's unary iterator. Bool and complex inputs take the composite (bool:
+// bool_ops.cpp; complex: a real result).
+constexpr char kAbs[] = "aten::abs";
+at::Tensor abs(const at::Tensor& self) {
+  const c10::ScalarType dtype = self.scalar_type();
+  if (queueable(self) && dtype != at::kBool && !c10::isComplexType(dtype) && self.numel() > 0) {
+    return enqueue_unary(
+        kAbs, self,
+        [](const at::Tensor& m) {
+          at::TensorIteratorConfig config;
+          config.add_owned_output(at::Tensor()).add_owned_const_input(m);
+          return config.build().output(0);
+        },
+        [](at::Tensor& o, const at::Tensor& x) { at::cpu::abs_out(o, x); });
+  }
+  return at::compositeexplicitautograd::abs(self);
+}
+
 // _grouped_mm (mixture-of-experts GEMMs, one per expert's token group): ATen's composite reads
 // the group offsets on the host (offs.cpu()) before its per-group GEMMs. Queued, the same
 // composite runs later over the aliases, so the offsets are read when the kernel runs. Layout
@@ -583,6 +605,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_index_put_impl_", TORCH_FN(index_put_impl_));
   m.impl("_grouped_mm", TORCH_FN(grouped_mm));
   m.impl("floor_divide", TORCH_FN(floor_divide));
+  m.impl("abs", TORCH_FN(abs));
   m.impl("tril", TORCH_FN((triangle<kTril, &at::meta::tril, &at::cpu::tril_out>)));
 }
 

@@ -323,6 +323,9 @@ CASES = {
     "grouped_mm_2d_3d": (lambda a, b, offs: torch._grouped_mm(a, b, offs=offs),
                          lambda: (r(10, 8), r(3, 8, 4), torch.tensor([3, 3, 10], dtype=torch.int32))),
     "grouped_mm_3d_3d": (lambda a, b: torch._grouped_mm(a, b), lambda: (r(2, 5, 8), r(2, 8, 4))),
+    "neg_int64": (lambda a: -a, lambda: (torch.arange(-5, 6).view(1, 11),)),
+    "abs_int64": (lambda a: torch.abs(a), lambda: (torch.arange(-5, 6).view(11, 1),)),
+    "abs_float_transposed": (lambda a: a.t().abs(), lambda: (r(3, 5),)),
     "floor_divide_by_number": (lambda a: a // 3, lambda: (torch.arange(-7, 8),)),
     "floor_divide_broadcast_promoting": (lambda a, b: torch.floor_divide(a, b),
                                          lambda: (torch.arange(-6, 6).view(3, 4), r(4) + 3)),
@@ -800,6 +803,19 @@ def test_a_hugging_face_mixture_of_experts_training_step_never_waits_for_the_dev
     trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
 
 
+def test_a_t5_training_step_never_waits_for_the_device():
+    # T5's relative-position buckets: neg and abs of int64 positions, integer min/where/log
+    # casts (it waited twice a step on neg and abs before they queued over integers)
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                                num_heads=2, decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = n(torch.randint(0, 128, (2, 16), generator=gen))
+    trains_without_waiting(lambda: model(input_ids=ids, labels=ids).loss, opt)
+
+
 def test_integer_histc_with_bounds_queues_cudas_counts():
     x = torch.tensor([-3, 0, 1, 1, 2, 5, 9, 3, 3, 3], dtype=torch.int32)
     got = queued(lambda t: torch.histc(t, bins=4, min=0, max=3), n(x))
@@ -874,3 +890,12 @@ def test_a_mixture_of_experts_training_step_never_waits_for_the_device():
         return y.square().mean()
 
     trains_without_waiting(loss, opt)
+
+
+def test_abs_of_a_bool_tensor_gives_cudas_result_with_the_engine_on():
+    # CUDA's |b| == b; CPU has no bool abs kernel (bool_ops.cpp), so bool stays off the queued
+    # path of the real dtypes
+    x = n(torch.tensor([True, False, True]))
+    got = torch.abs(x)
+    torch.neuron.synchronize()
+    assert torch.equal(got.cpu(), x.cpu())
