@@ -120,19 +120,21 @@ def test_channels_last_conv_forward_and_backward_match_eager():
     assert_close(dev_conv.weight.grad, ref.weight.grad, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["causal", "bool_mask", "gqa"])
+@pytest.mark.parametrize("variant", ["causal", "bool_mask", "gqa", "gqa_bool_mask", "bool_mask_one_kv_head"])
 def test_sdpa_forward_and_backward_match_eager(variant):
+    # the last two take the math kernel (heads differ): Falcon's multi-query attention
     torch.manual_seed(0)
-    kv_heads = 2 if variant == "gqa" else 4
+    kv_heads = {"gqa": 2, "gqa_bool_mask": 2, "bool_mask_one_kv_head": 1}.get(variant, 4)
     q = torch.randn(2, 4, 16, 8, requires_grad=True)
     k = torch.randn(2, kv_heads, 16, 8, requires_grad=True)
     v = torch.randn(2, kv_heads, 16, 8, requires_grad=True)
     mask = torch.rand(16, 16) > 0.3
     mask.fill_diagonal_(True)
-    kwargs = {"causal": dict(is_causal=True), "bool_mask": {}, "gqa": dict(enable_gqa=True)}[variant]
+    kwargs = {"causal": dict(is_causal=True), "gqa": dict(enable_gqa=True),
+              "gqa_bool_mask": dict(enable_gqa=True)}.get(variant, {})
 
     def f(q, k, v, mask):
-        m = mask if variant == "bool_mask" else None
+        m = mask if "bool_mask" in variant else None
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs)
 
     qd, kd, vd = (t.detach().to(DEV).requires_grad_() for t in (q, k, v))

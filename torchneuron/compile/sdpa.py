@@ -29,11 +29,12 @@ def _sdpa_neuron(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
                 and query.size(1) == key.size(1) == value.size(1)
                 and (dropout_p == 0.0 or not torch.is_grad_enabled())
                 and not (attn_mask is not None and is_causal))
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # Both kernels below take additive masks: F.scaled_dot_product_attention converts a
+        # boolean one before choosing a kernel, and the math kernel would add True as 1.0.
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+            ~attn_mask, float("-inf"))
     if flash_ok and dropout_p == 0.0:
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            # The CPU flash kernel takes additive masks.
-            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
-                ~attn_mask, float("-inf"))
         out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
         return out
