@@ -67,3 +67,12 @@ def test_switched_off_gives_cpu_inductor_bits():
     res = run_python(code, env={"TORCHNEURON_COMPILE_FAST_TANH": "0"}, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "EQUAL" in res.stdout
+
+
+def test_transposing_kernels_use_the_fast_tanh_too():
+    # a transposed operand makes Inductor tile the loop in 2-d: the same tanh as the 1-d kernels
+    x = torch.randn(64, 128) * 3
+    fn = torch.compile(lambda t: torch.tanh(t.t()).contiguous(), backend="neuron")
+    out, (code,) = run_and_get_code(fn, x.to(DEV))
+    assert "neuron_tanh(" in code and "transpose" in code.lower()
+    torch.testing.assert_close(out.cpu(), torch.tanh(x.t()).contiguous())

@@ -146,3 +146,13 @@ def test_sdpa_forward_and_backward_match_eager(variant):
     ref.backward(g)
     for a, b in ((qd, q), (kd, k), (vd, v)):
         assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_reduction_over_transposed_operands_matches_eager():
+    # Inductor tiles such a loop in 2-d (CppTile2DKernel); neuron's kernel proxy required its
+    # vector kernels to be neuron's own class and failed an assertion (HF Mamba's backward)
+    def f(x, y):
+        return (x * y).sum((0, 2), keepdim=True)
+
+    x, y = torch.randn(2, 16, 128).transpose(1, 2), torch.randn(2, 128, 16)
+    assert_close(torch.compile(f, backend="neuron")(x.to(DEV), y.to(DEV)), f(x, y))

@@ -33,6 +33,8 @@ from torch._inductor.codegen.cpp import (
     CppCSEVariable,
     CppKernelProxy,
     CppScheduling,
+    CppTile2DKernel,
+    CppTile2DOverrides,
     CppVecKernel,
     CppVecOverrides,
 )
@@ -79,32 +81,54 @@ inline at::vec::Vectorized<float> neuron_tanh(const at::vec::Vectorized<float>& 
 _PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 
 
+def _with_fast_tanh(overrides):
+    """Route vector ``tanh`` of an overrides instance through :data:`_FAST_TANH_HELPERS`.
+
+    ``CppVecOverrides.__new__`` rebinds every op on the instance to a scalar/vector dispatching
+    wrapper of the *base* implementation, so the override goes on the instance too, after it,
+    and defers to that wrapper for scalars."""
+    if fast_tanh_enabled():
+        base_tanh = overrides.tanh
+
+        def tanh(a):
+            if isinstance(a, CppCSEVariable) and a.is_vec:
+                return f"neuron_tanh({a})"
+            return base_tanh(a)
+
+        overrides.tanh = tanh
+    return overrides
+
+
 class NeuronCppVecOverrides(CppVecOverrides):
     """Vector op overrides for neuron kernels: ``tanh`` goes through :data:`_FAST_TANH_HELPERS`."""
 
     def __new__(cls, *args, **kwargs):
-        # CppVecOverrides.__new__ rebinds every op on the instance to a scalar/vector
-        # dispatching wrapper of the *base* implementation, so the override goes on the
-        # instance too, after it, and defers to that wrapper for scalars.
-        self = super().__new__(cls, *args, **kwargs)
-        if fast_tanh_enabled():
-            base_tanh = self.tanh
+        return _with_fast_tanh(super().__new__(cls, *args, **kwargs))
 
-            def tanh(a):
-                if isinstance(a, CppCSEVariable) and a.is_vec:
-                    return f"neuron_tanh({a})"
-                return base_tanh(a)
 
-            self.tanh = tanh
-        return self
+class NeuronCppTile2DOverrides(CppTile2DOverrides):
+    """The same for the transposing (2-d tiled) kernels."""
+
+    def __new__(cls, *args, **kwargs):
+        return _with_fast_tanh(super().__new__(cls, *args, **kwargs))
 
 
 class NeuronCppVecKernel(CppVecKernel):
     overrides = NeuronCppVecOverrides  # type: ignore[assignment]
 
 
+class NeuronCppTile2DKernel(CppTile2DKernel, NeuronCppVecKernel):
+    """Inductor's 2-d tiled kernel (operands in transposed layouts), still a
+    :class:`NeuronCppVecKernel`: the kernel proxy's reduction code requires its vector kernels
+    to be instances of ``vec_kernel_cls`` (a reduction over two transposed operands failed an
+    assertion in it: HF Mamba's backward)."""
+
+    overrides = NeuronCppTile2DOverrides  # type: ignore[assignment]
+
+
 class NeuronCppKernelProxy(CppKernelProxy):
     vec_kernel_cls = NeuronCppVecKernel
+    tile2d_kernel_cls = NeuronCppTile2DKernel
 
 
 class NeuronCppScheduling(CppScheduling):
