@@ -156,3 +156,23 @@ def test_reduction_over_transposed_operands_matches_eager():
 
     x, y = torch.randn(2, 16, 128).transpose(1, 2), torch.randn(2, 128, 16)
     assert_close(torch.compile(f, backend="neuron")(x.to(DEV), y.to(DEV)), f(x, y))
+
+
+def test_sdpa_with_a_learned_additive_mask_gets_its_gradient():
+    # Swin adds its relative-position bias as attn_mask: the mask requires grad, which the CPU
+    # flash kernel cannot differentiate (the math kernel can)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 4, 16, 16, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    dev = [t.detach().to(DEV).requires_grad_() for t in (q, k, v, bias)]
+    out = torch.compile(f, backend="neuron")(*dev)
+    ref = f(q, k, v, bias)
+    assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for a, b in zip(dev, (q, k, v, bias)):
+        assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)

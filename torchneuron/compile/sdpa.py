@@ -10,7 +10,7 @@ between a device kernel and the CUDA-shaped meta functions (e.g. the padded logs
 exactly what runs: the CPU flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu``,
 with its own backward), which neuron executes zero-copy on device memory, or the math
 decomposition (fused by Inductor) when flash does not apply (dropout in training, GQA with
-unequal heads, other ranks/dtypes).
+unequal heads, a mask that requires grad, other ranks/dtypes).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ def _sdpa_neuron(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
                 and query.dtype in _FLASH_DTYPES
                 and query.size(1) == key.size(1) == value.size(1)
                 and (dropout_p == 0.0 or not torch.is_grad_enabled())
-                and not (attn_mask is not None and is_causal))
+                and not (attn_mask is not None and is_causal)
+                # the flash kernel has no gradient for the mask (a learned bias: Swin's
+                # relative positions); the math kernel has
+                and not (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()))
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # Both kernels below take additive masks: F.scaled_dot_product_attention converts a
         # boolean one before choosing a kernel, and the math kernel would add True as 1.0.
