@@ -13,6 +13,7 @@
 // an AVX2 host 4.5x fp32's). The compiled path's
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include <ATen/native/DispatchStub.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
@@ -95,12 +96,25 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
                           std::optional<double> scale, bool enable_gqa) {
   if (opaque(q) || opaque(k) || opaque(v) || (mask.has_value() && mask->defined() && opaque(*mask))) {
     // While tracing, decide from metadata what CPU's selection decides for ordinary inputs:
-    // its flash kernel for 4-d float inputs without dropout.
+    // its flash kernel for 4-d float inputs without dropout or a mask that requires grad.
+    // Traced with FakeTensors (a FakeTensorMode active), it is reported as flash, so the traced
+    // graph holds the kernel CPU's graphs hold,
+    // _scaled_dot_product_flash_attention_for_cpu, whose meta function describes what neuron
+    // runs; efficient attention's meta pads the logsumexp to a multiple of 32, which neuron's
+    // kernel does not (context parallelism merges it row by row), so a graph tracing it
+    // failed its stride checks (Inductor's attention pattern matcher rewrites an explicit
+    // softmax(q k^T) v into SDPA and traces it here: HF MobileViT under torch.compile).
+    // Other subclasses (DTensor's wrappers in eager context parallelism) get efficient
+    // attention, the op DTensor knows how to shard.
     const auto dt = q.scalar_type();
+    const bool has_mask = mask.has_value() && mask->defined();
     const bool flash = at::globalContext().userEnabledFlashSDP() && dropout_p == 0.0 && q.dim() == 4 &&
                        k.dim() == 4 && v.dim() == 4 && q.sym_size(1) == k.sym_size(1) &&
-                       (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
-    return static_cast<int64_t>(flash ? sdp::SDPBackend::efficient_attention : sdp::SDPBackend::math);
+                       (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
+                       !(has_mask && (mask->requires_grad() || is_causal));
+    const bool fake = c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE).has_value();
+    if (!flash) return static_cast<int64_t>(sdp::SDPBackend::math);
+    return static_cast<int64_t>(fake ? sdp::SDPBackend::flash_attention : sdp::SDPBackend::efficient_attention);
   }
   // CPU's selection reads metadata only, so the aliases need not wait for queued kernels.
   ZeroCopy zc{ZeroCopy::Queued{}};

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
 from compile_models import DEV, MLP, GPTBlock, SmallCNN, assert_close, clone_to
 
@@ -175,4 +176,26 @@ def test_sdpa_with_a_learned_additive_mask_gets_its_gradient():
     out.square().sum().backward()
     ref.square().sum().backward()
     for a, b in zip(dev, (q, k, v, bias)):
+        assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_explicit_attention_rewritten_into_sdpa_matches_eager():
+    # Inductor's attention pattern matcher turns softmax(q k^T / sqrt(d)) v into SDPA and
+    # traces it with FakeTensors: neuron's kernel choice must then name a kernel whose meta
+    # function describes what neuron runs (HF MobileViT failed its stride checks)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(16, 4, 4, 8, requires_grad=True) for _ in range(3))
+
+    def f(q, k, v):
+        scores = torch.matmul(q, k.transpose(-1, -2)) / 8 ** 0.5
+        return torch.matmul(scores.softmax(dim=-1), v)
+
+    dev = [t.detach().to(DEV).requires_grad_() for t in (q, k, v)]
+    out, (code, *_) = run_and_get_code(torch.compile(f, backend="neuron"), *dev)
+    assert "scaled_dot_product" in code  # the rewrite happened, so this test exercises it
+    ref = f(q, k, v)
+    assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for a, b in zip(dev, (q, k, v)):
         assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
