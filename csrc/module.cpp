@@ -11,6 +11,7 @@
 #include "backend/bf16_gemm.h"
 #include "backend/fp8.h"
 #include "backend/fusion.h"
+#include "backend/cpu_features.h"
 #include "backend/gemm.h"
 #include "backend/generator.h"
 #include "backend/gpu_trace.h"
@@ -75,8 +76,10 @@ PYBIND11_MODULE(_C, m) {
     d["lowp_gemm"] = std::string(torchneuron::gemm::lowp_route());
     d["fp8_cast_vectorized"] = torchneuron::fp8::vectorized();
     d["bf16_fp32_gemm_avx512"] = torchneuron::bf16_gemm::available();
+    d["cpu_avx512_bf16"] = torchneuron::cpu_features::avx512bf16();
     return d;
-  }, "Host paths of the precision routing: whether bf16 runs CPU's kernels, the fp16/bf16 "
+  }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
+     "bf16 dot products, cpu_avx512_bf16), the fp16/bf16 "
      "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
      "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted).");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),

@@ -95,37 +95,59 @@ def build(spec: str):
     return model, kind
 
 
-def _step(model, kind: str, device: str, compiled: bool):
+def _step(model, kind: str, device: str, compiled: bool, amp: torch.dtype | None = None):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1, VOCAB, (2, 16), generator=gen)
     labels = torch.tensor([0, 2]) if kind == "cls" else ids
     model = copy.deepcopy(model).to(device).train()
     run = torch.compile(model, backend="neuron") if compiled else model
-    out = run(input_ids=ids.to(device), labels=labels.to(device))
+    with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
+        out = run(input_ids=ids.to(device), labels=labels.to(device))
     out.loss.backward()
     grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.loss.detach().cpu(), grads
 
 
-def check_train(spec: str, compiled: bool, verbose: bool) -> str:
+def _gradient_rows(ref: dict, grads: dict) -> list:
+    return sorted((((ref[k] - grads[k]).abs().max() / (ref[k].abs().max() + 1e-12)).item(), ref[k].abs().max().item(), k)
+                  for k in ref)
+
+
+def check_train(spec: str, compiled: bool, verbose: bool, amp: torch.dtype | None = None) -> str:
     model, kind = build(spec)
     if compiled:
         torch._dynamo.reset()
     t0 = time.perf_counter()
     loss_cpu, grads_cpu = _step(model, kind, "cpu", False)
-    loss_dev, grads_dev = _step(model, kind, "neuron", compiled)
+    loss_dev, grads_dev = _step(model, kind, "neuron", compiled, amp)
+    # AOTAutograd gives zeros where eager leaves .grad None (a parameter the loss does not use,
+    # big_bird's pooler); CPU Inductor does the same: only nonzero extras are a difference.
+    for k in set(grads_dev) - set(grads_cpu):
+        if not grads_dev[k].any():
+            del grads_dev[k]
     if set(grads_cpu) != set(grads_dev):
         return f"MISSING GRADIENTS {sorted(set(grads_cpu) ^ set(grads_dev))}"
-    rows = sorted((((grads_cpu[k] - grads_dev[k]).abs().max() / (grads_cpu[k].abs().max() + 1e-12)).item(),
-                   grads_cpu[k].abs().max().item(), k) for k in grads_cpu)
+    rows = _gradient_rows(grads_cpu, grads_dev)
     line = (f"loss diff {(loss_cpu - loss_dev).abs().item():.1e}, worst relative gradient diff "
             f"{rows[-1][0]:.1e} ({rows[-1][2]}, |grad| {rows[-1][1]:.1e}), {time.perf_counter() - t0:.1f} s")
+    if amp is not None:
+        # The oracle under autocast: CPU fp32, against which CPU's own autocast run shows what
+        # error the precision brings. Neuron autocasts CUDA's op lists, CPU its own, so only a
+        # neuron error well beyond CPU's is suspect.
+        loss_amp, grads_amp = _step(model, kind, "cpu", False, amp)
+        ref = max((r for r, m, k in _gradient_rows(grads_cpu, grads_amp) if m > 1e-6), default=0.0)
+        mine = max((r for r, m, k in rows if m > 1e-6), default=0.0)
+        loss_ref = (loss_cpu - loss_amp).abs().item()
+        suspect = mine > max(4 * ref, 0.05) or (loss_cpu - loss_dev).abs().item() > max(4 * loss_ref, 0.02)
+        line = (f"{'SUSPECT ' if suspect else ''}loss diff {(loss_cpu - loss_dev).abs().item():.1e} "
+                f"(CPU autocast {loss_ref:.1e}), worst gradient {mine:.1e} (CPU autocast {ref:.1e}; "
+                f"{rows[-1][2]}), {time.perf_counter() - t0:.1f} s")
     if verbose:
         line += "".join(f"\n      {r:.1e} |grad| {m:.1e} {k}" for r, m, k in rows[-5:])
     return line
 
 
-def check_generate(spec: str, compiled: bool) -> str:
+def check_generate(spec: str, compiled: bool, static: bool = False) -> str:
     model, kind = build(spec)
     model.eval()
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -138,8 +160,11 @@ def check_generate(spec: str, compiled: bool) -> str:
             torch._dynamo.reset()
             m.forward = torch.compile(m.forward, backend="neuron")
         with torch.no_grad():
+            # A static cache makes transformers compile the forward itself on neuron (as on CUDA:
+            # its CompileConfig, Inductor in "reduce-overhead" mode); CPU generates eagerly.
+            extra = dict(cache_implementation="static") if static else {}
             tokens[device] = m.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                        max_new_tokens=8, do_sample=False, pad_token_id=0).cpu()
+                                        max_new_tokens=8, do_sample=False, pad_token_id=0, **extra).cpu()
     if torch.equal(tokens["cpu"], tokens["neuron"]):
         return "same tokens"
     return f"DIFFERENT TOKENS\n      cpu    {tokens['cpu'].tolist()}\n      neuron {tokens['neuron'].tolist()}"
@@ -150,9 +175,13 @@ def main(argv=None) -> int:
     parser.add_argument("mode", choices=("train", "compile", "generate"))
     parser.add_argument("models", nargs="*", help="model types (type, type:s2s, type:cls) or 'all'")
     parser.add_argument("--compiled-forward", action="store_true", help="generate: compile the neuron forward")
+    parser.add_argument("--static-cache", action="store_true", help="generate: with a static KV cache, "
+                        "which transformers compiles on neuron")
+    parser.add_argument("--amp", choices=("bf16", "fp16"), help="train/compile: the neuron step under autocast, "
+                        "judged against CPU fp32 and CPU's own autocast error")
     parser.add_argument("--list", action="store_true", help="print the default models of the mode")
     parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     import torchneuron  # noqa: F401  (registers the device)
 
     if args.list:
@@ -163,14 +192,15 @@ def main(argv=None) -> int:
     for spec in specs:
         try:
             if args.mode == "generate":
-                result = check_generate(spec, args.compiled_forward)
+                result = check_generate(spec, args.compiled_forward, args.static_cache)
             else:
-                result = check_train(spec, args.mode == "compile", args.verbose)
+                amp = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.amp]
+                result = check_train(spec, args.mode == "compile", args.verbose, amp)
         except Exception as exc:  # report and go on: the sweep's point is the whole picture
             result = f"ERROR {type(exc).__name__}: {str(exc)[:400]}"
             if args.verbose:
                 result += "\n" + traceback.format_exc()
-        failures += result.startswith(("ERROR", "DIFFERENT", "MISSING"))
+        failures += result.startswith(("ERROR", "DIFFERENT", "MISSING", "SUSPECT"))
         print(f"{spec:16s} {result}", flush=True)
     return 1 if failures else 0
 

@@ -35,6 +35,7 @@
 #include <limits>
 
 #include "allocator.h"
+#include "cpu_features.h"
 #include "enqueue.h"
 #include "gemm.h"
 #include "transpose.h"
@@ -60,7 +61,11 @@ void cblas_gemm_f16f16f32(int layout, int transa, int transb, int m, int n, int 
 
 namespace torchneuron::gemm {
 
-bool cpu_fast_bf16() { return onednn_matmul_usable(); }
+// oneDNN computes bf16 dot products natively only with AVX512-BF16 (AMX hosts have it too). On
+// the AVX-512 CPUs without it (Intel Skylake-SP to Ice Lake, many cloud hosts) ATen still takes
+// oneDNN's bf16 kernels, which then convert every operand: on a 2-core Ice Lake, mm 1024^3 in
+// bf16 took 41 ms against 11.7 ms in fp32 (conv2d 2.9x, attention fwd+bwd 2.6x fp32's time).
+bool cpu_fast_bf16() { return cpu_features::avx512bf16() && onednn_matmul_usable(); }
 
 bool onednn_matmul_usable() {
   // ATen's mkldnn_matmul raises unless the CPU has these (mkldnn_bf16_device_check).
@@ -397,14 +402,21 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const 
 }
 
 // ---- matrix-vector and dot ----------------------------------------------------------------
-// mv (CompositeExplicitAutograd) lands in addmv.out. fp16: fp32 gemv, one rounding.
+// mv (CompositeExplicitAutograd) lands in addmv.out. fp16: fp32 gemv, one rounding. bf16 is
+// routed only where CPU's bf16 kernels are scalar loops (no AVX-512): a matrix-vector product is
+// bound by reading the matrix, which CPU's bf16 gemv reads at half fp32's bytes (Ice Lake, mv
+// 1024^2: 96 us against 278 us through an fp32 copy).
+bool gemv_routed(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !gemm::onednn_matmul_usable());
+}
+
 at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
                       const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   ZeroCopy zc;
   at::Tensor s = zc.in(self), m = zc.in(mat), v = zc.in(vec), o = zc.in_output(out);
   zc.launch("aten::addmv.out");
   const auto dt = m.scalar_type();
-  const bool half = routed(m) && v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
+  const bool half = gemv_routed(m) && v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
                     v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
   if (!half) {
     at::cpu::addmv_out(o, s, m, v, beta, alpha);
@@ -432,7 +444,7 @@ at::Tensor dot_hot(const at::Tensor& self, const at::Tensor& other) {
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch("aten::dot");
-  if (routed(a) && b.scalar_type() == a.scalar_type() && a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel()) {
+  if (gemv_routed(a) && b.scalar_type() == a.scalar_type() && a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel()) {
     return zc.out(at::cpu::dot(gemm::upcast(zc, a), gemm::upcast(zc, b)).to(a.scalar_type()));
   }
   return zc.out(at::cpu::dot(a, b));

@@ -8,20 +8,17 @@
 
 namespace torchneuron::gemm {
 
-// fp16 runs as TensorE runs it: exact products, fp32 accumulation, one rounding to fp16.
-// CPU's own fp16 kernels are exact-product/fp32-accumulate too on some paths, but 10-400x
-// slower than bf16 on a CPU without AVX512-FP16/AMX; fp32 is the fastest exact host path.
-// (SDPA uses this predicate: CPU's bf16 flash attention is fast on every host.)
-inline bool via_fp32(const at::Tensor& t) { return t.scalar_type() == at::kHalf; }
-
 // Whether CPU's own bf16 GEMM and convolution kernels are fast on this host: oneDNN's bf16
-// kernels, which ATen uses only with AVX-512 (mkldnn_bf16_device_check). Without it (e.g.
-// AVX2-only AMD Zen 3) CPU's bf16 mm is a scalar loop: 1024^2 takes 9 s against 0.07 s in fp32.
+// kernels, which ATen uses only with AVX-512 (mkldnn_bf16_device_check), on a CPU with native
+// bf16 dot products (AVX512-BF16). Without AVX-512 (e.g. AVX2-only AMD Zen 3) CPU's bf16 mm is
+// a scalar loop: 1024^2 takes 9 s against 0.07 s in fp32; with AVX-512 but no AVX512-BF16
+// (Intel Ice Lake) oneDNN emulates bf16 at 3.5x fp32's time.
 bool cpu_fast_bf16();
 
-// The GEMM family and convolution in `t`'s dtype leave CPU's kernel for an exact host path
-// (products exact, fp32 accumulation, one rounding): fp16 always; bf16 where CPU's bf16
-// kernels are slow (!cpu_fast_bf16()).
+// The GEMM family, convolution and attention in `t`'s dtype leave CPU's kernel for an exact
+// host path (products exact, fp32 accumulation, one rounding, as TensorE runs them): fp16
+// always (CPU's fp16 kernels are 10-400x slower than bf16 without AVX512-FP16/AMX); bf16 where
+// CPU's bf16 kernels are slow (!cpu_fast_bf16()).
 inline bool routed(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
 }

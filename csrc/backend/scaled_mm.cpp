@@ -226,7 +226,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
   const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
-                           gemm::onednn_matmul_usable() && gemm::prefer_onednn(M, N, K);
+                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K);
   const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
   if (bf16_gemm::available() && !onednn_bf16) {
     // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32

@@ -179,8 +179,11 @@ def test_fp16_results_live_in_device_memory_and_track_as_hot_ops():
 
 def test_precision_routes_describe_this_host():
     assert ROUTES["lowp_gemm"] in ("onednn-fp32", "mkl-mixed")
-    # CPU's bf16 kernels are kept exactly where oneDNN's fp32 route is also available (AVX-512).
-    assert ROUTES["bf16_cpu_kernels"] == (ROUTES["lowp_gemm"] == "onednn-fp32")
+    # CPU's bf16 kernels are kept exactly where oneDNN is usable (AVX-512) and the CPU has native
+    # bf16 dot products (AVX512-BF16): an AVX-512 CPU without them (Ice Lake) routes bf16 too.
+    assert ROUTES["bf16_cpu_kernels"] == (ROUTES["lowp_gemm"] == "onednn-fp32" and ROUTES["cpu_avx512_bf16"])
+    with open("/proc/cpuinfo") as f:
+        assert ROUTES["cpu_avx512_bf16"] == (" avx512_bf16" in f.read())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
