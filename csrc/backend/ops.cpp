@@ -97,6 +97,8 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -603,14 +605,65 @@ template <class T> bool strided_arg_fits(const at::Tensor& first, const T& arg) 
     return pooled_arg_fits(first, arg);
   }
 }
+// Result layouts that TensorIterator works out on meta tensors (≈ 2-3 us a call: building the
+// meta tensors and the iterator), remembered per thread by the operands' geometry, the only thing
+// a layout depends on (sizes and strides; not dtypes, not values). A training loop repeats a few
+// geometries, so a lookup (tens of ns) replaces the build. A geometry is remembered only once it
+// built, so a call that must raise (shapes that do not broadcast) still reaches TensorIterator.
+class LayoutCache {
+ public:
+  using Key = c10::SmallVector<int64_t, 24>;
+  // Appends t's geometry to key (a 0-dim tensor or a number: its rank, 0).
+  static void add(Key& key, const at::Tensor& t) {
+    key.push_back(t.dim());
+    key.append(t.sizes().begin(), t.sizes().end());
+    key.append(t.strides().begin(), t.strides().end());
+  }
+  static void add_number(Key& key) { key.push_back(0); }
+  // The layout (sizes then strides) remembered for key, or null.
+  const c10::SmallVector<int64_t, 12>* find(const Key& key) const {
+    for (const Entry& e : entries_) {
+      if (e.key.size() == key.size() && std::equal(key.begin(), key.end(), e.key.begin())) return &e.layout;
+    }
+    return nullptr;
+  }
+  const c10::SmallVector<int64_t, 12>& insert(Key key, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+    Entry& e = entries_[next_];
+    next_ = (next_ + 1) % entries_.size();
+    e.key = std::move(key);
+    e.layout.assign(sizes.begin(), sizes.end());
+    e.layout.append(strides.begin(), strides.end());
+    return e.layout;
+  }
+
+ private:
+  struct Entry {
+    Key key;  // empty: unused (every real key holds at least one rank)
+    c10::SmallVector<int64_t, 12> layout;
+  };
+  std::array<Entry, 16> entries_;
+  size_t next_ = 0;
+};
+
 template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
+  thread_local LayoutCache cache;
+  LayoutCache::Key key;
+  auto geometry = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) LayoutCache::add(key, a);
+  };
+  (geometry(args), ...);
+  if (const auto* layout = cache.find(key)) {
+    return std::vector<int64_t>(layout->begin() + layout->size() / 2, layout->end());
+  }
   at::TensorIteratorConfig config;
   config.add_owned_output(at::Tensor());
   auto add = [&](const auto& a) {
     if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) config.add_owned_const_input(meta_like(a));
   };
   (add(args), ...);
-  return config.build().output(0).strides().vec();
+  const at::Tensor out = config.build().output(0);
+  cache.insert(std::move(key), out.sizes(), out.strides());
+  return out.strides().vec();
 }
 
 // Ops whose integer results keep the operand's dtype (neg: T5's relative positions) take the
@@ -726,19 +779,30 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
   if (!c10::isFloatingType(dtype) && !(Integral && c10::isIntegralType(dtype, /*includeBool=*/false))) {
     return at::Tensor();
   }
-  auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand (layouts do not depend on dtypes)
-    return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
-  };
-  at::Tensor layout;
-  {
-    const at::Tensor am = meta(self), bm = meta(other);
-    at::TensorIterator iter;
-    iter.build_borrowing_binary_op(layout, am, bm);
-    layout = iter.output();
+  thread_local LayoutCache cache;  // (see LayoutCache)
+  LayoutCache::Key key;
+  for (const at::Tensor* t : {&self, &other}) {
+    if (is_number(*t)) LayoutCache::add_number(key);
+    else LayoutCache::add(key, *t);
   }
+  const c10::SmallVector<int64_t, 12>* layout = cache.find(key);
+  if (layout == nullptr) {
+    auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand (layouts do not depend on dtypes)
+      return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
+    };
+    const at::Tensor am = meta(self), bm = meta(other);
+    at::Tensor result;
+    at::TensorIterator iter;
+    iter.build_borrowing_binary_op(result, am, bm);  // raises CPU's broadcast error
+    result = iter.output();
+    layout = &cache.insert(std::move(key), result.sizes(), result.strides());
+  }
+  const size_t rank = layout->size() / 2;  // copied: the calls below could reach the cache again
+  const c10::SmallVector<int64_t, 6> sizes(layout->begin(), layout->begin() + rank),
+      strides(layout->begin() + rank, layout->end());
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;
-  at::Tensor o = q.out(out, layout.sizes(), dtype, layout.strides());
+  at::Tensor o = q.out(out, sizes, dtype, strides);
   q.enqueue(Name, [a, b, o, out_call]() mutable { out_call(o, a, b); });
   return out;
 }

@@ -351,6 +351,24 @@ def test_a_queued_op_returns_before_it_ran_and_matches_cpu(name):
     same(got, want)
 
 
+def test_results_keep_their_layouts_when_operand_geometries_repeat():
+    # Broadcast and strided pointwise results take the layouts TensorIterator gives them, which
+    # are remembered by the operands' sizes and strides (ops.cpp, LayoutCache): operands of one
+    # shape and different strides each keep their own layout, in any order.
+    a, t, s, c = r(4, 6), r(6, 4).t(), r(4, 12)[:, ::2], r(6)  # three (4, 6) layouts, a row
+    for x, y in ((a, c), (t, c), (a, c), (c, t), (s, c), (t, a), (a, t), (t, c)):
+        same(queued(torch.add, n(x), n(y)), x + y)
+    for x in (t, s, t, s):  # one strided operand: the pointwise route (neg keeps x's layout)
+        same(queued(torch.neg, n(x)), torch.neg(x))
+
+
+def test_a_broadcast_that_cannot_happen_raises_after_others_were_remembered():
+    a, c = r(4, 6), r(6)
+    same(queued(torch.add, n(a), n(c)), a + c)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.add(n(a), n(r(5)))
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("numel", [2048, 20000])  # below and above the oneDNN break-even (ops.cpp)
 def test_gelu_and_its_backward_queue_with_the_synchronous_results(approximate, numel):
