@@ -82,6 +82,13 @@ bool onednn_matmul_usable() {
 
 at::Tensor scratch(ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype,
                    c10::IntArrayRef strides) {
+  if (zc.queued()) {
+    // A kernel running from the queue: the device allocator may itself run the queue (its
+    // out-of-memory retry) and is not entered from there; host memory (64-byte aligned, as
+    // the pool's blocks are at least) holds the temporaries instead.
+    const auto options = at::TensorOptions().dtype(dtype);
+    return strides.empty() ? at::empty(sizes, options) : at::empty_strided(sizes, strides, options);
+  }
   return zc.in(pooled(zc, sizes, dtype, strides));
 }
 
@@ -220,6 +227,15 @@ void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const 
   at::Tensor(o).copy_(acc);  // the one rounding
 }
 
+// Queues half_product: the kernel takes a ZeroCopy of its own, whose scratch is host memory.
+void enqueue_half_product(QueuedCall& q, const char* name, const at::Tensor& a, const at::Tensor& b,
+                          const at::Tensor& o, const std::optional<at::Tensor>& self, float beta, float alpha) {
+  q.enqueue(name, [a, b, o, self, beta, alpha] {
+    ZeroCopy zc(ZeroCopy::Queued{});
+    half_product(zc, o, a, b, self ? &*self : nullptr, beta, alpha);
+  });
+}
+
 // ---- mm / addmm / bmm / baddbmm: results from the device pool ------------------------------
 // The functional CPU kernels allocate results with the host allocator (fresh pages for large
 // results on every call); the device's caching allocator avoids that.
@@ -227,10 +243,11 @@ void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const 
 // With the execution engine on (or a graph capturing) a product is queued (enqueue.h) when CPU's
 // out= kernel can raise nothing: neuron operands of one device and floating dtype, shapes that
 // multiply, a bias that broadcasts to the result, numbers the dtype holds. Its result is
-// contiguous, as CPU's. Routed dtypes (fp16) stay synchronous: their exact path takes scratch
-// buffers and rounds in a second pass.
+// contiguous, as CPU's. Routed dtypes (fp16; bf16 on hosts without AVX512-BF16) are queued too:
+// their kernel is the synchronous path's exact product (half_product), its fp32 temporaries
+// taken from the host when it runs (scratch).
 bool queueable_product(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
-  return may_enqueue() && a.is_privateuseone() && c10::isFloatingType(a.scalar_type()) && !routed(a) &&
+  return may_enqueue() && a.is_privateuseone() && c10::isFloatingType(a.scalar_type()) &&
          queueable_like(a, a) && queueable_like(a, b) && a.dim() == dim && b.dim() == dim &&
          a.size(-1) == b.size(-2) && (dim == 2 || a.size(0) == b.size(0));
 }
@@ -255,7 +272,11 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
-    q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    if (routed(a)) {
+      enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f);
+    } else {
+      q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    }
     return out;
   }
   ZeroCopy zc;
@@ -276,7 +297,11 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
     QueuedCall q;
     at::Tensor s = q.in(self), a = q.in(mat1), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
-    q.enqueue("aten::addmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::addmm_out(o, s, a, b, beta, alpha); });
+    if (routed(a)) {
+      enqueue_half_product(q, "aten::addmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
+    } else {
+      q.enqueue("aten::addmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::addmm_out(o, s, a, b, beta, alpha); });
+    }
     return out;
   }
   ZeroCopy zc;
@@ -301,7 +326,11 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-    q.enqueue("aten::bmm", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+    if (routed(a)) {
+      enqueue_half_product(q, "aten::bmm", a, b, o, std::nullopt, 0.0f, 1.0f);
+    } else {
+      q.enqueue("aten::bmm", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+    }
     return out;
   }
   ZeroCopy zc;
@@ -323,7 +352,13 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
     QueuedCall q;
     at::Tensor s = q.in(self), a = q.in(batch1), b = q.in(batch2), out;
     at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-    q.enqueue("aten::baddbmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::baddbmm_out(o, s, a, b, beta, alpha); });
+    if (routed(a)) {
+      enqueue_half_product(q, "aten::baddbmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
+    } else {
+      q.enqueue("aten::baddbmm", [s, a, b, o, beta, alpha]() mutable {
+        at::cpu::baddbmm_out(o, s, a, b, beta, alpha);
+      });
+    }
     return out;
   }
   ZeroCopy zc;

@@ -139,8 +139,8 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 // Queued attention (the execution engine on, enqueue.h): 4-d neuron q, k, v (and mask) of one
-// floating dtype the host computes directly (routed dtypes take scratch copies: synchronous),
-// shapes CPU's kernel accepts. Results are laid out as the synchronous path lays them out: the
+// floating dtype (routed dtypes run the synchronous path's exact kernels, flash_forward and
+// flash_backward, with their fp32 copies in host scratch), shapes CPU's kernel accepts. Results are laid out as the synchronous path lays them out: the
 // output (B, L, H, E) viewed as (B, H, L, E), the logsumexp (B, L, H) viewed as (B, H, L) in
 // fp32 (fp64 for fp64), the gradients of q, k, v as CPU's flash backward returns them,
 // (B, L, H, E) viewed as (B, H, L, E). k and v may have fewer heads than q, a divisor of its
@@ -149,7 +149,7 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
 bool queueable_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask) {
   return may_enqueue() && queueable_like(q, q) && queueable_like(q, k) && queueable_like(q, v) &&
-         c10::isFloatingType(q.scalar_type()) && !attention_routed(q) && q.dim() == 4 && k.dim() == 4 &&
+         c10::isFloatingType(q.scalar_type()) && q.dim() == 4 && k.dim() == 4 &&
          v.dim() == 4 && q.size(0) == k.size(0) && q.size(0) == v.size(0) && k.size(1) == v.size(1) &&
          (k.size(1) == q.size(1) || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)) && k.size(2) == v.size(2) &&
          q.size(3) == k.size(3) &&
@@ -180,7 +180,8 @@ std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::T
                                        : std::vector<int64_t>{L * H * E, E, H * E, 1});
   at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
   q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse] {
-    auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qa, ka, va, 0.0, is_causal, ma, scale);
+    ZeroCopy zc(ZeroCopy::Queued{});  // a routed dtype's fp32 copies: host scratch (gemm.h)
+    auto [o, l] = flash_forward(zc, qa, ka, va, 0.0, is_causal, ma, scale);
     at::Tensor(oo).copy_(o);
     if (keep_lse) at::Tensor(lo).copy_(l);
   });
@@ -206,8 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> enqueue_backward(
   at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
   at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
   q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
-    auto [a, b, c] =
-        at::_scaled_dot_product_flash_attention_for_cpu_backward(go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
+    ZeroCopy zc(ZeroCopy::Queued{});
+    auto [a, b, c] = flash_backward(zc, go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
     at::Tensor(gqo).copy_(a);
     at::Tensor(gko).copy_(b);
     at::Tensor(gvo).copy_(c);

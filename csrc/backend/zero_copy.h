@@ -75,6 +75,8 @@ class ZeroCopy {
   void sync_inputs();
 
   bool any_neuron() const { return device_ >= 0; }
+  // Whether this ZeroCopy belongs to a queued kernel (ZeroCopy(Queued{})).
+  bool queued() const { return queued_; }
 
   // For a kernel queued on the execution engine (enqueue.h), after the last in(): drop the
   // references to the device tensors, keeping only the aliases (raw views of the bytes). A

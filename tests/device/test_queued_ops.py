@@ -24,10 +24,10 @@ from torchneuron import _C
 
 engine = torch.neuron.engine
 # Hosts without native bf16 kernels (no AVX-512 BF16) compute bf16 GEMMs, convolutions and
-# attention through the routed exact path (docs/architecture.md, *Precision*): synchronous, and
-# not CPU's kernel bit for bit, so the bf16 cases of those ops apply to the other hosts only.
+# attention through the routed exact path (docs/architecture.md, *Precision*), not CPU's kernel
+# bit for bit, so the bf16 cases comparing those ops with CPU apply to the other hosts only.
 BF16_ROUTED = not _C._precision_routes()["bf16_cpu_kernels"]
-bf16_routed_skip = pytest.mark.skipif(BF16_ROUTED, reason="this host routes bf16 GEMMs (synchronous, not CPU's bits)")
+bf16_routed_skip = pytest.mark.skipif(BF16_ROUTED, reason="this host routes bf16 GEMMs (not CPU's bits)")
 gen = torch.Generator().manual_seed(0)
 
 
@@ -416,6 +416,31 @@ def test_attention_forward_and_backward_queue_with_cpus_results(layout, dtype):
         assert torch.equal(d.grad.cpu(), c.grad)
 
 
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_routed_attention_queues_with_the_synchronous_results(dtype, mask):
+    # fp16 attention (bf16 on hosts without AVX512-BF16) runs CPU's fp32 flash kernels on exact
+    # copies (sdpa.cpp): queued, the same kernels with the copies in host scratch.
+    if dtype == torch.bfloat16 and not BF16_ROUTED:
+        pytest.skip("CPU's bf16 kernels are fast on this host: bf16 is not routed")
+    q, k, v, g = (r(2, 3, 16, 8, dtype=dtype) for _ in range(4))
+    m = r(16, 16, dtype=dtype) if mask else None
+    kwargs = dict(attn_mask=n(m)) if mask else dict(is_causal=True)
+    results = []
+    for on in (True, False):
+        engine.set_enabled(on)
+        try:
+            dev = [n(t).requires_grad_() for t in (q, k, v)]
+            run = queued if on else (lambda f, *a: f(*a))
+            out = run(lambda *a: F.scaled_dot_product_attention(*a, **kwargs), *dev)
+            run(lambda gr: out.backward(gr), n(g))
+            results.append([out.detach().cpu()] + [t.grad.cpu() for t in dev])
+        finally:
+            engine.set_enabled(True)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "split_heads"])
 def test_attention_ops_queue_the_synchronous_results_and_layouts(layout):
     B, H, L, E = 2, 3, 16, 8
@@ -694,17 +719,35 @@ def test_a_diffusion_unet_training_step_never_waits_for_the_device():
     trains_without_waiting(lambda: F.mse_loss(model(x, t).sample, x), opt)
 
 
-def test_a_gpt_training_step_never_waits_for_the_device():
+def _demo_gpt():
+    """The demo's model (embedding, attention, loss) on neuron, its AdamW and a batch."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-    from eager_overhead import GPT, CharDataset, GPTConfig  # the demo's model (embedding, attention, loss)
+    from eager_overhead import GPT, CharDataset, GPTConfig
 
     torch.manual_seed(0)
     cfg = GPTConfig()
     model = GPT(cfg).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, y = CharDataset(block_size=cfg.block_size).batch(4, torch.Generator().manual_seed(0))
-    x, y = x.to("neuron"), y.to("neuron")
+    return model, opt, x.to("neuron"), y.to("neuron")
+
+
+def test_a_gpt_training_step_never_waits_for_the_device():
+    model, opt, x, y = _demo_gpt()
     trains_without_waiting(lambda: model(x, y)[1], opt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_autocast_gpt_training_step_never_waits_for_the_device(dtype):
+    # Under autocast the GEMMs run in fp16/bf16, which the exact route computes (gemm.cpp): fp16
+    # on every host, bf16 on hosts without AVX512-BF16. Those products and the attention are
+    # queued like fp32's.
+    model, opt, x, y = _demo_gpt()
+
+    def loss():
+        with torch.autocast("neuron", dtype=dtype):
+            return model(x, y)[1]
+    trains_without_waiting(loss, opt)
 
 
 def test_an_mlp_training_step_never_waits_for_the_device():
@@ -862,6 +905,36 @@ def test_an_index_out_of_range_surfaces_at_the_next_synchronization(op):
         torch.neuron.synchronize()
     torch.neuron.synchronize()
     assert torch.equal((x @ x.t()).cpu(), x.cpu() @ x.cpu().t())
+
+
+ROUTED_PRODUCTS = {
+    "mm": (torch.mm, lambda dt: (r(8, 40, dtype=dt), r(40, 4, dtype=dt))),
+    "mm_transposed": (torch.mm, lambda dt: (r(40, 8, dtype=dt).t(), r(4, 40, dtype=dt).t())),
+    "addmm": (lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=-2),
+              lambda dt: (r(4, dtype=dt), r(8, 40, dtype=dt), r(40, 4, dtype=dt))),
+    "bmm": (torch.bmm, lambda dt: (r(3, 5, 40, dtype=dt), r(3, 40, 2, dtype=dt))),
+    "baddbmm": (lambda s, a, b: torch.baddbmm(s, a, b, alpha=0.25),
+                lambda dt: (r(5, 2, dtype=dt), r(3, 5, 40, dtype=dt), r(3, 40, 2, dtype=dt))),
+    "linear": (F.linear, lambda dt: (r(6, 40, dtype=dt), r(7, 40, dtype=dt), r(7, dtype=dt))),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(ROUTED_PRODUCTS))
+def test_a_routed_product_queues_and_equals_the_synchronous_one(name, dtype):
+    # fp16 (and bf16 on hosts without AVX512-BF16) products take the exact route (gemm.cpp): queued
+    # too, the kernel being the synchronous path's own, so an AMP step does not wait at its GEMMs.
+    if dtype == torch.bfloat16 and not BF16_ROUTED:
+        pytest.skip("CPU's bf16 kernels are fast on this host: bf16 is not routed")
+    fn, make = ROUTED_PRODUCTS[name]
+    dev = [n(a) for a in make(dtype)]
+    got = queued(fn, *dev)
+    engine.set_enabled(False)
+    try:
+        want = fn(*dev)
+    finally:
+        engine.set_enabled(True)
+    same(got, want.cpu())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
