@@ -437,12 +437,15 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const 
 }
 
 // ---- matrix-vector and dot ----------------------------------------------------------------
-// mv (CompositeExplicitAutograd) lands in addmv.out. fp16: fp32 gemv, one rounding. bf16 is
-// routed only where CPU's bf16 kernels are scalar loops (no AVX-512): a matrix-vector product is
-// bound by reading the matrix, which CPU's bf16 gemv reads at half fp32's bytes (Ice Lake, mv
-// 1024^2: 96 us against 278 us through an fp32 copy).
+// mv (CompositeExplicitAutograd) lands in addmv.out. A matrix-vector product (and dot) is bound
+// by reading the matrix, and CPU's fp16/bf16 gemv and dot kernels already keep TensorE's
+// contract (fp32 sums, one rounding: 100 % of the results equal to the once-rounded exact value
+// at k = 4096, with or without beta) while reading half fp32's bytes (Ice Lake, mv 1024^2: fp16
+// 78 us, bf16 96 us, against 250-278 us through an fp32 copy). So the 16-bit dtypes keep CPU's
+// kernels wherever oneDNN is usable (AVX-512), and are routed (fp32 gemv, one rounding) only
+// on the other hosts, where they were measured slow (AVX2; docs/benchmarks.md).
 bool gemv_routed(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !gemm::onednn_matmul_usable());
+  return (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) && !gemm::onednn_matmul_usable();
 }
 
 at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,

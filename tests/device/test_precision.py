@@ -156,6 +156,26 @@ def test_fp16_matrix_vector_ops_accumulate_in_fp32(op, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("op", ["mv", "addmv", "dot"])
+def test_16_bit_matrix_vector_ops_keep_cpus_kernels_on_avx512_hosts(op, dtype):
+    # Bound by reading the matrix, they keep CPU's kernels (which keep the contract, above) where
+    # oneDNN is usable: an fp32 copy of the matrix cost 3x (gemm.cpp, gemv_routed).
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("routed on hosts without AVX-512")
+    torch.manual_seed(1)
+    m, v, c = rand(64, 1024, dtype=dtype), rand(1024, dtype=dtype), rand(64, dtype=dtype)
+    run = {"mv": lambda m, v, c: torch.mv(m, v),
+           "addmv": lambda m, v, c: torch.addmv(c, m, v, beta=0.5, alpha=2.0),
+           "dot": lambda m, v, c: torch.dot(m[0], v)}[op]
+    args = [t.to(DEV) for t in (m, v, c)]
+    before = torch.neuron.memory_stats()["allocation.all.allocated"]
+    got = run(*args)
+    # The result is the one device allocation: the routed path adds fp32 copies and a sum.
+    assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1
+    assert torch.equal(got.cpu(), run(m, v, c))
+
+
+@pytest.mark.parametrize("dtype", HALF)
 def test_fp16_linear_backward_matches_fp64_reference(dtype):
     torch.manual_seed(2)
     x, w, g = rand(64, 256, dtype=dtype), rand(96, 256, dtype=dtype), rand(64, 96, dtype=dtype)
