@@ -758,15 +758,18 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
 
 // ... and the same over broadcast or strided operands (a mean's gradient is a 0-dim tensor
 // expanded, then divided): the result's layout is the one CPU's TensorIterator gives it, worked
-// out at the call on meta tensors of the operands' shapes and strides (≈ 3 us, taken only off the
-// same-shape path); a shape mismatch raises CPU's error there. Operands of different real dtypes
-// (an int64 timestep times a float, a float activation times a 0-dim int64 tensor) are queued
-// when they promote to a floating dtype (at::result_type, as CPU's kernel promotes them): no
-// cast can then fail. Returns an undefined tensor if the call does not qualify.
+// out at the call on meta tensors of the operands' shapes and strides (≈ 2-3 us, taken only off
+// the same-shape path, then remembered: LayoutCache); a shape mismatch raises CPU's error there.
+// Operands of different real dtypes (an int64 timestep times a float, a float activation times a
+// 0-dim int64 tensor) are queued when they promote to a floating dtype (at::result_type, as CPU's
+// kernel promotes them): no cast can then fail. Without the engine the same call runs CPU's out=
+// kernel at once into that pooled result, instead of CPU's functional kernel and the adoption of
+// its host-allocated result (≈ 1.3 us more a call: RMSNorm's and rotary embeddings' broadcasts).
+// Returns an undefined tensor if the call does not qualify.
 // Integral: the caller's op cannot fail over integers (add, sub with an integral alpha, mul; an
 // integer position id plus an offset): integral results queue too.
 template <const char* Name, bool Integral = false, class OutCall>
-at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
+at::Tensor pooled_broadcast(const at::Tensor& self, const at::Tensor& other, OutCall out_call) {
   const at::Tensor& ref = is_number(self) ? other : self;
   auto real = [](const at::Tensor& t) { return !c10::isComplexType(t.scalar_type()) && t.scalar_type() != at::kBool; };
   auto fits = [&](const at::Tensor& t) {
@@ -774,7 +777,7 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
     return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
            !t.is_neg() && real(t);
   };
-  if (!may_enqueue() || is_number(ref) || !fits(self) || !fits(other)) return at::Tensor();
+  if (is_number(ref) || !fits(self) || !fits(other)) return at::Tensor();
   const c10::ScalarType dtype = at::result_type(self, other);
   if (!c10::isFloatingType(dtype) && !(Integral && c10::isIntegralType(dtype, /*includeBool=*/false))) {
     return at::Tensor();
@@ -800,6 +803,15 @@ at::Tensor enqueue_broadcast(const at::Tensor& self, const at::Tensor& other, Ou
   const size_t rank = layout->size() / 2;  // copied: the calls below could reach the cache again
   const c10::SmallVector<int64_t, 6> sizes(layout->begin(), layout->begin() + rank),
       strides(layout->begin() + rank, layout->end());
+  if (!may_enqueue()) {
+    ZeroCopy zc;
+    at::Tensor a = zc.in(self), b = zc.in(other);  // a number: itself (a 0-dim CPU tensor)
+    zc.launch(Name);
+    at::Tensor out = pooled(zc, sizes, dtype, strides);
+    at::Tensor o = zc.in_output(out);
+    out_call(o, a, b);
+    return out;
+  }
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;
   at::Tensor o = q.out(out, sizes, dtype, strides);
@@ -1049,8 +1061,8 @@ at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const a
     auto out_call = [alpha](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b, alpha); };
     if (at::Tensor r = enqueue_elementwise<Name>(self, other, &alpha, out_call); r.defined()) return r;
     if (alpha.isIntegral(/*includeBool=*/false)) {
-      if (at::Tensor r = enqueue_broadcast<Name, true>(self, other, out_call); r.defined()) return r;
-    } else if (at::Tensor r = enqueue_broadcast<Name>(self, other, out_call); r.defined()) {
+      if (at::Tensor r = pooled_broadcast<Name, true>(self, other, out_call); r.defined()) return r;
+    } else if (at::Tensor r = pooled_broadcast<Name>(self, other, out_call); r.defined()) {
       return r;
     }
   }
@@ -1068,7 +1080,7 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   if (at::Tensor r; small_binary<Name, K>(self, other, nullptr, false, &r)) return r;
   auto out_call = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { Out(o, a, b); };
   if (at::Tensor r = enqueue_elementwise<Name>(self, other, nullptr, out_call); r.defined()) return r;
-  if (at::Tensor r = enqueue_broadcast<Name, K == Arith::Mul>(self, other, out_call); r.defined()) return r;
+  if (at::Tensor r = pooled_broadcast<Name, K == Arith::Mul>(self, other, out_call); r.defined()) return r;
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(other);
   zc.launch(Name);
