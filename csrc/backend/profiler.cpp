@@ -178,6 +178,13 @@ void call_python(PyObject* fn) {
   }
 }
 
+// on_start as a pending call (see start() below): the main thread runs it at its next bytecode,
+// holding the GIL. It reads the slot when it runs, so no reference is taken without the GIL.
+int run_on_start(void*) {
+  call_python(g_on_start);
+  return 0;
+}
+
 void set_callback(PyObject*& slot, py::object fn) {
   PyObject* old = slot;
   slot = fn.is_none() ? nullptr : fn.inc_ref().ptr();
@@ -250,7 +257,17 @@ class NeuronSession : public libkineto::IActivityProfilerSession {
   void start() override {
     rtt::start();
     status_ = libkineto::TraceStatus::RECORDING;
-    call_python(g_on_start);
+    // kineto calls this holding its controller's mutex, after torch's Python tracer (with_stack,
+    // Python events) was installed on every thread. Running Python here could hand the GIL to
+    // another thread, whose first traced call registers that thread with kineto and waits for
+    // the mutex while holding the GIL, as this thread waits for the GIL: a deadlock (seen under
+    // pytest-xdist, whose I/O thread runs Python). So the callback is a pending call, run by the
+    // main thread at its next bytecode, once enableProfiler has returned and released the
+    // mutex; that is before the program's next statement. (Py_AddPendingCall needs no GIL.)
+    if (g_on_start != nullptr && Py_IsInitialized() && Py_AddPendingCall(&run_on_start, nullptr) != 0) {
+      TORCH_WARN("torchneuron profiler: could not schedule the session's start callback; module scopes "
+                 "are not recorded in this trace");
+    }
   }
 
   void stop() override {
