@@ -63,6 +63,11 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         dict(key="nki", scenario="greedy", model=llama_dir, args=ENGINE,
              env={"TORCHNEURON_NKI_SDPA": "1"}),
         dict(key="qwen2_moe", scenario="greedy", model=qwen_moe_dir, args=ENGINE),
+        # the execution engine on: host kernels of vLLM (slot mapping, CPU_ATTN) after the queue
+        dict(key="async", scenario="greedy", model=llama_dir, args=ENGINE,
+             env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
+        dict(key="async_cpu_attn", scenario="greedy", model=llama_dir,
+             args=dict(ENGINE, attention_backend="CPU_ATTN"), env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
         dict(key="compiled", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, enforce_eager=False)),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend

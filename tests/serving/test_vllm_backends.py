@@ -17,6 +17,15 @@ def test_llama_equals_hf(engines, llama_hf, key):
     _check_against_hf(result_of(engines, key), llama_hf)
 
 
+@pytest.mark.parametrize("key", ["async", "async_cpu_attn"])
+def test_llama_with_the_execution_engine_on_equals_hf(engines, llama_hf, key):
+    # vLLM's host kernels (slot mapping; CPU_ATTN's attention and cache write) run after the
+    # kernels queued for their inputs: before, every token after the first differed
+    run = result_of(engines, key)
+    assert run["engine_enqueued"] > 1000
+    _check_against_hf(run, llama_hf)
+
+
 def test_cpu_attn_fallback_is_selectable_by_name(engines):
     run = result_of(engines, "cpu_attn")
     assert run["attention_impls"] == ["CPUAttentionBackendImpl"]

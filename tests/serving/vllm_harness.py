@@ -203,21 +203,46 @@ def _compile_counts() -> dict:
     return out
 
 
+def _enqueued() -> int:
+    """Kernels the execution engine has queued in this process so far."""
+    import torch
+
+    return torch.neuron.engine.stats()["enqueued"]
+
+
+def _set_engine(value) -> bool | None:
+    """Turn the execution engine on ("1") or off (other text); None leaves it. Returns the
+    setting before, for the caller to restore (None: nothing was changed)."""
+    if value is None:
+        return None
+    import torch
+
+    was = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(value in ("1", True))
+    return was
+
+
 def main(runs: list[dict]) -> dict:
     results = {}
     for run in runs:
         before = _compile_counts()
         saved = {k: os.environ.get(k) for k in run.get("env", {})}
         os.environ.update(run.get("env", {}))
+        # The execution engine's variable is read when torchneuron loads: in this process it is
+        # switched at run time (worker processes read the variable).
+        engine_was = _set_engine(run.get("env", {}).get("TORCHNEURON_ASYNC_EXECUTION"))
         t0 = time.perf_counter()
+        enqueued = _enqueued()
         try:
             results[run["key"]] = SCENARIOS[run["scenario"]](run["model"], run.get("args", {}))
             results[run["key"]]["seconds"] = round(time.perf_counter() - t0, 2)
+            results[run["key"]]["engine_enqueued"] = _enqueued() - enqueued
             after = _compile_counts()
             results[run["key"]]["compile_delta"] = {k: after[k] - before[k] for k in after}
         except Exception:  # noqa: BLE001  (the test prints it)
             results[run["key"]] = {"harness_error": traceback.format_exc()}
         finally:
+            _set_engine(engine_was)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -131,10 +131,14 @@ class NeuronPlatform(Platform):
     @classmethod
     def import_kernels(cls) -> None:
         # vLLM's CPU kernels (CPU_ATTN fallback, slot-mapping helpers): host code over host
-        # pointers, valid on the emulated device whose memory is host memory
+        # pointers, valid on the emulated device whose memory is host memory once the device's
+        # queued kernels have run (host_kernels.py)
         from vllm.platforms.cpu import CpuPlatform
 
+        from .host_kernels import order_after_queue
+
         CpuPlatform.import_kernels()
+        order_after_queue()
 
     @classmethod
     def import_ir_kernels(cls) -> None:
@@ -157,9 +161,13 @@ class NeuronPlatform(Platform):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         # no Triton here: vLLM's C++ replacements of its Triton kernels (slot mapping,
-        # rejection sampling) operate on host pointers, as CPU_ATTN does
+        # rejection sampling) operate on host pointers, as CPU_ATTN does, after the device's
+        # queued kernels (host_kernels.py: wrapped before vLLM registers them)
         from vllm.platforms.cpu import CpuPlatform
 
+        from .host_kernels import order_after_queue
+
+        order_after_queue()
         CpuPlatform.register_triton_kernel_overrides()
 
     @classmethod
