@@ -7,8 +7,8 @@ from the same weights and batch; CPU eager is the oracle. Modes:
 * ``compile``  the same with the neuron model under ``torch.compile(backend="neuron")``;
 * ``generate`` greedy ``generate()`` with left padding: the tokens must be identical.
 
-Run the execution engine with ``TORCHNEURON_ASYNC_EXECUTION=1`` (and
-``TORCH_NEURONX_ENABLE_CONCATENATION=1``) in the environment. Dropout is switched off (its
+The execution engine is on by default; ``NEURON_LAUNCH_BLOCKING=1`` in the environment sweeps
+synchronous kernels, ``TORCH_NEURONX_ENABLE_CONCATENATION=1`` Adaptive Eager. Dropout is switched off (its
 random streams differ between devices). Gradients are compared relative to the largest CPU
 gradient of each parameter; a parameter whose true gradient is 0 (attention key biases) shows
 rounding noise on both sides, so a large relative figure there with a tiny CPU magnitude is not

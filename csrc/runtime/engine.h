@@ -45,8 +45,8 @@ using Where = std::shared_ptr<const void>;
 // carries one may run as part of a fused kernel instead of on its own (Adaptive Eager).
 using Record = std::shared_ptr<const void>;
 
-// Whether ops may be enqueued now: the engine is on (TORCHNEURON_ASYNC_EXECUTION=1 and not
-// NEURON_LAUNCH_BLOCKING=1, or set_enabled), the profiler is not recording device activity,
+// Whether ops may be enqueued now: the engine is on (by default; not TORCHNEURON_ASYNC_EXECUTION=0
+// or NEURON_LAUNCH_BLOCKING=1; or set_enabled), the profiler is not recording device activity,
 // and the caller is not running queued kernels (a kernel's own ops run inline).
 inline bool configured() noexcept {  // on by configuration (ignores the profiler and the thread)
   return detail::g_on.load(std::memory_order_relaxed);

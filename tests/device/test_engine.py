@@ -635,9 +635,20 @@ print("enabled", torch.neuron.engine.is_enabled())
 """
 
 
+def test_the_engine_is_on_by_default():
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHNEURON_ASYNC_EXECUTION", "NEURON_LAUNCH_BLOCKING")}
+    r = subprocess.run([sys.executable, "-c", ASYNC_ERROR], capture_output=True, text=True, timeout=120, env=env)
+    assert r.stdout.split() == ["returned", "raised", "True", "enabled", "True"]
+
+
 def test_environment_turns_the_engine_on():
     out = _run(ASYNC_ERROR, TORCHNEURON_ASYNC_EXECUTION="1", NEURON_LAUNCH_BLOCKING="0").stdout.split()
     assert out == ["returned", "raised", "True", "enabled", "True"]
+
+
+def test_environment_turns_the_engine_off():
+    out = _run(ASYNC_ERROR, TORCHNEURON_ASYNC_EXECUTION="0", NEURON_LAUNCH_BLOCKING="0").stdout.split()
+    assert out == ["raised", "True", "enabled", "False"]
 
 
 def test_launch_blocking_raises_at_the_op():

@@ -14,7 +14,7 @@ from support import run_python
 
 def poll(query, tries: int = 1000) -> bool:
     """Query until true, as CUDA code must: a query is false while queued work is pending (the
-    execution engine, TORCHNEURON_ASYNC_EXECUTION=1) and true at once without it."""
+    execution engine, on by default) and true at once without it."""
     return any(query() for _ in range(tries))
 
 def test_default_and_current_stream():

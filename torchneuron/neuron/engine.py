@@ -10,9 +10,10 @@ once 64 kernels are queued (``TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT``). 
 fails asynchronously raises at the next synchronization point, naming the op and the Python
 stack that enqueued it.
 
-Off by default in this release: ``TORCHNEURON_ASYNC_EXECUTION=1`` (or :func:`set_enabled`)
-turns it on; ``NEURON_LAUNCH_BLOCKING=1`` keeps every kernel synchronous, with errors raised at
-the op that caused them. See docs/architecture.md, *Execution engine*.
+On by default: ``TORCHNEURON_ASYNC_EXECUTION=0`` (or :func:`set_enabled`) turns it off;
+``NEURON_LAUNCH_BLOCKING=1`` keeps every kernel synchronous, with errors raised at the op that
+caused them, as CUDA's ``CUDA_LAUNCH_BLOCKING=1`` does. See docs/architecture.md, *Execution
+engine*.
 
 Adaptive Eager (:func:`set_fusion_enabled`, ``TORCH_NEURONX_ENABLE_CONCATENATION=1``) runs runs of
 queued float32 elementwise kernels as one generated kernel, bit-identical to running them one by

@@ -4,7 +4,7 @@ vLLM's CPU build registers some of its C++ kernels as catch-all (CompositeImplic
 kernels: CPU_ATTN's attention and KV-cache write, the slot mapping and rejection-sampling
 replacements of its Triton kernels, and more. Such a kernel is host code over the tensors' data
 pointers and never reaches a backend, which is why it runs unchanged on neuron tensors (their
-memory is host memory). With the execution engine on (``TORCHNEURON_ASYNC_EXECUTION=1``) that
+memory is host memory). With the execution engine on (the default) that
 also means it runs at the call, before the kernels still queued for its inputs: vLLM's slot
 mapping then read positions not yet copied, and every decoded token after the first differed
 from Hugging Face's. So each of those kernels gets a neuron kernel that runs the device queue
