@@ -620,19 +620,20 @@ class LayoutCache {
     key.append(t.strides().begin(), t.strides().end());
   }
   static void add_number(Key& key) { key.push_back(0); }
-  // The layout (sizes then strides) remembered for key, or null.
-  const c10::SmallVector<int64_t, 12>* find(const Key& key) const {
+  using Layout = c10::SmallVector<int64_t, 12>;  // sizes, then strides
+  // The layout remembered for key, else the one of the tensor `build()` returns (TensorIterator's
+  // output over meta operands; it raises for operands that do not broadcast), remembered. Valid
+  // until the next call: callers copy what they keep.
+  template <class Build> const Layout& get(Key key, Build&& build) {
     for (const Entry& e : entries_) {
-      if (e.key.size() == key.size() && std::equal(key.begin(), key.end(), e.key.begin())) return &e.layout;
+      if (e.key.size() == key.size() && std::equal(key.begin(), key.end(), e.key.begin())) return e.layout;
     }
-    return nullptr;
-  }
-  const c10::SmallVector<int64_t, 12>& insert(Key key, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+    const at::Tensor out = build();
     Entry& e = entries_[next_];
     next_ = (next_ + 1) % entries_.size();
     e.key = std::move(key);
-    e.layout.assign(sizes.begin(), sizes.end());
-    e.layout.append(strides.begin(), strides.end());
+    e.layout.assign(out.sizes().begin(), out.sizes().end());
+    e.layout.append(out.strides().begin(), out.strides().end());
     return e.layout;
   }
 
@@ -652,18 +653,16 @@ template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
     if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) LayoutCache::add(key, a);
   };
   (geometry(args), ...);
-  if (const auto* layout = cache.find(key)) {
-    return std::vector<int64_t>(layout->begin() + layout->size() / 2, layout->end());
-  }
-  at::TensorIteratorConfig config;
-  config.add_owned_output(at::Tensor());
-  auto add = [&](const auto& a) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) config.add_owned_const_input(meta_like(a));
-  };
-  (add(args), ...);
-  const at::Tensor out = config.build().output(0);
-  cache.insert(std::move(key), out.sizes(), out.strides());
-  return out.strides().vec();
+  const LayoutCache::Layout& layout = cache.get(std::move(key), [&] {
+    at::TensorIteratorConfig config;
+    config.add_owned_output(at::Tensor());
+    auto add = [&](const auto& a) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) config.add_owned_const_input(meta_like(a));
+    };
+    (add(args), ...);
+    return config.build().output(0);
+  });
+  return std::vector<int64_t>(layout.begin() + static_cast<std::ptrdiff_t>(layout.size() / 2), layout.end());
 }
 
 // Ops whose integer results keep the operand's dtype (neg: T5's relative positions) take the
@@ -671,6 +670,20 @@ template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
 template <const char* Name> bool keeps_integers(c10::ScalarType dtype) {
   static const bool keeps = std::string_view(Name) == "aten::neg";
   return keeps && c10::isIntegralType(dtype, /*includeBool=*/false);
+}
+
+// A result from the device pool (contiguous if `strides` is empty) written now by CPU's out=
+// kernel, `run(o, args...)` over the arguments' aliases (non-tensors passed as they are).
+template <class Run, class... A>
+at::Tensor run_pooled(const char* name, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides,
+                      Run&& run, const A&... args) {
+  ZeroCopy zc;
+  std::tuple<typename Arg<const A&>::type...> cpu{map_in(zc, args)...};
+  zc.launch(name);
+  at::Tensor out = pooled(zc, sizes, dtype, strides);
+  at::Tensor o = zc.in_output(out);
+  std::apply([&](auto&... a) { run(o, a...); }, cpu);
+  return out;
 }
 
 template <class Sig> struct Pooled;
@@ -703,13 +716,8 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
       });
       return out;
     }
-    ZeroCopy zc;
-    std::tuple<typename Arg<A>::type...> cpu{map_in(zc, args)...};
-    zc.launch(Name);
-    at::Tensor out = pooled(zc, first.sizes(), first.scalar_type());
-    at::Tensor o = zc.in_output(out);
-    std::apply([&](auto&... a) { O(o, a...); }, cpu);
-    return out;
+    return run_pooled(Name, first.sizes(), first.scalar_type(), {}, [](at::Tensor& o, auto&... a) { O(o, a...); },
+                      args...);
   }
 };
 
@@ -789,8 +797,7 @@ at::Tensor pooled_broadcast(const at::Tensor& self, const at::Tensor& other, Out
     if (is_number(*t)) LayoutCache::add_number(key);
     else LayoutCache::add(key, *t);
   }
-  const c10::SmallVector<int64_t, 12>* layout = cache.find(key);
-  if (layout == nullptr) {
+  const LayoutCache::Layout& layout = cache.get(std::move(key), [&] {
     auto meta = [&](const at::Tensor& t) {  // a number: a 0-dim operand (layouts do not depend on dtypes)
       return is_number(t) ? ::at::empty({}, ref.options().device(c10::kMeta)) : meta_like(t);
     };
@@ -798,20 +805,14 @@ at::Tensor pooled_broadcast(const at::Tensor& self, const at::Tensor& other, Out
     at::Tensor result;
     at::TensorIterator iter;
     iter.build_borrowing_binary_op(result, am, bm);  // raises CPU's broadcast error
-    result = iter.output();
-    layout = &cache.insert(std::move(key), result.sizes(), result.strides());
-  }
-  const size_t rank = layout->size() / 2;  // copied: the calls below could reach the cache again
-  const c10::SmallVector<int64_t, 6> sizes(layout->begin(), layout->begin() + rank),
-      strides(layout->begin() + rank, layout->end());
-  if (!may_enqueue()) {
-    ZeroCopy zc;
-    at::Tensor a = zc.in(self), b = zc.in(other);  // a number: itself (a 0-dim CPU tensor)
-    zc.launch(Name);
-    at::Tensor out = pooled(zc, sizes, dtype, strides);
-    at::Tensor o = zc.in_output(out);
-    out_call(o, a, b);
-    return out;
+    return iter.output();
+  });
+  const auto rank = static_cast<std::ptrdiff_t>(layout.size() / 2);  // copied: see LayoutCache::get
+  const c10::SmallVector<int64_t, 6> sizes(layout.begin(), layout.begin() + rank),
+      strides(layout.begin() + rank, layout.end());
+  if (!may_enqueue()) {  // (a number's alias is itself, a 0-dim CPU tensor)
+    return run_pooled(Name, sizes, dtype, strides, [&](at::Tensor& o, at::Tensor& a, at::Tensor& b) { out_call(o, a, b); },
+                      self, other);
   }
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;

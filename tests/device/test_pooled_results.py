@@ -149,3 +149,25 @@ def test_clamp_without_bounds_raises_as_on_cpu():
     with pytest.raises(RuntimeError) as dev_err:
         aten.clamp(torch.randn(4, device="neuron"), None, None)
     assert str(dev_err.value) == str(cpu_err.value)
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["synchronous", "queued"])
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.div], ids=lambda f: f.__name__)
+def test_broadcast_and_strided_arithmetic_takes_cpus_layouts(op, queued):
+    # ops.cpp, pooled_broadcast: the result's layout is TensorIterator's (a transposed operand's,
+    # channels-last's), synchronously as queued; the bits are CPU's.
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    a, t, s, row = r(4, 6), r(6, 4).t(), r(4, 12)[:, ::2], r(6)
+    cl, bias = r(2, 3, 4, 5).to(memory_format=torch.channels_last), r(1, 3, 1, 1)
+    engine = torch.neuron.engine
+    was = engine.is_enabled()
+    engine.set_enabled(queued)
+    try:
+        for x, y in ((a, row), (t, row), (row, t), (s, row), (t, a), (cl, bias), (bias, cl), (t, 2.5)):
+            want = op(x, y)
+            got = op(x.to("neuron"), y.to("neuron") if isinstance(y, torch.Tensor) else y)
+            assert got.shape == want.shape and got.stride() == want.stride(), (x.stride(), getattr(y, "shape", y))
+            torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    finally:
+        engine.set_enabled(was)
