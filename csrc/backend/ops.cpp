@@ -811,8 +811,7 @@ at::Tensor pooled_broadcast(const at::Tensor& self, const at::Tensor& other, Out
   const c10::SmallVector<int64_t, 6> sizes(layout.begin(), layout.begin() + rank),
       strides(layout.begin() + rank, layout.end());
   if (!may_enqueue()) {  // (a number's alias is itself, a 0-dim CPU tensor)
-    return run_pooled(Name, sizes, dtype, strides, [&](at::Tensor& o, at::Tensor& a, at::Tensor& b) { out_call(o, a, b); },
-                      self, other);
+    return run_pooled(Name, sizes, dtype, strides, out_call, self, other);
   }
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;

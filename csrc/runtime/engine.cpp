@@ -79,7 +79,7 @@ bool env_on() {
   const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
   if (blocking != nullptr && std::strcmp(blocking, "1") == 0) return false;
   const char* on = std::getenv("TORCHNEURON_ASYNC_EXECUTION");
-  return on == nullptr || *on == '\0' || std::strcmp(on, "0") != 0;
+  return on == nullptr || std::strcmp(on, "0") != 0;
 }
 
 constexpr size_t kTimes = 1 << 16;   // completions kept (a ring indexed by sequence number)

@@ -11,7 +11,7 @@ from Hugging Face's. So each of those kernels gets a neuron kernel that runs the
 first and then the catch-all kernel itself; likewise vLLM's pure-Python replacements of Triton
 kernels (``vllm.utils.cpu_triton_utils``), one of which moves bytes with ``ctypes.memmove``.
 
-A device queue that is empty costs one check, so the synchronous default pays nothing.
+A device queue that is empty costs one check.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["order_after_queue", "ordered_ops"]
+__all__ = ["order_after_queue"]
 
-_LIBRARIES: dict[str, torch.library.Library] = {}
+_NAMESPACE = "_C"  # vLLM's kernel library
+_LIBRARY: torch.library.Library | None = None
 _ORDERED: list[str] = []
 
 
@@ -53,25 +54,26 @@ def _after_queue_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def order_after_queue(namespace: str = "_C") -> list[str]:
-    """Give every catch-all C++ kernel of ``namespace`` that takes tensors (vLLM's ``_C``) a
-    neuron kernel that first runs the device queue; wrap vLLM's Python replacements of its
-    Triton kernels the same way. Idempotent; returns the operators ordered so far."""
-    lib = _LIBRARIES.get(namespace)
-    if lib is None:
-        lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
+def order_after_queue() -> list[str]:
+    """Give every catch-all C++ kernel of vLLM's ``_C`` library that takes tensors a neuron
+    kernel that first runs the device queue; wrap vLLM's Python replacements of its Triton
+    kernels the same way. Idempotent; returns the operators ordered so far."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library(_NAMESPACE, "IMPL")
     for qualified in torch._C._dispatch_get_all_op_names():
-        if not qualified.startswith(namespace + "::") or qualified in _ORDERED:
+        if not qualified.startswith(_NAMESPACE + "::") or qualified in _ORDERED:
             continue
         if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"):
             continue
         if any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key) for key in ("CPU", "PrivateUse1")):
             continue
-        name, _, overload = qualified[len(namespace) + 2:].partition(".")
-        op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+        local = qualified[len(_NAMESPACE) + 2:]  # "name" or "name.overload"
+        name, _, overload = local.partition(".")
+        op = getattr(getattr(getattr(torch.ops, _NAMESPACE), name), overload or "default")
         if not _takes_tensors(op._schema):
             continue
-        lib.impl(name if not overload else f"{name}.{overload}", _after_queue_kernel(op), "PrivateUse1")
+        _LIBRARY.impl(local, _after_queue_kernel(op), "PrivateUse1")
         _ORDERED.append(qualified)
     _wrap_python_replacements()
     return list(_ORDERED)
@@ -82,11 +84,6 @@ def _wrap_python_replacements() -> None:
         from vllm.utils import cpu_triton_utils
     except ImportError:  # a vLLM without them: nothing to wrap
         return
-    for attr, fn in vars(cpu_triton_utils).items():
+    for attr, fn in list(vars(cpu_triton_utils).items()):
         if attr.endswith("_impl") and callable(fn) and not getattr(fn, "__torchneuron_after_queue__", False):
             setattr(cpu_triton_utils, attr, _after_queue_function(fn))
-
-
-def ordered_ops() -> list[str]:
-    """The operators :func:`order_after_queue` gave a neuron kernel in this process."""
-    return list(_ORDERED)
