@@ -75,12 +75,10 @@ test: $(TORCH)
 	# tests/conftest.py keeps each file on one worker and every multi-process test on one.
 	# --durations: the slowest tests in every CI log, to keep the suite within its 25-minute budget
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=30 tests
-	# The execution engine is on by default, so most ops above queue their kernels: the common
-	# ops' OpInfo tests and the pooled/small/strided fast paths again with synchronous kernels
-	# (what NEURON_LAUNCH_BLOCKING=1 and the profiler run), ~40 s.
-	NEURON_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
-		tests/device/test_opinfo_common.py tests/device/test_pooled_results.py \
-		tests/device/test_small_elementwise.py tests/device/test_layout_fast_paths.py
+	# The execution engine is on by default, so most ops above queue their kernels: the device
+	# tests again with synchronous kernels (what NEURON_LAUNCH_BLOCKING=1 and the profiler run),
+	# ~2.5 min. The other directories pass that way too (docs/testing.md) but do not run twice.
+	NEURON_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/device
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
