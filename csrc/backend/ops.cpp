@@ -34,13 +34,7 @@
 #include <ATen/ops/nll_loss_forward_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
-// ATen's DispatchStub signatures list one pointer per CPU capability libtorch was compiled
-// with; the x86-64 wheels compile AVX2 and AVX-512 kernels (nm: DispatchStubImpl::get_call_ptr
-// takes DEFAULT, AVX512, AVX2). The header needs the same macros to call a stub (GELU below).
-#if defined(__x86_64__)
-#define HAVE_AVX512_CPU_DEFINITION
-#define HAVE_AVX2_CPU_DEFINITION
-#endif
+#include "cpu_stub.h"  // before DispatchStub.h: CPU stubs are called below (GELU, layer norm)
 #include <ATen/native/Activation.h>
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/Resize.h>

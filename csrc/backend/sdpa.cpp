@@ -12,6 +12,7 @@
 // for those dtypes (CPU's fp16 flash attention forward+backward took 4x its bf16 time; bf16 on
 // an AVX2 host 4.5x fp32's). The compiled path's
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
+#include "cpu_stub.h"  // before DispatchStub.h: CPU's flash attention stubs are called below
 #include <ATen/native/DispatchStub.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
@@ -83,6 +84,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
       gemm::upcast(zc, o), lse, dropout_p, is_causal, upcast_opt(zc, mask), scale);
   const auto dt = q.scalar_type();
   return {round_to(gq, dt), round_to(gk, dt), round_to(gv, dt)};
+}
+
+// CPU's flash kernels (the stubs behind its functional ops) writing straight into results the
+// caller laid out: the functional ops take theirs from the host allocator (fresh pages for a
+// large one), and the queued kernels then copied them into the device's (per attention layer
+// and training step: the output and three gradients). Taken where the functional op would run
+// these stubs on these arguments, i.e. not for routed dtypes (their exact fp32 route) and
+// only when CPU's argument checks pass (else the functional op runs and raises them).
+bool direct_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& mask) {
+  if (half_attention(q, k, v) || !c10::isFloatingType(q.scalar_type()) || q.dim() != 4 || k.dim() != 4 ||
+      v.dim() != 4 || q.size(3) != v.size(3) || k.size(3) != v.size(3)) {
+    return false;
+  }
+  if (!mask.has_value() || !mask->defined()) return true;
+  return (mask->scalar_type() == at::kFloat || mask->scalar_type() == q.scalar_type()) &&
+         (mask->dim() == 2 || mask->dim() == 4);
+}
+
+// out (B, H, L, Ev) and lse (B, H, L) of any layout with unit stride in E, as CPU's
+// _scaled_dot_product_flash_attention_cpu fills its own (it views them (B, L, H, .)).
+void flash_forward_into(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, bool is_causal, const std::optional<at::Tensor>& mask,
+                        std::optional<double> scale) {
+  at::native::flash_attention_kernel(c10::kCPU, out.transpose(1, 2), lse.transpose(1, 2), q, k, v, 0.0, is_causal,
+                                     mask, scale);
+}
+
+// The gradients (B, H, L, E) laid out (B, L, H, E), as CPU's backward allocates them (zeroed:
+// the kernel accumulates into them).
+void flash_backward_into(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& go,
+                         const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                         const at::Tensor& lse, bool is_causal, const std::optional<at::Tensor>& mask,
+                         std::optional<double> scale) {
+  at::Tensor gq_t = gq.transpose(1, 2), gk_t = gk.transpose(1, 2), gv_t = gv.transpose(1, 2);
+  gq_t.zero_();
+  gk_t.zero_();
+  gv_t.zero_();
+  at::native::flash_attention_backward_kernel(c10::kCPU, gq_t, gk_t, gv_t, go.transpose(1, 2), q.transpose(1, 2),
+                                              k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2),
+                                              lse.transpose(1, 2), 0.0, is_causal, mask, scale);
 }
 
 // FakeTensors (tracing) and symbolic shapes have no bytes to alias.
@@ -179,6 +221,14 @@ std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::T
                         contiguous_out ? std::vector<int64_t>{H * L * E, L * E, E, 1}
                                        : std::vector<int64_t>{L * H * E, E, H * E, 1});
   at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
+  if (direct_flash(query, key, value, mask)) {
+    q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, B, H, L] {
+      // Without keep_lse the logsumexp goes to host scratch (the efficient op may not return it).
+      at::Tensor l = keep_lse ? lo : at::empty({B, L, H}, lo.options()).transpose(1, 2);
+      flash_forward_into(oo, l, qa, ka, va, is_causal, ma, scale);
+    });
+    return {out, lse};
+  }
   q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse] {
     ZeroCopy zc(ZeroCopy::Queued{});  // a routed dtype's fp32 copies: host scratch (gemm.h)
     auto [o, l] = flash_forward(zc, qa, ka, va, 0.0, is_causal, ma, scale);
@@ -206,6 +256,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> enqueue_backward(
   at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
   at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
   at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
+  if (direct_flash(query, key, value, mask)) {
+    q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
+      flash_backward_into(gqo, gko, gvo, go, qa, ka, va, oa, la, is_causal, ma, scale);
+    });
+    return {gq, gk, gv};
+  }
   q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
     ZeroCopy zc(ZeroCopy::Queued{});
     auto [a, b, c] = flash_backward(zc, go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
@@ -233,14 +289,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   auto bias = alias_opt(zc, attn_bias);
   zc.launch("aten::_scaled_dot_product_efficient_attention");
   zc.trace_meta("is_causal", is_causal ? "true" : "false");
-  auto [out, lse] = flash_forward(zc, q, k, v, dropout_p, is_causal, bias, scale);
   // Output laid out as the op's meta function says, (B, L, H, E) viewed as (B, H, L, E), so
   // compiled graphs see the strides they planned for. The logsumexp stays (B, H, L): context
   // parallelism merges it with the output row by row, which the meta's padding to a multiple
   // of 32 would break (the neuron compile backend does not lower this op; see compile.md).
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = v.size(3);
-  at::Tensor res = at::empty({B, L, H, E}, out.options()).transpose(1, 2);
-  res.copy_(out);
+  at::Tensor res = at::empty({B, L, H, E}, q.options()).transpose(1, 2), lse;
+  if (dropout_p == 0.0 && direct_flash(q, k, v, bias)) {
+    lse = at::empty({B, L, H}, q.options().dtype(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat))
+              .transpose(1, 2);
+    flash_forward_into(res, lse, q, k, v, is_causal, bias, scale);
+  } else {
+    auto [o, l] = flash_forward(zc, q, k, v, dropout_p, is_causal, bias, scale);
+    res.copy_(o);
+    lse = l;
+  }
   at::Tensor lse_out = compute_log_sumexp ? lse : at::empty({B, H, 0}, lse.options());
   // No RNG is involved (no dropout): seed and offset are zeros, as 0-dim int64 like CUDA's.
   auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());

@@ -466,6 +466,37 @@ def test_attention_ops_queue_the_synchronous_results_and_layouts(layout):
         assert torch.equal(g.cpu(), w)
 
 
+@pytest.mark.parametrize("queue", [True, False])
+def test_attention_results_over_reused_device_memory_are_cpus(queue):
+    # CPU's flash kernels write neuron's results in place (sdpa.cpp, direct_flash); the backward
+    # kernel accumulates into its gradients, so they must start from zero even in a pooled block
+    # that held other values (NaNs here, freed just before), and the efficient op's logsumexp
+    # goes to scratch when it is not returned.
+    B, H, L, E = 2, 4, 16, 8
+    q, k, v, g = (r(B, H, L, E) for _ in range(4))
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*cpu, is_causal=True)
+    want.backward(g)
+    want_nolse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    engine.set_enabled(queue)
+    try:
+        junk = [torch.full((B, H, L, E), float("nan"), device="neuron") for _ in range(16)]
+        torch.neuron.synchronize()
+        del junk
+        dev = [n(t).requires_grad_() for t in (q, k, v)]
+        run = queued if queue else (lambda f, *a: f(*a))
+        out = run(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True), *dev)
+        run(lambda gr: out.backward(gr), n(g))
+        out_nolse = run(lambda *a: torch.ops.aten._scaled_dot_product_efficient_attention(*a, None, False, 0.0, True),
+                        n(q), n(k), n(v))[0]
+        assert torch.equal(out.detach().cpu(), want.detach())
+        for d, c in zip(dev, cpu):
+            assert torch.equal(d.grad.cpu(), c.grad)
+        assert torch.equal(out_nolse.cpu(), want_nolse)
+    finally:
+        engine.set_enabled(True)
+
+
 def test_queued_products_read_their_operands_when_they_run():
     # the product is computed from the values its operands have when the queue reaches it
     a, b = n(torch.ones(64, 64)), n(torch.ones(64, 64))
