@@ -14,6 +14,7 @@
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include "cpu_stub.h"  // before DispatchStub.h: CPU's flash attention stubs are called below
 #include <ATen/native/DispatchStub.h>
+#include <ATen/OpMathType.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
@@ -205,15 +206,16 @@ std::vector<int64_t> bhle_strides(const at::Tensor& t) {
   return {L * H * E, E, H * E, 1};
 }
 
-// The queued forward of both attention ops: CPU's flash kernel, its output (B, H, L, Ev) copied
-// into one laid out (B, L, H, Ev), or contiguous if `contiguous_out`, its logsumexp into a (B, H, L) one laid out (B, L, H) if `keep_lse`
-// (else an empty (B, H, 0) one, as the efficient op returns without compute_log_sumexp).
+// The queued forward of both attention ops: CPU's flash kernel writing an output (B, H, L, Ev)
+// laid out (B, L, H, Ev), or contiguous if `contiguous_out`, and a logsumexp (B, H, L) laid out
+// (B, L, H) if `keep_lse` (else an empty (B, H, 0) one, as the efficient op returns without
+// compute_log_sumexp); routed dtypes copy their exact route's results into them.
 std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, const std::optional<at::Tensor>& mask,
                                                    bool is_causal, std::optional<double> scale,
                                                    bool contiguous_out, bool keep_lse) {
   const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
-  const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto acc = at::toOpMathType(query.scalar_type());  // CPU's logsumexp dtype
   QueuedCall q;
   at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
   std::optional<at::Tensor> ma = q.in(mask);
@@ -221,15 +223,14 @@ std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::T
                         contiguous_out ? std::vector<int64_t>{H * L * E, L * E, E, 1}
                                        : std::vector<int64_t>{L * H * E, E, H * E, 1});
   at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
-  if (direct_flash(query, key, value, mask)) {
-    q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, B, H, L] {
+  const bool direct = direct_flash(query, key, value, mask);
+  q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, direct, B, H, L] {
+    if (direct) {
       // Without keep_lse the logsumexp goes to host scratch (the efficient op may not return it).
       at::Tensor l = keep_lse ? lo : at::empty({B, L, H}, lo.options()).transpose(1, 2);
       flash_forward_into(oo, l, qa, ka, va, is_causal, ma, scale);
-    });
-    return {out, lse};
-  }
-  q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse] {
+      return;
+    }
     ZeroCopy zc(ZeroCopy::Queued{});  // a routed dtype's fp32 copies: host scratch (gemm.h)
     auto [o, l] = flash_forward(zc, qa, ka, va, 0.0, is_causal, ma, scale);
     at::Tensor(oo).copy_(o);
@@ -256,13 +257,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> enqueue_backward(
   at::Tensor gqo = q.out(gq, query.sizes(), query.scalar_type(), bhle_strides(query));
   at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
   at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
-  if (direct_flash(query, key, value, mask)) {
-    q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
+  const bool direct = direct_flash(query, key, value, mask);
+  q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale, direct] {
+    if (direct) {
       flash_backward_into(gqo, gko, gvo, go, qa, ka, va, oa, la, is_causal, ma, scale);
-    });
-    return {gq, gk, gv};
-  }
-  q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale] {
+      return;
+    }
     ZeroCopy zc(ZeroCopy::Queued{});
     auto [a, b, c] = flash_backward(zc, go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
     at::Tensor(gqo).copy_(a);
@@ -296,8 +296,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = v.size(3);
   at::Tensor res = at::empty({B, L, H, E}, q.options()).transpose(1, 2), lse;
   if (dropout_p == 0.0 && direct_flash(q, k, v, bias)) {
-    lse = at::empty({B, L, H}, q.options().dtype(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat))
-              .transpose(1, 2);
+    lse = at::empty({B, L, H}, q.options().dtype(at::toOpMathType(q.scalar_type()))).transpose(1, 2);
     flash_forward_into(res, lse, q, k, v, is_causal, bias, scale);
   } else {
     auto [o, l] = flash_forward(zc, q, k, v, dropout_p, is_causal, bias, scale);
