@@ -84,7 +84,7 @@ _UNITY_GROUPS = {
                 "csrc/backend/guard.cpp", "csrc/backend/generator.cpp", "csrc/backend/hooks.cpp",
                 "csrc/backend/gpu_trace.cpp", "csrc/backend/ipc.cpp", "csrc/backend/graph.cpp"],
     "dispatch": ["csrc/backend/zero_copy.cpp", "csrc/backend/fallback.cpp",
-                 "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp",
+                 "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp", "csrc/backend/nested.cpp",
                  "csrc/backend/transpose.cpp", "csrc/backend/extrema.cpp", "csrc/backend/bf16_gemm.cpp",
                  "csrc/backend/foreach.cpp", "csrc/backend/vml_threads.cpp", "csrc/backend/conv_net.cpp",
                  "csrc/backend/rnn_cells.cpp", "csrc/backend/structured_queued.cpp"],

@@ -16,6 +16,7 @@
 #include "backend/generator.h"
 #include "backend/gpu_trace.h"
 #include "backend/ipc.h"
+#include "backend/nested.h"
 #include "backend/sparse.h"
 #include "backend/zero_copy.h"
 #include "runtime/engine.h"
@@ -176,4 +177,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_limbo_size", &torchneuron::ipc_limbo_size);
   m.def("_sparse_generic_ops", &torchneuron::sparse_generic_ops,
         "Sparse ops run by their CPU kernel directly on neuron tensors (metadata only).");
+  m.def("_nested_generic_ops", &torchneuron::nested_generic_ops,
+        "Nested ops run by their CPU kernel directly on neuron tensors (device-generic kernels).");
 }

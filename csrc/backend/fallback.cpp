@@ -1,8 +1,8 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 // The boxed fallback: any ATen op without a neuron kernel runs its CPU kernel zero-copy over
-// device memory (see zero_copy.h; sparse arguments and results through sparse.h). This is what
-// makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp skip the boxing
-// for speed.
+// device memory (see zero_copy.h; sparse and nested arguments and results through layouts.h).
+// This is what makes "every op that runs on CPU runs on neuron" true; the hot ops in ops.cpp
+// skip the boxing for speed.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/Tensor.h>
@@ -18,7 +18,7 @@
 #include "enqueue.h"
 #include "fusion.h"
 #include "fallback.h"
-#include "sparse.h"
+#include "layouts.h"
 #include "vml_threads.h"
 #include "zero_copy.h"
 
@@ -151,9 +151,10 @@ void run_widened(const c10::OperatorHandle& op, const std::vector<c10::IValue>& 
 }
 
 // Replace every tensor argument on the stack by its CPU alias (pass 1 of the fallback): tensors
-// and devices decide the op's device.
-void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema& schema,
-                     torch::jit::Stack* stack, size_t begin) {
+// and devices decide the op's device. cpu_tensors: CPU tensor arguments are allowed (see
+// cpu_fallback).
+void alias_arguments(ZeroCopy& zc, LayoutAliases& sp, const c10::FunctionSchema& schema,
+                     torch::jit::Stack* stack, size_t begin, bool cpu_tensors = false) {
   const size_t num_args = schema.arguments().size();
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
@@ -164,7 +165,7 @@ void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema&
                        : (arg.alias_info() && arg.alias_info()->isWrite()) ? (prof::kOutput | prof::kRead)
                                                                           : 0;
     if (v.isTensor()) {
-      v = alias_in(zc, sp, v.toTensor(), /*allow_cpu=*/false, tf);
+      v = alias_in(zc, sp, v.toTensor(), cpu_tensors, tf);
     } else if (v.isDevice()) {
       c10::Device d = v.toDevice();
       if (d.type() == c10::DeviceType::PrivateUse1) {
@@ -176,7 +177,7 @@ void alias_arguments(ZeroCopy& zc, SparseAliases& sp, const c10::FunctionSchema&
       auto list = v.toTensorList();
       c10::List<at::Tensor> aliased;
       aliased.reserve(list.size());
-      for (const at::Tensor& t : list) aliased.push_back(alias_in(zc, sp, t, /*allow_cpu=*/false, tf));
+      for (const at::Tensor& t : list) aliased.push_back(alias_in(zc, sp, t, cpu_tensors, tf));
       v = c10::IValue(std::move(aliased));
     } else if (v.isList() && is_optional_tensor_list(schema.arguments()[i])) {
       // Tensor?[] (indices): CPU index tensors are allowed with neuron data, as on CUDA.
@@ -244,7 +245,7 @@ void run_on_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
 // call, 30-300x the kernel of a small op. Everything else runs synchronously.
 struct Deferred {
   ZeroCopy zc{ZeroCopy::Queued{}};
-  SparseAliases sp{zc};
+  LayoutAliases sp{zc};
   torch::jit::Stack args;
 };
 
@@ -420,19 +421,20 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
 
 }  // namespace
 
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key) {
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key,
+                  bool cpu_tensors) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
   if (may_enqueue() && cpu_key == c10::DispatchKey::CPU && enqueue_fallback(op, stack, begin)) return;
   ZeroCopy zc;
-  SparseAliases sp(zc);  // sparse arguments and results (sparse.h); idle for dense ops
+  LayoutAliases sp(zc);  // sparse and nested arguments and results (layouts.h); idle for dense ops
 
-  alias_arguments(zc, sp, schema, stack, begin);
+  alias_arguments(zc, sp, schema, stack, begin, cpu_tensors);
   zc.launch(schema.operator_name());
   run_on_aliases(op, stack, begin, cpu_key);
   zc.sync_inputs();
-  sp.sync();
+  sp.sparse.sync();
 
   const size_t num_rets = schema.returns().size();
   const size_t rbegin = stack->size() - num_rets;
@@ -457,7 +459,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 namespace {
 
 // Quantized tensors are not implemented: one clear error instead of the dispatcher's list.
-// (Sparse layouts run through cpu_fallback too; see sparse.cpp.)
+// (Sparse and nested layouts run through cpu_fallback too; see sparse.cpp and nested.cpp.)
 void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "quantized neuron tensors are not implemented: ", op.schema().name(),
                               " was called with a quantized neuron tensor. Keep quantized work "

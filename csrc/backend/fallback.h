@@ -4,6 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <string>
 #include <tuple>
@@ -13,9 +14,33 @@ namespace torchneuron {
 
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The same, redispatching to `cpu_key` (CPU, SparseCPU or SparseCsrCPU): the CPU twin of the
-// neuron dispatch key that was called (sparse.cpp registers it for the sparse keys).
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key);
+// The same, redispatching to `cpu_key` (CPU, SparseCPU, SparseCsrCPU or NestedTensorCPU): the
+// CPU twin of the neuron dispatch key that was called (sparse.cpp and nested.cpp register it for
+// the sparse and nested keys). cpu_tensors: CPU tensors may be arguments next to neuron ones, for
+// ops whose metadata arguments are CPU tensors on every device (nested tensors' sizes).
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu_key,
+                  bool cpu_tensors = false);
+
+// For ops whose CPU kernel of another layout (sparse, nested) is device-generic, i.e. only builds
+// tensors from options and metadata and calls other ops: run it on the neuron tensors themselves,
+// under a guard for their device (what the generated CUDA wrappers do), so new tensors land there.
+template <c10::DispatchKey CpuKey>
+void generic_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  c10::OptionalDeviceGuard guard;
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+      guard.reset_device(v.toTensor().device());
+      break;
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1 && v.toDevice().has_index()) {
+      guard.reset_device(v.toDevice());
+      break;
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(CpuKey), stack);
+}
 
 // Unboxed kernels' way into the fallback: their synchronous path, or the cases they leave to it.
 // `Name` is "aten::op.overload" (or "aten::op"): the handle is looked up once per hot op.

@@ -128,26 +128,6 @@ at::Tensor SparseAliases::out(const at::Tensor& cpu) {
 
 namespace {
 
-// Run the device-generic CPU kernel on the neuron tensors themselves, under a guard for
-// their device (what the generated CUDA wrappers do), so new tensors land there.
-template <c10::DispatchKey CpuKey>
-void generic_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  c10::OptionalDeviceGuard guard;
-  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
-    const c10::IValue& v = (*stack)[i];
-    if (v.isTensor() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
-      guard.reset_device(v.toTensor().device());
-      break;
-    }
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1 && v.toDevice().has_index()) {
-      guard.reset_device(v.toDevice());
-      break;
-    }
-  }
-  op.redispatchBoxed(c10::DispatchKeySet(CpuKey), stack);
-}
-
 void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   cpu_fallback(op, stack, c10::DispatchKey::SparseCPU);
 }

@@ -53,16 +53,6 @@ class SparseAliases {
   c10::SmallVector<Entry, 2> entries_;
 };
 
-// Any tensor argument or result, sparse or dense.
-// trace_flags: how the profiler counts a dense argument's bytes (ZeroCopy::in).
-inline at::Tensor alias_in(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& t,
-                           bool allow_cpu = false, int64_t trace_flags = 0) {
-  return is_sparse_layout(t) ? sp.in(t) : zc.in(t, allow_cpu, trace_flags);
-}
-inline at::Tensor alias_out(ZeroCopy& zc, SparseAliases& sp, const at::Tensor& cpu) {
-  return is_sparse_layout(cpu) ? sp.out(cpu) : zc.out(cpu);
-}
-
 // The ops of the sparse (compressed=false) or compressed keys that run their CPU kernel
 // directly on the neuron tensors (sparse.cpp), as "name.overload".
 std::vector<std::string> sparse_generic_ops(bool compressed);
