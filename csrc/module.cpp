@@ -101,6 +101,14 @@ PYBIND11_MODULE(_C, m) {
     torchneuron::check_device_index(d);
     return neuron::rt::capacity(d);
   });
+  m.def("_set_memory_fraction", [](double fraction, int d) {
+    torchneuron::check_device_index(d);
+    neuron::rt::set_memory_fraction(d, fraction);
+  });
+  m.def("_memory_fraction", [](int d) {
+    torchneuron::check_device_index(d);
+    return neuron::rt::memory_fraction(d);
+  });
   m.def("_device_used", [](int d) {
     torchneuron::check_device_index(d);
     return neuron::rt::used(d);

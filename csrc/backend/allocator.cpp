@@ -229,10 +229,16 @@ void release_cached_locked(DeviceCache& c, int device) {
   size_t reserved = c.stats.reserved_bytes[0].current;
   c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(requested), allocated, reserved,
                                    c10::Device(c10::DeviceType::PrivateUse1, device));
+  const size_t limit = neuron::rt::memory_limit(device);
+  std::string allowed;
+  if (limit < cap) {
+    allowed = " This process may use " + format_size(limit) + " of it (set_per_process_memory_fraction(" +
+              c10::str(neuron::rt::memory_fraction(device)) + ")).";
+  }
   TORCH_CHECK_WITH(
       OutOfMemoryError, false, "neuron out of memory. Tried to allocate ", format_size(requested),
       ". neuron:", device, " has a total capacity of ", format_size(cap), " of which ",
-      format_size(cap > used ? cap - used : 0), " is free. Of the allocated memory ",
+      format_size(cap > used ? cap - used : 0), " is free.", allowed, " Of the allocated memory ",
       format_size(allocated), " is allocated by PyTorch, and ",
       format_size(reserved > allocated ? reserved - allocated : 0),
       " is reserved by PyTorch but unallocated. Free tensors you no longer need (del x), "

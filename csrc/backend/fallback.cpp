@@ -436,17 +436,25 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   zc.sync_inputs();
   sp.sparse.sync();
 
+  // A quantized CPU result (quantize_per_tensor and the like) has no neuron form: adopted, it
+  // would become a plain tensor of its integer codes, silently.
+  auto map = [&](const at::Tensor& t) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized(), "quantized neuron tensors are not implemented: ",
+                                schema.name(), " would return one. Quantize on the CPU (torch.ao), "
+                                "or use torchao's quantization, whose tensors run on neuron.");
+    return alias_out(zc, sp, t);
+  };
   const size_t num_rets = schema.returns().size();
   const size_t rbegin = stack->size() - num_rets;
   for (size_t i = 0; i < num_rets; ++i) {
     c10::IValue& v = (*stack)[rbegin + i];
     if (v.isTensor()) {
-      v = alias_out(zc, sp, v.toTensor());
+      v = map(v.toTensor());
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> mapped;
       mapped.reserve(list.size());
-      for (const at::Tensor& t : list) mapped.push_back(alias_out(zc, sp, t));
+      for (const at::Tensor& t : list) mapped.push_back(map(t));
       v = c10::IValue(std::move(mapped));
     }
   }

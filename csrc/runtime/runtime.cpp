@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 
 namespace neuron::rt {
@@ -27,6 +29,8 @@ constexpr int kStreamIds = 1 + kNumPriorities * kStreamsPerPool;  // default + p
 
 struct DeviceState {
   size_t capacity = 0;
+  std::atomic<size_t> limit{SIZE_MAX};  // min(capacity, this one) is what reserve() allows
+  std::atomic<double> fraction{1.0};
   std::atomic<size_t> used{0};
   std::atomic<uint32_t> next_pool_stream[kNumPriorities] = {};
   // Host-observed progress per stream id (runtime.h): marks handed out, and the watermark.
@@ -222,11 +226,34 @@ void lazy_init() {
 bool is_initialized() noexcept { return g_initialized.load(); }
 bool in_bad_fork() noexcept { return g_bad_fork.load(); }
 
+void set_memory_fraction(int device, double fraction) {
+  check_device(device);
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    std::ostringstream msg;
+    msg << "Invalid fraction value: " << fraction << ". Allowed range: 0~1";
+    throw std::invalid_argument(msg.str());
+  }
+  auto& d = g_devices[device];
+  d.fraction.store(fraction);
+  d.limit.store(static_cast<size_t>(fraction * static_cast<double>(d.capacity)));
+}
+
+double memory_fraction(int device) {
+  check_device(device);
+  return g_devices[device].fraction.load();
+}
+
+size_t memory_limit(int device) {
+  check_device(device);
+  return std::min(g_devices[device].capacity, g_devices[device].limit.load());
+}
+
 bool reserve(int device, size_t nbytes) noexcept {
   auto& d = g_devices[device];
+  const size_t allowed = std::min(d.capacity, d.limit.load(std::memory_order_relaxed));
   size_t cur = d.used.load(std::memory_order_relaxed);
   do {
-    if (cur + nbytes > d.capacity) return false;
+    if (cur + nbytes > allowed) return false;
   } while (!d.used.compare_exchange_weak(cur, cur + nbytes));
   return true;
 }

@@ -25,6 +25,11 @@ void configure(const std::vector<size_t>& capacities);
 int device_count() noexcept;
 size_t capacity(int device);
 void check_device(int device);  // throws std::out_of_range with a helpful message
+// What this process may hold on the device (torch.neuron.set_per_process_memory_fraction, as
+// CUDA's: a fraction of the capacity, 1 by default); reserve() enforces it.
+void set_memory_fraction(int device, double fraction);
+double memory_fraction(int device);
+size_t memory_limit(int device);
 
 // Thread-local current device (default 0).
 int current_device() noexcept;

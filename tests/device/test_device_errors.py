@@ -69,6 +69,12 @@ def test_unsupported_requests_raise_clearly():
         torch.neuron.Event(interprocess=True)
     with pytest.raises(NotImplementedError, match="quantized neuron tensors are not implemented"):
         torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8).to("neuron")
+    # Quantizing a neuron tensor once returned a plain neuron tensor of the integer codes.
+    with pytest.raises(NotImplementedError, match="quantized neuron tensors are not implemented"):
+        torch.quantize_per_tensor(torch.ones(2, device="neuron"), 0.1, 0, torch.qint8)
+    with pytest.raises(NotImplementedError, match="quantized neuron tensors are not implemented"):
+        torch.quantize_per_channel(torch.ones(2, 2, device="neuron"), torch.ones(2, device="neuron"),
+                                   torch.zeros(2, device="neuron"), 0, torch.qint8)
     with pytest.raises(RuntimeError, match="pinned"):
         torch.empty(2, device="neuron", pin_memory=True)
 

@@ -148,6 +148,46 @@ s = torch.neuron.memory_stats(); print(s['num_alloc_retries'], s['num_ooms'])
     assert r.stdout.split() == ["1", "0"]
 
 
+def test_per_process_memory_fraction_limits_the_allocator():
+    """As torch.cuda.set_per_process_memory_fraction: beyond the fraction, the cache is freed and
+    the allocation retried, then OutOfMemoryError names the limit; the device stays usable."""
+    r = run_python("""
+import torch
+print('default', torch.neuron.get_per_process_memory_fraction())
+torch.neuron.set_per_process_memory_fraction(0.5)
+print('set', torch.neuron.get_per_process_memory_fraction())
+x = torch.empty(300 << 20, dtype=torch.uint8, device='neuron'); del x   # cached
+y = torch.empty(400 << 20, dtype=torch.uint8, device='neuron')          # fits once the cache is freed
+try:
+    z = torch.empty(300 << 20, dtype=torch.uint8, device='neuron')      # 700 MiB > 512 MiB
+except torch.neuron.OutOfMemoryError as e:
+    print('OOM', e)
+del y
+z = torch.empty(300 << 20, dtype=torch.uint8, device='neuron')
+print('ok', torch.neuron.mem_get_info()[1] >> 20)
+torch.neuron.set_per_process_memory_fraction(1.0)
+w = torch.empty(600 << 20, dtype=torch.uint8, device='neuron')
+print('ok', w.numel() >> 20)
+""", env={"TORCHNEURON_DEVICE_MEMORY": "1GiB"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "default 1.0" and lines[1] == "set 0.5"
+    assert lines[2].startswith("OOM neuron out of memory. Tried to allocate 300.00 MiB")
+    assert "This process may use 512.00 MiB of it (set_per_process_memory_fraction(0.5))" in lines[2]
+    assert lines[3:] == ["ok 1024", "ok 600"]
+
+
+def test_per_process_memory_fraction_rejects_bad_values():
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(1.5)
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(-0.1)
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.neuron.set_per_process_memory_fraction("0.5")
+    assert torch.neuron.get_per_process_memory_fraction() == 1.0
+    assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
+
+
 def test_pinned_memory():
     x = torch.randn(100)
     assert not x.is_pinned()

@@ -24,7 +24,8 @@ from .ipc import ipc_collect
 from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_memory_allocated,
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
                      memory_snapshot, memory_stats, memory_summary, reset_accumulated_memory_stats,
-                     reset_max_memory_allocated, reset_peak_memory_stats)
+                     reset_max_memory_allocated, reset_peak_memory_stats,
+                     set_per_process_memory_fraction, get_per_process_memory_fraction)
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,
                      seed, seed_all, set_rng_state, set_rng_state_all)
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,
@@ -39,9 +40,12 @@ __all__ = [
     "get_amp_supported_dtype", "is_bf16_supported", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
-    "mem_get_info", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
+    "mem_get_info", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "OutOfMemoryError", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
 ]
+
+OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
 
 _init_lock = threading.Lock()
 _queued_calls: list = []  # callables to run at lazy init (e.g. manual_seed before first use)

@@ -21,6 +21,7 @@ __all__ = [
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "memory_summary",
     "memory_snapshot", "mem_get_info", "host_memory_stats", "list_gpu_processes",
+    "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
@@ -83,6 +84,21 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     index = _index(device)
     total = _C._device_capacity(index)
     return total - _C._device_used(index), total
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limit what this process's caching allocator may hold on ``device`` to ``fraction`` of its
+    capacity (0 to 1, as ``torch.cuda.set_per_process_memory_fraction``): an allocation beyond it
+    frees the cache and retries, then raises ``torch.OutOfMemoryError``. Blocks already held stay
+    allocated; :func:`mem_get_info` still reports the whole device."""
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    _C._set_memory_fraction(float(fraction), _index(device))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The fraction set by :func:`set_per_process_memory_fraction` (1.0 unless set)."""
+    return _C._memory_fraction(_index(device))
 
 
 def host_memory_stats() -> dict[str, int]:
