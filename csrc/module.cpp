@@ -17,6 +17,7 @@
 #include "backend/gpu_trace.h"
 #include "backend/ipc.h"
 #include "backend/nested.h"
+#include "backend/sync_debug.h"
 #include "backend/sparse.h"
 #include "backend/zero_copy.h"
 #include "runtime/engine.h"
@@ -185,6 +186,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_limbo_size", &torchneuron::ipc_limbo_size);
   m.def("_sparse_generic_ops", &torchneuron::sparse_generic_ops,
         "Sparse ops run by their CPU kernel directly on neuron tensors (metadata only).");
+  m.def("_set_sync_debug_mode", &torchneuron::sync_debug::set_mode);
+  m.def("_get_sync_debug_mode", &torchneuron::sync_debug::mode);
   m.def("_nested_generic_ops", &torchneuron::nested_generic_ops,
         "Nested ops run by their CPU kernel directly on neuron tensors (device-generic kernels).");
 }

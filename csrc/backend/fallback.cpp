@@ -19,6 +19,7 @@
 #include "fusion.h"
 #include "fallback.h"
 #include "layouts.h"
+#include "sync_debug.h"
 #include "vml_threads.h"
 #include "zero_copy.h"
 
@@ -426,6 +427,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
+  if (C10_UNLIKELY(sync_debug::enabled())) sync_debug::on_op(op, *stack, begin);  // nonzero, x[mask], ...
   if (may_enqueue() && cpu_key == c10::DispatchKey::CPU && enqueue_fallback(op, stack, begin)) return;
   ZeroCopy zc;
   LayoutAliases sp(zc);  // sparse and nested arguments and results (layouts.h); idle for dense ops

@@ -7,6 +7,7 @@
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "gpu_trace.h"
+#include "sync_debug.h"
 
 namespace torchneuron {
 namespace {
@@ -151,6 +152,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return neuron::rt::query_stream(normalize(s.device_index()), s.id());
   }
   void synchronizeStream(const Stream& s) const override {
+    sync_debug::on_sync("Stream.synchronize");  // as CUDA's stream_synchronize (not the device's)
     const DeviceIndex index = normalize(s.device_index());
     neuron::rt::synchronize_stream(index, s.id());
     gpu_trace::stream_synchronization(index, s.id());

@@ -109,6 +109,7 @@
 #include "fallback.h"
 #include "fp8.h"
 #include "gpu_trace.h"
+#include "sync_debug.h"
 #include "transpose.h"
 #include "vml_threads.h"
 #include "zero_copy.h"
@@ -358,6 +359,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                         : !dst.is_privateuseone() ? CopyKind::DtoH : CopyKind::DtoD;
   // A device-to-host copy the caller waits for synchronizes the stream (like cudaMemcpy).
   const bool blocking_dtoh = kind == CopyKind::DtoH && !non_blocking;
+  if (blocking_dtoh) sync_debug::on_sync("Memcpy DtoH (a blocking copy to the CPU: .cpu(), .to(\"cpu\"), .tolist(), print)");
   zc.launch_copy(kind, copy_bytes(dst), blocking_dtoh);
   if (!fast_copy(d, src)) d.copy_(src, non_blocking);
   if (blocking_dtoh) host_waited_for_stream(self.device().index());
@@ -372,6 +374,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   // item(): a blocking device-to-host copy of one element.
+  sync_debug::on_sync("aten::_local_scalar_dense (Tensor.item(), or a tensor used as a Python number or bool)");
   ZeroCopy zc;
   at::Tensor s = zc.in(self);
   zc.launch_copy(neuron::rt::trace::CopyKind::DtoH, self.element_size(), /*blocking=*/true);

@@ -70,6 +70,7 @@
 #include "enqueue.h"
 #include "fallback.h"
 #include "gemm.h"
+#include "sync_debug.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -361,11 +362,17 @@ at::Tensor index(const at::Tensor& self, const Indices& indices) {
   at::Tensor s = zc.in(self);
   Indices idx;
   idx.reserve(indices.size());
+  bool mask = false;  // x[mask]: the result's shape is the mask's count of true elements
   for (size_t k = 0; k < indices.size(); ++k) {
     const std::optional<at::Tensor> t = indices.get(k);
-    if (t.has_value() && t->defined()) idx.push_back(zc.in(*t, /*allow_cpu=*/true));
-    else idx.push_back(std::nullopt);
+    if (t.has_value() && t->defined()) {
+      mask = mask || t->scalar_type() == at::kBool || t->scalar_type() == at::kByte;
+      idx.push_back(zc.in(*t, /*allow_cpu=*/true));
+    } else {
+      idx.push_back(std::nullopt);
+    }
   }
+  if (mask) sync_debug::on_sync("aten::index.Tensor with a boolean mask (x[mask])");
   zc.launch(kIndex);
   return zc.out(at::cpu::index(s, idx));
 }

@@ -41,7 +41,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
     "mem_get_info", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
-    "OutOfMemoryError", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
+    "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
 ]
 
@@ -176,6 +176,29 @@ def get_device_properties(device: Any = None) -> NeuronDeviceProperties:
         psum_bytes=p.psum_bytes_per_partition * p.sbuf_partitions * topo.lnc,
         multi_processor_count=4 * topo.lnc,
     )
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Report the operations that make the host wait for the device, as
+    ``torch.cuda.set_sync_debug_mode``: ``"default"``/0 (off), ``"warn"``/1 (a warning per such
+    operation) or ``"error"``/2 (a RuntimeError instead of waiting). They are ``.item()`` and other
+    value-dependent results, blocking copies to the CPU (``.cpu()``, ``.tolist()``, printing), ops
+    whose output shape depends on values (``nonzero``, ``masked_select``, ``unique``, boolean
+    indexing) and ``Stream.synchronize()``; not ``torch.neuron.synchronize()`` nor
+    ``Event.synchronize()``, which a program calls in order to wait."""
+    _lazy_init()
+    if isinstance(debug_mode, str):
+        modes = {"default": 0, "warn": 1, "error": 2}
+        if debug_mode not in modes:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = modes[debug_mode]
+    _C._set_sync_debug_mode(int(debug_mode))
+
+
+def get_sync_debug_mode() -> int:
+    """The sync debug mode: 0 (off), 1 (warn) or 2 (error); see :func:`set_sync_debug_mode`."""
+    _lazy_init()
+    return _C._get_sync_debug_mode()
 
 
 def get_device_name(device: Any = None) -> str:
