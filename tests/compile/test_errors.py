@@ -51,3 +51,18 @@ def test_fallback_runs_graph_eagerly_and_warns_once(monkeypatch, metrics):
     torch.testing.assert_close(out.cpu(), expected)
     torch.testing.assert_close(out2.cpu(), expected)
     assert metrics()["eager_fallbacks"] == 2
+
+
+def test_cpp_wrapper_and_aotinductor_raise_a_clear_error(monkeypatch, tmp_path):
+    """Inductor's C++ wrapper (cpp_wrapper=True, AOTInductor) is not implemented for neuron:
+    the error names it and the way out, instead of an assertion inside code generation."""
+    monkeypatch.delenv("TORCHNEURON_COMPILE_FALLBACK", raising=False)
+    m = torch.nn.Linear(4, 2).to(DEV)
+    x = torch.randn(3, 4, device=DEV)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        with pytest.raises(Exception, match="C\\+\\+ wrapper is not implemented for neuron"):
+            torch.compile(m, backend="neuron")(x)
+    ep = torch.export.export(m, (x,))
+    with pytest.raises(Exception, match="C\\+\\+ wrapper is not implemented for neuron"):
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))

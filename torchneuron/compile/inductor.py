@@ -245,6 +245,23 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
+class NeuronCppWrapper(CppWrapperCpu):
+    """Inductor's C++ wrapper for neuron graphs (``torch._inductor.config.cpp_wrapper = True``,
+    and AOTInductor: ``aoti_compile_and_package``): not implemented. The CPU wrapper it would
+    extend assumes the model's device is the CPU (constants, the model container) and calls ATen's
+    CPU kernels by their C shims, bypassing the dispatcher, hence the neuron kernels and the
+    execution engine's queue; a neuron wrapper needs its own shim and runtime. Raising here turns
+    Inductor's assertion deep in code generation into an error that names the way out."""
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        raise NotImplementedError(
+            "Inductor's C++ wrapper is not implemented for neuron (torch._inductor.config."
+            "cpp_wrapper=True, AOTInductor's aoti_compile_and_package / aot_compile): compile "
+            "with torch.compile(backend=\"neuron\") and the default Python wrapper, or export and "
+            "AOT-compile the model on the CPU.")
+
+
 def _register_support() -> None:
     """Everything Inductor needs for neuron besides the code generators themselves: the Dynamo
     device interface, the device snippets and the patches. Idempotent; safe to call from inside
@@ -261,7 +278,7 @@ def _register_support() -> None:
 DEVICE_MODULE_CODEGENS = {
     "Scheduling": NeuronCppScheduling,
     "PythonWrapperCodegen": NeuronPythonWrapperCodegen,
-    "CppWrapperCodegen": CppWrapperCpu,
+    "CppWrapperCodegen": NeuronCppWrapper,
     "WrapperFxCodegen": WrapperFxCodegen,  # Inductor requires all four, or registers none
 }
 
@@ -284,5 +301,5 @@ def register() -> None:
             return
         _register_support()
         register_backend_for_device("neuron", NeuronCppScheduling, NeuronPythonWrapperCodegen,
-                                    CppWrapperCpu, WrapperFxCodegen)
+                                    NeuronCppWrapper, WrapperFxCodegen)
         _registered = True
