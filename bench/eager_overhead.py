@@ -5,7 +5,8 @@ Ratios neuron time / CPU time (targets): (a) 16-element add <= 1.6, (b) 512x512 
 sqrt (MKL's vector math on both) (d) in MKL's default threading <= 1.6, as the small add, and
 (e) once torch.set_num_threads was called, after which MKL opens its OpenMP team even for small
 calls on CPU, and neuron makes them on one MKL thread (csrc/backend/vml_threads.h): <= 1.0; (f) the demo
-GPT's causal attention forward+backward (16x4x64x32) <= 1.0 (run before (e), whose thread setting
+GPT's causal attention forward+backward (16x4x64x32) <= 1.0 and (g) a UNet block's GroupNorm
+forward+backward (4x64x32x32, 32 groups) <= 1.0 (both run before (e), whose thread setting
 sticks). Each is the median of per-round ratios with its min-max (bench/_stats.py); targets are
 judged on the median.
 """
@@ -51,6 +52,19 @@ def attention_case(device):
     def step():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
         q.grad = k.grad = v.grad = None
+    return step
+
+
+def group_norm_case(device):
+    # a diffusion UNet's normalization, forward and backward (neuron's kernels write the device's
+    # results in place; ops.cpp, GroupNormKernel)
+    norm = torch.nn.GroupNorm(32, 64).to(device)
+    x = torch.randn(4, 64, 32, 32, device=device, requires_grad=True)
+    g = torch.randn(4, 64, 32, 32, device=device)
+
+    def step():
+        norm(x).backward(g)
+        x.grad = norm.weight.grad = norm.bias.grad = None
     return step
 
 
@@ -103,6 +117,7 @@ def main() -> None:
         ("(c) GPT train step", train_case, 10, 15, 1.10),
         ("(d) sqrt, 256 elements", sqrt_case, 20000, 15, 1.6),
         ("(f) attention fwd+bwd", attention_case, 50, 15, 1.0),
+        ("(g) group norm fwd+bwd", group_norm_case, 50, 15, 1.0),
         ("(e) (d) after set_num_threads", sqrt_set_threads_case, 20000, 15, 1.0),
     ]:
         t = interleaved({"cpu": make("cpu"), "neuron": make("neuron")}, inner, rounds)

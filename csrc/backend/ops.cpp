@@ -114,6 +114,19 @@
 #include "vml_threads.h"
 #include "zero_copy.h"
 
+// ATen/native/group_norm.h's stubs. That header cannot be included next to layer_norm.h (both
+// name their stubs' types at::native::forward_fn / backward_fn), so its two declarations are
+// repeated here, with other names for the types (torch 2.13's signatures; torch is pinned).
+namespace at::native {
+using group_norm_fn = void (*)(const Tensor& X, const Tensor& gamma, const Tensor& beta, int64_t N, int64_t C,
+                               int64_t HxW, int64_t group, double eps, Tensor& Y, Tensor& mean, Tensor& rstd);
+using group_norm_backward_fn = void (*)(const Tensor& dY, const Tensor& X, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& gamma, int64_t N, int64_t C, int64_t HxW, int64_t group,
+                                        Tensor& dX, Tensor& dgamma, Tensor& dbeta);
+DECLARE_DISPATCH(group_norm_fn, GroupNormKernel)
+DECLARE_DISPATCH(group_norm_backward_fn, GroupNormBackwardKernel)
+}  // namespace at::native
+
 namespace torchneuron {
 namespace {
 
@@ -1353,10 +1366,14 @@ LayerNormResult layer_norm_backward_hot(const at::Tensor& grad_out, const at::Te
 }
 
 // Group norm (diffusion models' UNets), forward and backward, queued like layer norm: CPU's
-// functional kernel into results shaped at the call (the input's suggested layout; mean/rstd
-// [N, group] of the parameters' dtype, fp32 parameters under a bf16/fp16 input). CPU's kernel
-// checks its arguments itself, and needs an input dense in its suggested layout: calls that
-// fail either run synchronously, raising CPU's error at the call.
+// kernel stubs (GroupNormKernel / GroupNormBackwardKernel, what CPU's functional ops call) write
+// results shaped at the call as CPU's ops shape theirs (the input's suggested layout; mean/rstd
+// [N, group] of the parameters' dtype, fp32 parameters under a bf16/fp16 input). The functional
+// ops plus a copy of each result took 2.2x CPU's forward at a UNet block's shape (4x64x32x32,
+// 32 groups: fresh host pages for the result, then a pass to copy it). The arguments are checked
+// here as CPU's ops check them before calling their stubs (group counts, parameter sizes and
+// dtypes, an input dense in its suggested layout); calls that fail a check run synchronously,
+// raising CPU's error at the call.
 bool group_norm_args(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                      const std::optional<at::Tensor>& bias, int64_t N, int64_t C, int64_t HxW, int64_t group,
                      c10::ScalarType* param_dtype) {
@@ -1391,10 +1408,9 @@ LayerNormResult group_norm_hot(const at::Tensor& input, const std::optional<at::
     at::Tensor yo = q.out(y, input.sizes(), input.scalar_type(), suggested_strides(input));
     at::Tensor mo = q.out(mean, {N, group}, pdt), ro = q.out(rstd, {N, group}, pdt);
     q.enqueue(kGroupNorm, [x, wa, ba, yo, mo, ro, N, C, HxW, group, eps] {
-      auto [y, m, r] = at::cpu::native_group_norm(x, wa, ba, N, C, HxW, group, eps);
-      copy_result(kGroupNorm, yo, y);
-      copy_result(kGroupNorm, mo, m);
-      copy_result(kGroupNorm, ro, r);
+      at::Tensor Y = yo, mean = mo, rstd = ro;  // (the stub takes its results by reference)
+      at::native::GroupNormKernel(c10::kCPU, x, wa.value_or(at::Tensor()), ba.value_or(at::Tensor()), N, C, HxW,
+                                  group, eps, Y, mean, rstd);
     });
     return {y, mean, rstd};
   }
@@ -1408,7 +1424,10 @@ LayerNormResult group_norm_backward_hot(const at::Tensor& grad_out, const at::Te
                                         const at::Tensor& rstd, const std::optional<at::Tensor>& weight, int64_t N,
                                         int64_t C, int64_t HxW, int64_t group, std::array<bool, 3> mask) {
   c10::ScalarType pdt;
-  if (group_norm_args(input, weight, std::nullopt, N, C, HxW, group, &pdt) && queueable_like(input, grad_out) &&
+  const bool w = weight.has_value() && weight->defined();
+  // (Without a weight CPU's op cannot shape dgamma/dbeta, empty_like(gamma), and raises.)
+  if ((w || (!mask[1] && !mask[2])) && group_norm_args(input, weight, std::nullopt, N, C, HxW, group, &pdt) &&
+      queueable_like(input, grad_out) &&
       grad_out.sizes() == input.sizes() && grad_out.is_contiguous(input.suggest_memory_format()) &&
       mean.is_privateuseone() && rstd.is_privateuseone() && mean.device() == input.device() &&
       rstd.device() == input.device() && mean.scalar_type() == pdt && rstd.scalar_type() == pdt &&
@@ -1419,11 +1438,10 @@ LayerNormResult group_norm_backward_hot(const at::Tensor& grad_out, const at::Te
     if (mask[0]) dxo = q.out(dx, input.sizes(), input.scalar_type(), suggested_strides(input));
     if (mask[1]) dwo = q.out(dw, {C}, pdt);
     if (mask[2]) dbo = q.out(db, {C}, pdt);
-    q.enqueue(kGroupNormBwd, [g, x, m, r, wa, dxo, dwo, dbo, N, C, HxW, group, mask] {
-      auto [dx, dw, db] = at::cpu::native_group_norm_backward(g, x, m, r, wa, N, C, HxW, group, mask);
-      if (mask[0]) copy_result(kGroupNormBwd, dxo, dx);
-      if (mask[1]) copy_result(kGroupNormBwd, dwo, dw);
-      if (mask[2]) copy_result(kGroupNormBwd, dbo, db);
+    q.enqueue(kGroupNormBwd, [g, x, m, r, wa, dxo, dwo, dbo, N, C, HxW, group] {
+      at::Tensor dX = dxo, dgamma = dwo, dbeta = dbo;  // undefined where the mask is false
+      at::native::GroupNormBackwardKernel(c10::kCPU, g, x, m, r, wa.value_or(at::Tensor()), N, C, HxW, group, dX,
+                                          dgamma, dbeta);
     });
     return {dx, dw, db};
   }

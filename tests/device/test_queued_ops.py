@@ -497,6 +497,32 @@ def test_attention_results_over_reused_device_memory_are_cpus(queue):
         engine.set_enabled(True)
 
 
+@pytest.mark.parametrize("case", ["affine", "channels_last_bf16_fp32_params", "no_affine"])
+def test_group_norm_results_over_reused_device_memory_are_cpus(case):
+    # CPU's group norm stubs write neuron's results in place (ops.cpp): every element of the
+    # output, the statistics and the gradients, over pooled blocks that held NaNs just before.
+    dtype = torch.bfloat16 if case.startswith("channels_last") else torch.float32
+    x, g = r(2, 8, 5, 6, dtype=dtype), r(2, 8, 5, 6, dtype=dtype)
+    if case.startswith("channels_last"):
+        x, g = (t.contiguous(memory_format=torch.channels_last) for t in (x, g))
+    params = [] if case == "no_affine" else [r(8), r(8)]
+    cpu = [t.clone().requires_grad_() for t in [x, *params]]
+    want = F.group_norm(cpu[0], 4, *cpu[1:])
+    want.backward(g)
+    junk = [torch.full((2, 8, 5, 6), float("nan"), device="neuron") for _ in range(16)]
+    junk += [torch.full((8,), float("nan"), device="neuron") for _ in range(16)]
+    torch.neuron.synchronize()
+    del junk
+    dev = [n(t).requires_grad_() for t in [x, *params]]
+    out = queued(lambda *a: F.group_norm(a[0], 4, *a[1:]), *dev)
+    queued(lambda gr: out.backward(gr), n(g))
+    assert out.stride() == want.stride()
+    assert torch.equal(out.detach().cpu(), want.detach())
+    for d, c in zip(dev, cpu):
+        assert d.grad.stride() == c.grad.stride()
+        assert torch.equal(d.grad.cpu(), c.grad)
+
+
 def test_queued_products_read_their_operands_when_they_run():
     # the product is computed from the values its operands have when the queue reaches it
     a, b = n(torch.ones(64, 64)), n(torch.ones(64, 64))
