@@ -364,3 +364,74 @@ def test_summary_shows_zero_for_missing_statistics(no_statistics):
     assert len(rows) == 3 * len(ROWS)
     assert rows == [["0 B"] * 4] * (3 * 4) + [["0"] * 4] * (3 * 3)
     assert " OOMs: 0   alloc retries: 0   device allocs: 0   device frees: 0" in lines
+
+
+def _block_at(address):
+    for seg in torch.neuron.memory_snapshot():
+        for b in seg["blocks"]:
+            if b["address"] == address:
+                return seg, b
+    return None, None
+
+
+def test_caching_allocator_alloc_takes_a_block_of_the_streams_pool_until_deleted():
+    """As torch.cuda.caching_allocator_alloc/_delete: raw device memory from the caching allocator,
+    counted by the statistics, on the given stream's pool."""
+    side = torch.neuron.Stream()
+    base = torch.neuron.memory_allocated()
+    address = torch.neuron.caching_allocator_alloc(3 * MiB, 0, side)
+    assert torch.neuron.memory_allocated() - base == 3 * MiB
+    seg, block = _block_at(address)
+    assert block["state"] == "active_allocated" and seg["stream"] == side.stream_id
+    torch.neuron.caching_allocator_delete(address)
+    assert torch.neuron.memory_allocated() == base
+    assert _block_at(address)[1]["state"] == "inactive"  # cached, back in the pool
+    default = torch.neuron.caching_allocator_alloc(MiB)
+    assert _block_at(default)[0]["stream"] == 0
+    torch.neuron.caching_allocator_delete(default)
+
+
+def test_caching_allocator_delete_rejects_unknown_addresses_and_bad_streams():
+    address = torch.neuron.caching_allocator_alloc(MiB)
+    torch.neuron.caching_allocator_delete(address)
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.neuron.caching_allocator_delete(address)
+    with pytest.raises(TypeError, match="Invalid type for stream argument"):
+        torch.neuron.caching_allocator_alloc(MiB, 0, 5)
+
+
+def test_nested_stats_hold_the_flat_stats():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    flat = torch.neuron.memory_stats()
+    nested = torch.neuron.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    assert nested["num_alloc_retries"] == flat["num_alloc_retries"]
+    leaves = []
+
+    def walk(node, path):
+        for k, v in node.items():
+            walk(v, path + [k]) if isinstance(v, dict) else leaves.append((".".join(path + [k]), v))
+    walk(nested, [])
+    assert dict(leaves) == dict(flat)
+    del x
+
+
+def test_deprecated_cached_names_warn_and_read_the_reserved_counters():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    with pytest.warns(FutureWarning, match="memory_reserved"):
+        assert torch.neuron.memory_cached() == torch.neuron.memory_reserved()
+    with pytest.warns(FutureWarning, match="max_memory_reserved"):
+        assert torch.neuron.max_memory_cached() == torch.neuron.max_memory_reserved()
+    del x
+    torch.neuron.empty_cache()
+    with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
+        torch.neuron.reset_max_memory_cached()
+    assert torch.neuron.max_memory_reserved() == torch.neuron.memory_reserved()
+
+
+def test_allocator_backend_and_device_memory_used():
+    assert torch.neuron.get_allocator_backend() == "native"
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device="neuron")
+    assert torch.neuron.device_memory_used() >= torch.neuron.memory_reserved() >= 4 * MiB
+    assert torch.neuron.device_memory_used() == torch.neuron.mem_get_info()[1] - torch.neuron.mem_get_info()[0]
+    del x

@@ -25,7 +25,10 @@ from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_mem
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
                      memory_snapshot, memory_stats, memory_summary, reset_accumulated_memory_stats,
                      reset_max_memory_allocated, reset_peak_memory_stats,
-                     set_per_process_memory_fraction, get_per_process_memory_fraction)
+                     set_per_process_memory_fraction, get_per_process_memory_fraction,
+                     memory_stats_as_nested_dict, memory_cached, max_memory_cached,
+                     reset_max_memory_cached, caching_allocator_alloc, caching_allocator_delete,
+                     get_allocator_backend, device_memory_used)
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,
                      seed, seed_all, set_rng_state, set_rng_state_all)
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,
@@ -41,6 +44,9 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "memory_snapshot", "empty_cache",
     "mem_get_info", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
+    "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
+    "device_memory_used",
     "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
 ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
+import warnings
 from collections import OrderedDict
 from typing import Any, Optional
 
@@ -22,6 +24,9 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "memory_summary",
     "memory_snapshot", "mem_get_info", "host_memory_stats", "list_gpu_processes",
     "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
+    "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
+    "device_memory_used",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
@@ -84,6 +89,88 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     index = _index(device)
     total = _C._device_capacity(index)
     return total - _C._device_used(index), total
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """:func:`memory_stats` as nested dicts (``{"allocated_bytes": {"all": {"current": ...}}}``),
+    the form ``torch.cuda.memory_stats_as_nested_dict`` returns."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated name of :func:`memory_reserved` (as in ``torch.cuda``)."""
+    warnings.warn("`torch.neuron.memory_cached` has been renamed to `torch.neuron.memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated name of :func:`max_memory_reserved` (as in ``torch.cuda``)."""
+    warnings.warn("`torch.neuron.max_memory_cached` has been renamed to `torch.neuron.max_memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated: resets every peak statistic, as :func:`reset_peak_memory_stats` (as in
+    ``torch.cuda``)."""
+    warnings.warn("torch.neuron.reset_max_memory_cached now calls torch.neuron.reset_peak_memory_stats, "
+                  "which resets /all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+# caching_allocator_alloc's blocks, by address: each is a byte tensor kept alive until
+# caching_allocator_delete, so the block returns to the caching allocator (and its stream's pool)
+# like any tensor's.
+_raw_blocks: dict[int, torch.Tensor] = {}
+_raw_lock = threading.Lock()
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Optional[torch.Stream] = None) -> int:
+    """Allocate ``size`` bytes from the neuron caching allocator on ``device`` (the current one if
+    None) for ``stream`` (the device's current stream if None), as
+    ``torch.cuda.caching_allocator_alloc``: for interoperability with code that manages raw device
+    memory. Returns the address; free it with :func:`caching_allocator_delete`."""
+    index = _index(device)
+    if stream is not None and not (isinstance(stream, torch.Stream) and stream.device.type == "neuron"):
+        raise TypeError("Invalid type for stream argument, must be a neuron `torch.Stream` "
+                        "(torch.neuron.Stream) or None for the current stream")
+    with torch.neuron.device(index), torch.neuron.stream(stream if stream is not None
+                                                          else torch.neuron.current_stream(index)):
+        block = torch.empty(int(size), dtype=torch.uint8, device=torch.device("neuron", index))
+    address = block.data_ptr()
+    with _raw_lock:
+        _raw_blocks[address] = block
+    return address
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Free memory allocated by :func:`caching_allocator_alloc` (its device and stream were
+    recorded with it)."""
+    with _raw_lock:
+        block = _raw_blocks.pop(int(mem_ptr), None)
+    if block is None:
+        raise RuntimeError(f"invalid device pointer: {mem_ptr:#x} was not allocated by "
+                           "torch.neuron.caching_allocator_alloc (or was freed already)")
+    del block
+
+
+def get_allocator_backend() -> str:
+    """``"native"``: the neuron caching allocator (the only backend)."""
+    return "native"
+
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes in use on ``device`` by this process (what the runtime holds: the caching allocator's
+    segments and adopted results), as ``torch.cuda.device_memory_used`` reports the device's."""
+    return _C._device_used(_index(device))
 
 
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
