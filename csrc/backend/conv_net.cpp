@@ -10,7 +10,9 @@
 // (the input's suggested memory format; saved statistics of the parameters' dtype, empty when
 // not training).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "cpu_stub.h"  // before DispatchStub.h: batch norm's backward stub is called below
 #include <ATen/core/Tensor.h>
+#include <ATen/native/batch_norm.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_cpu_dispatch.h>
@@ -28,6 +30,7 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "enqueue.h"
 #include "fallback.h"
@@ -124,6 +127,21 @@ Tensor3 batch_norm(const at::Tensor& input, const OptTensor& weight, const OptTe
       via_fallback<kBatchNorm>(input, weight, bias, running_mean, running_var, training, momentum, eps));
 }
 
+// CPU's is_contiguous and suggest_memory_format_contig (Normalization.cpp): dense in the
+// contiguous or a channels-last layout, and which.
+bool dense_either(const at::Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+         t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+std::vector<int64_t> dense_strides(const at::Tensor& t) {
+  if (t.is_contiguous()) {
+    const auto s = c10::contiguous_strides(t.sizes());
+    return std::vector<int64_t>(s.begin(), s.end());
+  }
+  if (t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return c10::get_channels_last_strides_3d(t.sizes());
+  return c10::get_channels_last_strides_2d(t.sizes());
+}
+
 Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input, const OptTensor& weight,
                             const OptTensor& running_mean, const OptTensor& running_var, const OptTensor& save_mean,
                             const OptTensor& save_invstd, bool train, double eps, std::array<bool, 3> mask) {
@@ -139,14 +157,28 @@ Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
     const auto pdt = batch_norm_params(input, {&weight, &running_mean, &running_var});
     const auto sdt = train ? batch_norm_params(input, {&weight, &save_mean, &save_invstd}) : pdt;
     if (pdt && sdt && *pdt == *sdt) {
+      // CPU's template calls its stub, batch_norm_cpu_backward_stub, straight into its results
+      // when input and grad_out are dense in one layout ("all_contiguous"), with grad_input dense
+      // in the layout input is dense in; so does this kernel, into the device's results. Other
+      // layouts take CPU's functional op and a copy of each result.
+      const bool direct = dense_either(input) && dense_either(grad_out);
       QueuedCall q;
       at::Tensor g = q.in(grad_out), x = q.in(input), gi, gw, gb, gio, gwo, gbo;
       OptTensor w = q.in(weight), rm = q.in(running_mean), rv = q.in(running_var), sm = q.in(save_mean),
                 si = q.in(save_invstd);
-      if (mask[0]) gio = q.out(gi, input.sizes(), input.scalar_type(), suggested_strides(input));
+      if (mask[0]) {
+        gio = q.out(gi, input.sizes(), input.scalar_type(), direct ? dense_strides(input) : suggested_strides(input));
+      }
       if (mask[1]) gwo = q.out(gw, {input.size(1)}, *pdt);
       if (mask[2]) gbo = q.out(gb, {input.size(1)}, *pdt);
-      q.enqueue(kBatchNormBwd, [g, x, w, rm, rv, sm, si, gio, gwo, gbo, train, eps, mask]() mutable {
+      q.enqueue(kBatchNormBwd, [g, x, w, rm, rv, sm, si, gio, gwo, gbo, train, eps, mask, direct]() mutable {
+        if (direct) {
+          at::Tensor dx = gio, dw = gwo, db = gbo;  // undefined where the mask is false
+          auto t = [](const OptTensor& o) { return o.value_or(at::Tensor()); };
+          at::native::batch_norm_cpu_backward_stub(c10::kCPU, dx, dw, db, g, x, t(w), t(rm), t(rv), t(sm), t(si),
+                                                   train, eps);
+          return;
+        }
         auto [dx, dw, db] = at::cpu::native_batch_norm_backward(g, x, w, rm, rv, sm, si, train, eps, mask);
         if (mask[0]) copy_result(kBatchNormBwd, gio, dx);
         if (mask[1]) copy_result(kBatchNormBwd, gwo, dw);

@@ -523,6 +523,31 @@ def test_group_norm_results_over_reused_device_memory_are_cpus(case):
         assert torch.equal(d.grad.cpu(), c.grad)
 
 
+@pytest.mark.parametrize("case", ["contiguous", "channels_last", "channels_last_bf16_fp32_params", "eval"])
+def test_batch_norm_gradients_over_reused_device_memory_are_cpus(case):
+    # CPU's batch norm backward stub writes neuron's gradients in place (conv_net.cpp) for inputs
+    # dense in one layout: every element, over pooled blocks that held NaNs just before.
+    dtype = torch.bfloat16 if "bf16" in case else torch.float32
+    x, g = r(4, 6, 5, 3, dtype=dtype), r(4, 6, 5, 3, dtype=dtype)
+    if case.startswith("channels_last"):
+        x, g = (t.contiguous(memory_format=torch.channels_last) for t in (x, g))
+    w, b, rm, rv = r(6), r(6), r(6), r(6).abs() + 0.5
+    training = case != "eval"
+    cpu = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = F.batch_norm(cpu[0], rm.clone(), rv.clone(), cpu[1], cpu[2], training=training)
+    want.backward(g)
+    junk = [torch.full((4, 6, 5, 3), float("nan"), device="neuron") for _ in range(16)]
+    junk += [torch.full((6,), float("nan"), device="neuron") for _ in range(16)]
+    torch.neuron.synchronize()
+    del junk
+    dev = [n(t).requires_grad_() for t in (x, w, b)]
+    out = F.batch_norm(dev[0], n(rm), n(rv), dev[1], dev[2], training=training)
+    queued(lambda gr: out.backward(gr), n(g))
+    for d, c in zip(dev, cpu):
+        assert d.grad.stride() == c.grad.stride()
+        assert torch.equal(d.grad.cpu(), c.grad)
+
+
 def test_queued_products_read_their_operands_when_they_run():
     # the product is computed from the values its operands have when the queue reaches it
     a, b = n(torch.ones(64, 64)), n(torch.ones(64, 64))
