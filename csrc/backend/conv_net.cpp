@@ -30,7 +30,6 @@
 #include <array>
 #include <optional>
 #include <tuple>
-#include <vector>
 
 #include "enqueue.h"
 #include "fallback.h"
@@ -127,19 +126,13 @@ Tensor3 batch_norm(const at::Tensor& input, const OptTensor& weight, const OptTe
       via_fallback<kBatchNorm>(input, weight, bias, running_mean, running_var, training, momentum, eps));
 }
 
-// CPU's is_contiguous and suggest_memory_format_contig (Normalization.cpp): dense in the
-// contiguous or a channels-last layout, and which.
-bool dense_either(const at::Tensor& t) {
-  return t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
-         t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
-}
-std::vector<int64_t> dense_strides(const at::Tensor& t) {
-  if (t.is_contiguous()) {
-    const auto s = c10::contiguous_strides(t.sizes());
-    return std::vector<int64_t>(s.begin(), s.end());
+// The layout t is dense in, as CPU's batch norm picks it (Normalization.cpp: is_contiguous,
+// suggest_memory_format_contig): contiguous first, then channels-last 3-d and 2-d; nullopt if none.
+std::optional<at::MemoryFormat> dense_format(const at::Tensor& t) {
+  for (const auto f : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast3d, at::MemoryFormat::ChannelsLast}) {
+    if (t.is_contiguous(f)) return f;
   }
-  if (t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return c10::get_channels_last_strides_3d(t.sizes());
-  return c10::get_channels_last_strides_2d(t.sizes());
+  return std::nullopt;
 }
 
 Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input, const OptTensor& weight,
@@ -161,13 +154,15 @@ Tensor3 batch_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
       // when input and grad_out are dense in one layout ("all_contiguous"), with grad_input dense
       // in the layout input is dense in; so does this kernel, into the device's results. Other
       // layouts take CPU's functional op and a copy of each result.
-      const bool direct = dense_either(input) && dense_either(grad_out);
+      const std::optional<at::MemoryFormat> dense = dense_format(input);
+      const bool direct = dense.has_value() && dense_format(grad_out).has_value();
       QueuedCall q;
       at::Tensor g = q.in(grad_out), x = q.in(input), gi, gw, gb, gio, gwo, gbo;
       OptTensor w = q.in(weight), rm = q.in(running_mean), rv = q.in(running_var), sm = q.in(save_mean),
                 si = q.in(save_invstd);
       if (mask[0]) {
-        gio = q.out(gi, input.sizes(), input.scalar_type(), direct ? dense_strides(input) : suggested_strides(input));
+        gio = q.out(gi, input.sizes(), input.scalar_type(),
+                    direct ? strides_for(input.sizes(), *dense) : suggested_strides(input));
       }
       if (mask[1]) gwo = q.out(gw, {input.size(1)}, *pdt);
       if (mask[2]) gbo = q.out(gb, {input.size(1)}, *pdt);

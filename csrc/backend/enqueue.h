@@ -14,6 +14,8 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/result_type.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
 
 #include <exception>
 #include <functional>
@@ -179,6 +181,14 @@ inline at::Tensor meta_like(const at::Tensor& t) {
 inline std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
   if (t.has_value() && t->defined()) return meta_like(*t);
   return std::nullopt;
+}
+
+// The strides of a dense tensor of `sizes` in `format` (contiguous or channels-last).
+inline std::vector<int64_t> strides_for(c10::IntArrayRef sizes, at::MemoryFormat format) {
+  if (format == at::MemoryFormat::ChannelsLast) return c10::get_channels_last_strides_2d(sizes);
+  if (format == at::MemoryFormat::ChannelsLast3d) return c10::get_channels_last_strides_3d(sizes);
+  const auto s = c10::contiguous_strides(sizes);
+  return std::vector<int64_t>(s.begin(), s.end());
 }
 
 // The strides of a tensor of t's sizes in t's suggested memory format (channels-last or

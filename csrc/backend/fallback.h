@@ -5,8 +5,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
 
+#include <iterator>
 #include <string>
+#include <unordered_set>
 #include <tuple>
 #include <utility>
 
@@ -40,6 +43,27 @@ void generic_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   op.redispatchBoxed(c10::DispatchKeySet(CpuKey), stack);
+}
+
+// The per-op registration of a layout's neuron key (sparse.cpp, nested.cpp): every aten op with a
+// kernel for the layout's CPU key (read from the dispatcher at load time, so the list is complete
+// by construction) gets generic_kernel if listed in `generic`, else `Fallback`, unless `special`
+// registers one of its own for it (and returns true).
+template <c10::DispatchKey CpuKey, c10::BoxedKernel::BoxedKernelFunction* Fallback, size_t N>
+void register_layout_ops(torch::Library& m, const char* const (&generic)[N],
+                         bool (*special)(torch::Library&, const std::string&) = nullptr) {
+  const std::unordered_set<std::string> generic_names(std::begin(generic), std::end(generic));
+  for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNamesForDispatchKey(CpuKey)) {
+    if (op.name.rfind("aten::", 0) != 0) continue;
+    std::string name = op.name.substr(6);
+    if (!op.overload_name.empty()) name += "." + op.overload_name;
+    if (special != nullptr && special(m, name)) continue;
+    if (generic_names.count(name) > 0) {
+      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel<CpuKey>>());
+    } else {
+      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<Fallback>());
+    }
+  }
 }
 
 // Unboxed kernels' way into the fallback: their synchronous path, or the cases they leave to it.

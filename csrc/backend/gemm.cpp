@@ -521,12 +521,6 @@ at::MemoryFormat conv_grad_format(const at::Tensor& input, const at::Tensor& wei
   if (input.dim() >= 4 && (input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl)) return cl;
   return at::MemoryFormat::Contiguous;
 }
-std::vector<int64_t> strides_for(c10::IntArrayRef sizes, at::MemoryFormat format) {
-  if (format == at::MemoryFormat::ChannelsLast) return c10::get_channels_last_strides_2d(sizes);
-  if (format == at::MemoryFormat::ChannelsLast3d) return c10::get_channels_last_strides_3d(sizes);
-  const auto s = c10::contiguous_strides(sizes);
-  return std::vector<int64_t>(s.begin(), s.end());
-}
 std::vector<int64_t> ints(c10::SymIntArrayRef v) { return C10_AS_INTARRAYREF_SLOW(v).vec(); }
 
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,

@@ -26,7 +26,6 @@
 #include <torch/library.h>
 
 #include <string>
-#include <unordered_set>
 
 namespace torchneuron {
 
@@ -88,19 +87,7 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
 }
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
-  const std::unordered_set<std::string> generic(std::begin(kGenericNested), std::end(kGenericNested));
-  for (const c10::OperatorName& op :
-       c10::Dispatcher::singleton().getAllOpNamesForDispatchKey(c10::DispatchKey::NestedTensorCPU)) {
-    if (op.name.rfind("aten::", 0) != 0) continue;
-    std::string name = op.name.substr(6);
-    if (!op.overload_name.empty()) name += "." + op.overload_name;
-    if (generic.count(name) > 0) {
-      m.impl(name.c_str(),
-             torch::CppFunction::makeFromBoxedFunction<&generic_kernel<c10::DispatchKey::NestedTensorCPU>>());
-    } else {
-      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
-    }
-  }
+  register_layout_ops<c10::DispatchKey::NestedTensorCPU, &nested_fallback>(m, kGenericNested);
 }
 
 }  // namespace torchneuron

@@ -18,7 +18,6 @@
 #include <torch/library.h>
 
 #include <string>
-#include <unordered_set>
 
 namespace torchneuron {
 namespace {
@@ -161,21 +160,10 @@ at::Tensor& sparse_compressed_normal_(at::Tensor& self, double mean, double std,
   return self;
 }
 
-template <c10::DispatchKey CpuKey, c10::BoxedKernel::BoxedKernelFunction* Fallback, size_t N>
-void register_sparse_key(torch::Library& m, const char* const (&generic)[N]) {
-  std::unordered_set<std::string> generic_names(std::begin(generic), std::end(generic));
-  for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNamesForDispatchKey(CpuKey)) {
-    if (op.name.rfind("aten::", 0) != 0) continue;
-    std::string name = op.name.substr(6);
-    if (!op.overload_name.empty()) name += "." + op.overload_name;
-    if (CpuKey == c10::DispatchKey::SparseCsrCPU && name == "normal_") {
-      m.impl("normal_", TORCH_FN(sparse_compressed_normal_));
-    } else if (generic_names.count(name) > 0) {
-      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&generic_kernel<CpuKey>>());
-    } else {
-      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<Fallback>());
-    }
-  }
+bool register_compressed_normal(torch::Library& m, const std::string& name) {
+  if (name != "normal_") return false;
+  m.impl("normal_", TORCH_FN(sparse_compressed_normal_));
+  return true;
 }
 
 }  // namespace
@@ -192,10 +180,11 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_compressed_fallback>());
 }
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  register_sparse_key<c10::DispatchKey::SparseCPU, &sparse_fallback>(m, kGenericCoo);
+  register_layout_ops<c10::DispatchKey::SparseCPU, &sparse_fallback>(m, kGenericCoo);
 }
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
-  register_sparse_key<c10::DispatchKey::SparseCsrCPU, &sparse_compressed_fallback>(m, kGenericCompressed);
+  register_layout_ops<c10::DispatchKey::SparseCsrCPU, &sparse_compressed_fallback>(m, kGenericCompressed,
+                                                                                   register_compressed_normal);
 }
 
 }  // namespace torchneuron

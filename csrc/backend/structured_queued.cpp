@@ -366,7 +366,7 @@ at::Tensor index(const at::Tensor& self, const Indices& indices) {
   for (size_t k = 0; k < indices.size(); ++k) {
     const std::optional<at::Tensor> t = indices.get(k);
     if (t.has_value() && t->defined()) {
-      mask = mask || t->scalar_type() == at::kBool || t->scalar_type() == at::kByte;
+      mask = mask || sync_debug::is_mask(*t);
       idx.push_back(zc.in(*t, /*allow_cpu=*/true));
     } else {
       idx.push_back(std::nullopt);

@@ -27,20 +27,13 @@ void set_mode(int mode) {
 
 int mode() noexcept { return detail::g_mode.load(); }
 
-namespace {
-bool mask(const c10::IValue& v) {
-  return v.isTensor() && (v.toTensor().scalar_type() == at::kBool || v.toTensor().scalar_type() == at::kByte);
-}
-}  // namespace
-
 void on_op(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin) {
+  const std::string& name = op.schema().name();
   if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output)) {
-    const std::string name = op.schema().name();
     detail::report(name.c_str());
     return;
   }
   // index.Tensor, index_put_, _index_put_impl_ (x[mask], x[mask] = v): the Tensor?[] indices.
-  const std::string& name = op.schema().name();
   if (name != "aten::index" && name != "aten::index_put_" && name != "aten::index_put" &&
       name != "aten::_index_put_impl_") {
     return;
@@ -48,7 +41,7 @@ void on_op(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t
   for (size_t i = begin; i < stack.size(); ++i) {
     if (!stack[i].isList()) continue;
     for (const c10::IValue& e : stack[i].toListRef()) {
-      if (mask(e)) {
+      if (e.isTensor() && is_mask(e.toTensor())) {
         detail::report((name + " with a boolean mask").c_str());
         return;
       }

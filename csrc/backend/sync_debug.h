@@ -23,14 +23,17 @@ void report(const char* what);
 void set_mode(int mode);  // 0, 1 or 2
 int mode() noexcept;
 
+inline bool enabled() noexcept { return detail::g_mode.load(std::memory_order_relaxed) != 0; }
+
 // The host is about to wait for the device because of `what` (an op or an API name).
 inline void on_sync(const char* what) {
-  if (C10_UNLIKELY(detail::g_mode.load(std::memory_order_relaxed) != 0)) detail::report(what);
+  if (C10_UNLIKELY(enabled())) detail::report(what);
 }
 // A fallback op with its arguments at stack[begin:]: reports if its result depends on device
 // values (its dynamic_output_shape or data_dependent_output tag, or indexing by a boolean mask,
 // whose positions are the mask's nonzero elements).
 void on_op(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin);
-inline bool enabled() noexcept { return detail::g_mode.load(std::memory_order_relaxed) != 0; }
+// An index tensor that selects by mask (x[mask]), as ATen's indexing reads a bool or uint8 one.
+inline bool is_mask(const at::Tensor& t) { return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte; }
 
 }  // namespace torchneuron::sync_debug

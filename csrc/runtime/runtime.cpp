@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -29,8 +28,7 @@ constexpr int kStreamIds = 1 + kNumPriorities * kStreamsPerPool;  // default + p
 
 struct DeviceState {
   size_t capacity = 0;
-  std::atomic<size_t> limit{SIZE_MAX};  // min(capacity, this one) is what reserve() allows
-  std::atomic<double> fraction{1.0};
+  std::atomic<double> fraction{1.0};  // of the capacity, what reserve() allows this process
   std::atomic<size_t> used{0};
   std::atomic<uint32_t> next_pool_stream[kNumPriorities] = {};
   // Host-observed progress per stream id (runtime.h): marks handed out, and the watermark.
@@ -233,9 +231,7 @@ void set_memory_fraction(int device, double fraction) {
     msg << "Invalid fraction value: " << fraction << ". Allowed range: 0~1";
     throw std::invalid_argument(msg.str());
   }
-  auto& d = g_devices[device];
-  d.fraction.store(fraction);
-  d.limit.store(static_cast<size_t>(fraction * static_cast<double>(d.capacity)));
+  g_devices[device].fraction.store(fraction);
 }
 
 double memory_fraction(int device) {
@@ -243,14 +239,21 @@ double memory_fraction(int device) {
   return g_devices[device].fraction.load();
 }
 
+namespace {
+// (Exact for a fraction of 1: capacities are far below 2^53 bytes.)
+size_t limit_of(const DeviceState& d) noexcept {
+  return static_cast<size_t>(d.fraction.load(std::memory_order_relaxed) * static_cast<double>(d.capacity));
+}
+}  // namespace
+
 size_t memory_limit(int device) {
   check_device(device);
-  return std::min(g_devices[device].capacity, g_devices[device].limit.load());
+  return limit_of(g_devices[device]);
 }
 
 bool reserve(int device, size_t nbytes) noexcept {
   auto& d = g_devices[device];
-  const size_t allowed = std::min(d.capacity, d.limit.load(std::memory_order_relaxed));
+  const size_t allowed = limit_of(d);
   size_t cur = d.used.load(std::memory_order_relaxed);
   do {
     if (cur + nbytes > allowed) return false;

@@ -46,8 +46,8 @@ __all__ = [
     "mem_get_info", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
-    "device_memory_used",
-    "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode", "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
+    "device_memory_used", "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
+    "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
 ]
 

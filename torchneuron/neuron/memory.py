@@ -142,8 +142,7 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Optional[torc
     if stream is not None and not (isinstance(stream, torch.Stream) and stream.device.type == "neuron"):
         raise TypeError("Invalid type for stream argument, must be a neuron `torch.Stream` "
                         "(torch.neuron.Stream) or None for the current stream")
-    with torch.neuron.device(index), torch.neuron.stream(stream if stream is not None
-                                                          else torch.neuron.current_stream(index)):
+    with torch.neuron.stream(stream):  # (None: the device's current stream)
         block = torch.empty(int(size), dtype=torch.uint8, device=torch.device("neuron", index))
     address = block.data_ptr()
     with _raw_lock:
