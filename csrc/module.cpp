@@ -71,6 +71,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_configure", &configure, py::arg("capacities"), py::arg("error") = "",
         "Set the visible devices' HBM capacities (bytes); a non-empty error is raised on use.");
+  m.def("_conv_memory_format", &torchneuron::gemm::conv_memory_format, py::arg("input"), py::arg("weight"),
+        "The layout of a 4-d/5-d convolution's result and gradients on neuron (gemm.h).");
   m.def("_precision_routes", []() {
     // How this host runs the GEMM family per dtype (docs/architecture.md, Precision).
     py::dict d;

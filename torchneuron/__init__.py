@@ -117,6 +117,9 @@ def _run_backward_on_calling_thread() -> None:
 
 _register()
 _patch_dlpack()
+from . import _conv_layout  # noqa: E402
+
+_conv_layout.install()
 from . import kernels as _kernels  # noqa: E402  (Python kernels: CUDA-only ops and dtypes)
 
 _kernels.register()

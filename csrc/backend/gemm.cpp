@@ -119,6 +119,27 @@ void matmul_f32(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
   else at::cpu::addmm_out(o, out, a, b, beta, alpha);
 }
 
+at::MemoryFormat conv_memory_format(const at::Tensor& input, const at::Tensor& weight) {
+  const int64_t d = input.dim();
+  if (d != 4 && d != 5) return at::MemoryFormat::Contiguous;
+  const auto cl = d == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  return input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl ? cl
+                                                                                      : at::MemoryFormat::Contiguous;
+}
+
+std::vector<int64_t> conv_strides(const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef sizes) {
+  if (input.dim() == 3 && weight.dim() == 3 && sizes.size() == 3) {
+    // Only the weight decides: ATen makes the input contiguous first.
+    // (weight.unsqueeze(2).suggest_memory_format(), without a view op on the device tensor)
+    const auto ws = weight.sizes(), wt = weight.strides();
+    if (!c10::is_channels_last_strides_2d<int64_t>({ws[0], ws[1], 1, ws[2]}, {wt[0], wt[1], ws[2] * wt[2], wt[2]}))
+      return strides_for(sizes, at::MemoryFormat::Contiguous);
+    const auto s = c10::get_channels_last_strides_2d({sizes[0], sizes[1], 1, sizes[2]});
+    return {s[0], s[1], s[3]};
+  }
+  return strides_for(sizes, conv_memory_format(input, weight));
+}
+
 void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, float beta,
                  float alpha) {
   at::native::mkldnn_matmul(a, b, out, beta, alpha);
@@ -507,19 +528,22 @@ at::Tensor upcast_conv(ZeroCopy& zc, const at::Tensor& t, bool channels_last) {
 // tensors of one unrouted floating dtype: at::_convolution checked their shapes before calling
 // here, so the result's sizes (CPU's formula, ConvUtils.h) are all the kernel could get wrong.
 // The kernel runs CPU's convolution and copies its result into the one allocated at the call
-// (contiguous, as below; CPU has no out= convolution). The copy costs a pass over the output,
+// (in neuron's layout, gemm::conv_strides; CPU has no out= convolution). The copy costs a pass over the output,
 // ~2 % of a 3x3 convolution's time.
 bool queueable_conv(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return may_enqueue() && input.is_privateuseone() && c10::isFloatingType(input.scalar_type()) && !routed(input) &&
          queueable_like(input, input) && queueable_like(input, weight) && queueable_opt(input, bias) &&
          input.dim() == weight.dim() && input.dim() >= 3 && input.numel() > 0 && weight.numel() > 0;
 }
-// The layout CPU's convolution gives its gradients (oneDNN's choice): channels-last if the input
-// or the weight is, else contiguous.
-at::MemoryFormat conv_grad_format(const at::Tensor& input, const at::Tensor& weight) {
-  const auto cl = input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
-  if (input.dim() >= 4 && (input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl)) return cl;
-  return at::MemoryFormat::Contiguous;
+// A result of CPU's convolution in the layout neuron gives (gemm::conv_strides): CPU's own
+// choice except for 3-d convolutions on its slow kernels (contiguous there).
+at::Tensor in_conv_layout(const at::Tensor& t, const std::vector<int64_t>& strides, c10::ScalarType dtype) {
+  bool same = t.scalar_type() == dtype;
+  for (int64_t i = 0; same && i < t.dim(); ++i) same = t.size(i) == 1 || t.stride(i) == strides[i];
+  if (same) return t;
+  at::Tensor out = at::empty_strided(t.sizes(), strides, t.options().dtype(dtype));
+  out.copy_(t);
+  return out;
 }
 std::vector<int64_t> ints(c10::SymIntArrayRef v) { return C10_AS_INTARRAYREF_SLOW(v).vec(); }
 
@@ -537,7 +561,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
     QueuedCall q;
     at::Tensor x = q.in(input), w = q.in(weight), out;
     std::optional<at::Tensor> b = q.in(bias);
-    at::Tensor o = q.out(out, sizes, input.scalar_type());
+    at::Tensor o = q.out(out, sizes, input.scalar_type(), gemm::conv_strides(input, weight, sizes));
     q.enqueue("aten::convolution_overrideable", [x, w, b, o, st, pad, dil, transposed, opad, g]() mutable {
       o.copy_(at::convolution(x, w, b, st, pad, dil, transposed, opad, g));
     });
@@ -560,11 +584,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   }
   at::Tensor out = at::convolution_symint(in, w, b, stride, padding, dilation, transposed,
                                           output_padding, std::move(groups));
-  // The meta function (what torch.compile plans with) predicts a contiguous result for this
-  // backend; CPU's mkldnn path returns channels_last for channels_last inputs.
-  if (half) return zc.out(out.to(dt, /*non_blocking=*/false, /*copy=*/false,
-                                  at::MemoryFormat::Contiguous));
-  return zc.out(out.is_contiguous() ? out : out.contiguous());
+  return zc.out(in_conv_layout(out, gemm::conv_strides(input, weight, out.sizes()), dt));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
@@ -576,11 +596,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
       grad_output.dim() == input.dim()) {
     const int64_t g = groups.expect_int();
     const auto st = ints(stride), pad = ints(padding), dil = ints(dilation), opad = ints(output_padding);
-    const at::MemoryFormat format = conv_grad_format(input, weight);
     QueuedCall q;
     at::Tensor go = q.in(grad_output), x = q.in(input), w = q.in(weight), gi, gw, gb, gio, gwo, gbo;
-    if (output_mask[0]) gio = q.out(gi, input.sizes(), input.scalar_type(), strides_for(input.sizes(), format));
-    if (output_mask[1]) gwo = q.out(gw, weight.sizes(), input.scalar_type(), strides_for(weight.sizes(), format));
+    if (output_mask[0]) gio = q.out(gi, input.sizes(), input.scalar_type(), gemm::conv_strides(input, weight, input.sizes()));
+    if (output_mask[1]) gwo = q.out(gw, weight.sizes(), input.scalar_type(), gemm::conv_strides(input, weight, weight.sizes()));
     if (output_mask[2]) gbo = q.out(gb, {grad_output.size(1)}, input.scalar_type());
     q.enqueue("aten::convolution_backward_overrideable",
               [go, x, w, gio, gwo, gbo, st, pad, dil, transposed, opad, g, output_mask]() mutable {
@@ -612,16 +631,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
       go, in, w,
       output_mask[2] ? at::OptionalSymIntArrayRef(bias_sizes) : at::OptionalSymIntArrayRef(std::nullopt),
       stride, padding, dilation, transposed, output_padding, std::move(groups), output_mask);
-  // Rounded back in the layout CPU's fp32 kernel gives for the caller's tensors (the copies may
-  // have been made channels-last): channels-last grads if the input or the weight is, as
-  // oneDNN's convolution chooses, else contiguous.
-  const bool grads_cl = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                                             weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+  // In neuron's layout (CPU's fp32 kernel may have run on channels-last copies) and dtype.
   auto back = [&](const at::Tensor& g) {
     if (!g.defined()) return g;
-    if (!half) return zc.out(g);
-    return zc.out(g.dim() == 4 ? g.to(dt, false, false, grads_cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)
-                               : g.to(dt));
+    return zc.out(in_conv_layout(g, g.dim() == 1 ? std::vector<int64_t>{1} : gemm::conv_strides(input, weight, g.sizes()), dt));
   };
   return std::make_tuple(back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)));
 }

@@ -61,4 +61,18 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 // Which host path matmul_lowp_f32 takes: "onednn-fp32" or "mkl-mixed".
 const char* lowp_route();
 
+// The layout of a convolution's result and gradients on neuron (torch.compile plans with the
+// same answer: torchneuron/_conv_layout.py). CPU's rule for 2-d convolutions, in every dtype and
+// on either kernel (oneDNN or the slow path): channels-last when the input or the weight
+// suggests it, else contiguous. 3-d convolutions take the same rule with ChannelsLast3d, as
+// CUDA's cuDNN and CPU's oneDNN path do (CPU's slow 3-d kernels, which it takes for fp16,
+// fp64 and a batch of one in fp32, return contiguous results: values are the same).
+at::MemoryFormat conv_memory_format(const at::Tensor& input, const at::Tensor& weight);
+
+// The strides of a convolution result or gradient of `sizes` for that input and weight. A 1-d
+// convolution is a 2-d one over a height of 1 (ATen views the contiguous input and the weight
+// so): a weight whose 2-d view suggests channels-last gives (N, C, L) strides (L*C, 1, C).
+std::vector<int64_t> conv_strides(const at::Tensor& input, const at::Tensor& weight,
+                                  c10::IntArrayRef sizes);
+
 }  // namespace torchneuron::gemm

@@ -255,8 +255,8 @@ def test_fp16_conv2d_forward_and_backward_match_fp64_reference(dtype, memory_for
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("dtype", HALF)
 def test_fp16_conv2d_output_and_grads_keep_the_layouts_of_fp32s(dtype, memory_format, weight_format):
-    # The routed convolution computes on channels-last fp32 copies (oneDNN's fast layout); what
-    # it returns has the layouts the fp32 convolution gives for the caller's tensors. (Called
+    # The routed convolution computes on channels-last fp32 copies (oneDNN's fast layout); its
+    # result and gradients have the layouts CPU's fp32 convolution gives the caller's tensors. (Called
     # directly: autograd would restride a leaf's grad to the leaf's layout anyway.)
     torch.manual_seed(5)
     x = rand(2, 16, 20, 20, dtype=dtype).contiguous(memory_format=memory_format)
@@ -265,7 +265,7 @@ def test_fp16_conv2d_output_and_grads_keep_the_layouts_of_fp32s(dtype, memory_fo
     args = ([16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
     got = torch.ops.aten.convolution_backward(g.to(DEV), x.to(DEV), w.to(DEV), *args)
     want = torch.ops.aten.convolution_backward(g.float(), x.float(), w.float(), *args)
-    assert F.conv2d(x.to(DEV), w.to(DEV), padding=1).is_contiguous()
+    assert F.conv2d(x.to(DEV), w.to(DEV), padding=1).stride() == F.conv2d(x.float(), w.float(), padding=1).stride()
     assert [t.stride() for t in got] == [t.stride() for t in want]
 
 

@@ -49,9 +49,17 @@ def _source_hash() -> str:
     # The profiler's per-kernel attribution is emitted into the generated code too.
     prof = os.path.join(os.path.dirname(here), "profiler")
     files += [os.path.join(prof, n) for n in ("compiled.py", "estimate_flops.py")]
+    # What fake tensors predict for neuron's convolutions (the plans' layouts).
+    files.append(os.path.join(os.path.dirname(here), "_conv_layout.py"))
     for path in files:
         with open(path, "rb") as f:
             h.update(os.path.basename(path).encode() + b"\0" + f.read())
+    # The C++ core decides eager layouts that plans must match (a rebuild may change them);
+    # ~5 MB, hashed in ~15 ms once per process that compiles.
+    from .. import _C
+
+    with open(_C.__file__, "rb") as f:
+        h.update(f.read())
     return h.hexdigest()[:12]
 
 
