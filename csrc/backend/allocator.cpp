@@ -84,7 +84,7 @@ struct Block {
   Block* next = nullptr;
   std::vector<std::pair<int, int64_t>> stream_uses;  // record_stream: (device, stream id)
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
-  uint64_t graph = 0;  // allocated while this graph captured: its until the graph is released
+  uint64_t graph = 0;  // allocated during a capture: its graph pool's until the pool is released
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
 };
@@ -442,9 +442,11 @@ void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead) {
 // until the graph is released: its replays write it, as CUDA's graph-private memory pools keep
 // theirs. Lock order: a device's c.mu, then this.
 struct GraphBlocks {
-  std::vector<Block*> all;   // allocated during the capture
+  std::vector<Block*> all;   // allocated during the captures into the pool
   std::vector<Block*> held;  // ... and freed by their tensors since
+  int users = 0;             // graphs holding a capture made into the pool
 };
+std::atomic<uint64_t> g_next_pool{1};
 std::mutex g_graphs_mu;
 std::unordered_map<uint64_t, GraphBlocks> g_graphs;
 std::atomic<uint64_t> g_capturing_graph{0};
@@ -518,25 +520,32 @@ c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
   return c10::DataPtr(b->ptr, b, &delete_block, dev);
 }
 
-void begin_graph_allocations(uint64_t graph) {
+uint64_t new_graph_pool_id() { return g_next_pool.fetch_add(1); }
+
+void retain_graph_pool(uint64_t pool) {
   std::lock_guard<std::mutex> glock(g_graphs_mu);
-  g_graphs.try_emplace(graph);
-  g_capturing_graph.store(graph, std::memory_order_release);
+  g_graphs[pool].users++;
+}
+
+void begin_graph_allocations(uint64_t pool) {
+  std::lock_guard<std::mutex> glock(g_graphs_mu);
+  g_graphs.try_emplace(pool);
+  g_capturing_graph.store(pool, std::memory_order_release);
 }
 
 void end_graph_allocations() { g_capturing_graph.store(0, std::memory_order_release); }
 
-void release_graph(uint64_t graph) {
+void release_graph_pool(uint64_t pool) {
   GraphBlocks blocks;
   {
     std::lock_guard<std::mutex> glock(g_graphs_mu);
-    auto it = g_graphs.find(graph);
-    if (it == g_graphs.end()) return;
+    auto it = g_graphs.find(pool);
+    if (it == g_graphs.end() || --it->second.users > 0) return;
     blocks = std::move(it->second);
     g_graphs.erase(it);
   }
   // Blocks still held by tensors become ordinary ones (their frees release them); the rest
-  // were freed by their tensors while the graph kept them.
+  // were freed by their tensors while the pool kept them.
   std::unordered_set<Block*> held(blocks.held.begin(), blocks.held.end());
   for (Block* b : blocks.all) {
     auto& c = g_cache[b->device];

@@ -57,12 +57,16 @@ class NeuronAllocator : public c10::DeviceAllocator {
 
 NeuronAllocator* device_allocator();
 
-// Graph capture (graph.cpp). Blocks allocated between begin_graph_allocations(id) and
-// end_graph_allocations() belong to graph `id`: freed by their tensors, they stay allocated
-// (the graph's replays write them) until release_graph(id), as CUDA's graph-private pools.
-void begin_graph_allocations(uint64_t graph);
+// Graph capture (graph.cpp). Blocks allocated between begin_graph_allocations(pool) and
+// end_graph_allocations() belong to graph memory pool `pool`: freed by their tensors, they
+// stay allocated (the replays of the graphs captured into it write them) until the last graph
+// using the pool lets it go, as CUDA's graph-private pools. Graphs may share a pool
+// (torch.cuda.graph's `pool=`); each retains it for as long as it holds its capture.
+uint64_t new_graph_pool_id();  // a fresh pool id (graph ids come from the same sequence)
+void retain_graph_pool(uint64_t pool);
+void release_graph_pool(uint64_t pool);
+void begin_graph_allocations(uint64_t pool);
 void end_graph_allocations();
-void release_graph(uint64_t graph);
 
 // Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
 // allocation, free, segment change and OOM to one recorder while one is set.

@@ -17,10 +17,12 @@
 // second and third kind too; the first is this device's: its kernels are host code that
 // runs where queuing is not possible.
 //
-// Memory (allocator.h): blocks allocated during the capture belong to the graph; a tensor that
-// frees one leaves it allocated until the graph is reset or destroyed, so no later allocation
-// can take memory a replay writes (CUDA's graph-private pool). Pools are not shared between
-// graphs: `pool` names the graph's own.
+// Memory (allocator.h): blocks allocated during the capture belong to the graph's memory pool;
+// a tensor that frees one leaves it allocated until every graph captured into the pool is reset
+// or destroyed, so no later allocation can take memory a replay writes (CUDA's graph-private
+// pools). A capture given `pool` (another graph's pool() or torch.neuron.graph_pool_handle())
+// allocates into that pool, as make_graphed_callables' captures do; freed blocks are not reused
+// within a pool, so sharing one never lets a replay overwrite another graph's memory.
 #include <ATen/core/GraphImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -38,11 +40,9 @@ namespace {
 
 namespace engine = neuron::rt::engine;
 
-std::atomic<uint64_t> g_next_graph{1};
-
 class NeuronGraph final : public at::GraphImplInterface {
  public:
-  explicit NeuronGraph(const at::GraphImplArgs& /*args*/) : id_(g_next_graph.fetch_add(1)) {}
+  explicit NeuronGraph(const at::GraphImplArgs& /*args*/) : id_(new_graph_pool_id()) {}
   ~NeuronGraph() override {
     if (capturing_) {  // destroyed mid-capture (capture_end never called): close it, keep nothing
       capturing_ = false;
@@ -58,17 +58,19 @@ class NeuronGraph final : public at::GraphImplInterface {
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode /*mode*/) override {
     TORCH_CHECK(!captured_ && !capturing_,
                 "neuron: this graph already holds a capture; call reset() before capturing again");
-    TORCH_CHECK(pool.first == 0 && pool.second == 0,
-                "neuron: graphs do not share memory pools here (pool=", pool.first, ", ", pool.second,
-                "); capture without a pool argument");
+    TORCH_CHECK(pool.second == 0,
+                "neuron: (", pool.first, ", ", pool.second, ") is not a neuron graph memory pool; pass another "
+                "graph's pool() or torch.neuron.graph_pool_handle()");
     device_ = neuron::rt::current_device();
     stream_ = neuron::rt::current_stream(device_);
-    begin_graph_allocations(id_);
+    pool_ = pool.first != 0 ? pool.first : id_;
+    retain_graph_pool(pool_);
+    begin_graph_allocations(pool_);
     try {
       engine::begin_capture(device_, stream_);
     } catch (...) {
       end_graph_allocations();
-      release_graph(id_);
+      release_pool();
       throw;
     }
     capturing_ = true;
@@ -81,7 +83,7 @@ class NeuronGraph final : public at::GraphImplInterface {
     try {
       items_ = engine::end_capture();
     } catch (...) {
-      release_graph(id_);
+      release_pool();
       throw;
     }
     captured_ = true;
@@ -106,7 +108,8 @@ class NeuronGraph final : public at::GraphImplInterface {
     release();
   }
 
-  at::MempoolId_t pool() const override { return {static_cast<c10::CaptureId_t>(id_), 0}; }
+  // The pool this graph's capture allocates (allocated) into: its own unless given another.
+  at::MempoolId_t pool() const override { return {static_cast<c10::CaptureId_t>(pool_ != 0 ? pool_ : id_), 0}; }
 
   void enable_debug_mode() override {}  // debug_dump works without it
 
@@ -124,10 +127,15 @@ class NeuronGraph final : public at::GraphImplInterface {
     if (captured_) engine::drain_quietly();  // replays still queued use the graph's memory
     items_.clear();
     captured_ = false;
-    release_graph(id_);
+    release_pool();
+  }
+  void release_pool() {
+    if (pool_ != 0) release_graph_pool(pool_);
+    pool_ = 0;
   }
 
   const uint64_t id_;
+  uint64_t pool_ = 0;  // retained from capture_begin until released
   int device_ = 0;
   int64_t stream_ = 0;
   bool capturing_ = false;

@@ -200,9 +200,32 @@ def test_a_graph_is_captured_once_until_reset():
     assert torch.equal(a.cpu(), torch.full((16,), 5.0))
 
 
-def test_a_shared_memory_pool_is_refused_with_the_fix():
-    g = torch.accelerator.Graph(pool=(7, 0))
-    with pytest.raises(RuntimeError, match="without a pool"):
+def test_graphs_sharing_a_pool_keep_its_memory_until_the_last_is_released():
+    a = torch.randn(1 << 16, device="neuron")
+    gc.collect()
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+    pool = torch.neuron.graph_pool_handle()
+    assert pool != torch.neuron.graph_pool_handle()  # each handle a fresh pool
+    first, second = torch.neuron.NeuronGraph(), torch.neuron.NeuronGraph()
+    with torch.neuron.graph(first, pool=pool):
+        y = a * 2
+    with torch.neuron.graph(second, pool=first.pool()):
+        z = y + 1
+    assert first.pool() == second.pool() == pool
+    del y, z  # freed by their tensors, kept by the pool
+    first.replay()
+    second.replay()
+    assert torch.neuron.memory_allocated() == base + 2 * a.untyped_storage().nbytes()
+    first.reset()
+    assert torch.neuron.memory_allocated() == base + 2 * a.untyped_storage().nbytes()  # second's replays write it
+    second.reset()
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_a_pool_that_is_not_a_neuron_graph_pool_is_refused_with_the_fix():
+    g = torch.accelerator.Graph(pool=(0, 7))  # (a CUDA MemPool's form)
+    with pytest.raises(RuntimeError, match="graph_pool_handle"):
         with torch.Stream(device="neuron"), g:
             pass
 
@@ -370,3 +393,99 @@ def test_a_cnn_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit
 
     inputs = [torch.randn(4, 3, 10, 10, generator=torch.Generator().manual_seed(i)) for i in range(4)]
     replays_the_eager_steps(setup, inputs)
+
+
+# ---- make_graphed_callables ------------------------------------------------------------------
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 4)).to("neuron")
+
+
+def batches(n):
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("zero_grad", ["set_to_none", "zeros", "accumulate_two_batches"])
+def test_a_graphed_module_trains_as_the_eager_module_bit_for_bit(mode, zero_grad):
+    eager, graphed = mlp(), mlp()
+    graphed = torch.neuron.make_graphed_callables(graphed, (torch.randn(8, 16, device="neuron", requires_grad=True),))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, graphed)]
+    data = batches(6)
+    for step in range(3):
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=zero_grad == "set_to_none")
+            micro = data[2 * step: 2 * step + 2] if zero_grad == "accumulate_two_batches" else data[step:step + 1]
+            for x, t in micro:
+                x = x.to("neuron").requires_grad_()
+                (model(x) - t.to("neuron")).square().mean().backward()
+                model.last_input_grad = x.grad
+            opt.step()
+        assert torch.equal(graphed.last_input_grad.cpu(), eager.last_input_grad.cpu())
+        for p, q in zip(eager.parameters(), graphed.parameters()):
+            assert torch.equal(p.grad.cpu(), q.grad.cpu())
+            assert torch.equal(p.detach().cpu(), q.detach().cpu())
+
+
+def test_a_graphed_call_is_one_autograd_node_whose_outputs_the_next_call_overwrites():
+    model = torch.neuron.make_graphed_callables(mlp(), (torch.randn(8, 16, device="neuron"),))
+    x1, x2 = torch.randn(8, 16, device="neuron"), torch.randn(8, 16, device="neuron")
+    y1 = model(x1)
+    assert type(y1.grad_fn).__name__ == "_ReplayBackward"
+    want1 = y1.clone()
+    y2 = model(x2)
+    assert torch.equal(y1.cpu(), y2.cpu()) and not torch.equal(want1.cpu(), y2.cpu())  # CUDA's semantics
+
+
+def test_graphed_callables_share_one_pool_and_chain_in_order(mode):
+    # A function and a module graphed together: forward 1, forward 2, then backward 2, backward 1.
+    scale = torch.randn(16, device="neuron", requires_grad=True)
+
+    def prescale(x, s):
+        return torch.tanh(x * s), (x * s).detach().sum(-1)  # a second, non-differentiable output
+
+    model = mlp()
+    x0 = torch.randn(8, 16, device="neuron", requires_grad=True)
+    f, m = torch.neuron.make_graphed_callables((prescale, model), ((x0, scale), (torch.randn(8, 16, device="neuron", requires_grad=True),)))
+    ref_model, ref_scale = mlp(), scale.detach().clone().requires_grad_()
+    for x, _ in batches(2):
+        x = x.to("neuron")
+        h, total = f(x.requires_grad_(), scale)
+        assert not total.requires_grad
+        m(h).sum().backward()
+        hr, total_r = prescale(x.detach(), ref_scale)
+        ref_model(hr).sum().backward()
+        assert torch.equal(total.cpu(), total_r.cpu())
+    assert torch.equal(scale.grad.cpu(), ref_scale.grad.cpu())
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(p.grad.cpu(), q.grad.cpu())
+
+
+def test_a_graphed_module_runs_its_own_forward_in_the_other_mode():
+    model = torch.neuron.make_graphed_callables(mlp(), (torch.randn(8, 16, device="neuron"),))
+    model.eval()
+    y = model(torch.randn(3, 16, device="neuron"))  # another batch size: the eager forward
+    assert y.shape == (3, 4) and y.grad_fn is not None and type(y.grad_fn).__name__ != "_ReplayBackward"
+
+
+def test_make_graphed_callables_refuses_what_it_cannot_replay():
+    x = torch.randn(8, 16, device="neuron")
+    hooked = mlp()
+    hooked.register_forward_hook(lambda *a: None)
+    with pytest.raises(RuntimeError, match="hooks"):
+        torch.neuron.make_graphed_callables(hooked, (x,))
+    buffered = mlp()
+    buffered.register_buffer("b", torch.zeros(2, device="neuron", requires_grad=True))
+    with pytest.raises(RuntimeError, match="buffers"):
+        torch.neuron.make_graphed_callables(buffered, (x,))
+    with pytest.raises(TypeError, match="only tensors"):
+        torch.neuron.make_graphed_callables(lambda a, n: a * n, (x, 2))
+    with pytest.raises(ValueError, match="2 callables but 1"):
+        torch.neuron.make_graphed_callables((mlp(), mlp()), ((x,),))
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="cache_enabled=False"):
+            torch.neuron.make_graphed_callables(mlp(), (x,))
+    graphed = torch.neuron.make_graphed_callables(mlp(), (x,))
+    with pytest.raises(TypeError, match="captured with 1 tensor arguments, called with 2"):
+        graphed(x, x)

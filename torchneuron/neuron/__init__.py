@@ -19,7 +19,7 @@ from . import amp, engine, graphs, ipc, memory, random, streams  # noqa: F401  (
 from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
-from .graphs import NeuronGraph, graph, is_current_stream_capturing
+from .graphs import NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from .ipc import ipc_collect
 from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_memory_allocated,
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
@@ -49,6 +49,7 @@ __all__ = [
     "device_memory_used", "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
     "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
+    "graph_pool_handle", "make_graphed_callables",
 ]
 
 OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
