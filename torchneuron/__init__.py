@@ -69,6 +69,9 @@ def _register() -> None:
     from .neuron import ipc as _ipc  # neuron tensors across processes (torch.multiprocessing)
 
     _ipc.install()
+    from .neuron import comm as _comm  # torch.nn.DataParallel's device copies
+
+    _comm.install()
 
 
 def _patch_dlpack() -> None:

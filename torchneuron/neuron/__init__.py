@@ -15,7 +15,7 @@ import torch
 
 from .. import _C
 from .. import platform as _platform
-from . import amp, engine, graphs, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
+from . import amp, comm, engine, graphs, ipc, memory, random, streams  # noqa: F401  (submodules, as torch.cuda.*)
 from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace hooks call torch.neuron._gpu_trace)
 from ._utils import _get_device_index
 from .amp import get_amp_supported_dtype, is_bf16_supported
@@ -47,7 +47,7 @@ __all__ = [
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
     "device_memory_used", "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
-    "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "memory", "random",
+    "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "comm", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
     "graph_pool_handle", "make_graphed_callables",
 ]
