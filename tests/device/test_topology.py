@@ -79,6 +79,36 @@ def test_device_properties_come_from_the_platform_table():
     assert torch.neuron.get_device_capability(0) == (3, 0)
 
 
+def test_clock_rate_is_the_platforms_tensor_engine_clock_in_mhz():
+    r = run_python("import torch; print(torch.neuron.clock_rate(0))", env={"NEURON_PLATFORM_TARGET_OVERRIDE": "trn3"})
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == platform.get_platform("trn3").tensor_clock_hz / 1e6
+    assert torch.neuron.clock_rate() == platform.topology().platform.tensor_clock_hz / 1e6
+
+
+def test_distinct_devices_are_peers_and_a_device_is_not_its_own():
+    assert torch.neuron.can_device_access_peer(0, 1) and torch.neuron.can_device_access_peer("neuron:1", 0)
+    assert not torch.neuron.can_device_access_peer(1, 1)
+    with pytest.raises(RuntimeError, match="Invalid device index neuron:9"):
+        torch.neuron.can_device_access_peer(0, 9)
+
+
+def test_default_generators_are_each_devices_generator():
+    gens = torch.neuron.default_generators
+    assert len(gens) == torch.neuron.device_count()
+    assert [g.device for g in gens] == [torch.device("neuron", i) for i in range(len(gens))]
+    gens[1].manual_seed(123)
+    assert torch.neuron.initial_seed() != 123 or torch.neuron.current_device() == 1
+    with torch.neuron.device(1):
+        assert torch.neuron.initial_seed() == 123
+
+
+@pytest.mark.parametrize("name", ["utilization", "memory_usage", "temperature", "power_draw"])
+def test_sensor_readings_raise_naming_what_is_missing(name):
+    with pytest.raises(NotImplementedError, match=f"torch.neuron.{name}: the emulated NeuronCore has no"):
+        getattr(torch.neuron, name)(0)
+
+
 def test_info_command_lists_devices_and_memory():
     r = run_python("from torchneuron.cli import main; main(['info'])", env={"NEURON_LOGICAL_NC_CONFIG": "1"})
     assert r.returncode == 0, r.stderr

@@ -49,7 +49,8 @@ __all__ = [
     "device_memory_used", "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
     "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "comm", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
-    "graph_pool_handle", "make_graphed_callables",
+    "graph_pool_handle", "make_graphed_callables", "can_device_access_peer", "clock_rate",
+    "utilization", "memory_usage", "temperature", "power_draw", "default_generators",
 ]
 
 OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
@@ -185,6 +186,43 @@ def get_device_properties(device: Any = None) -> NeuronDeviceProperties:
     )
 
 
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Whether ``device`` can access ``peer_device``'s memory directly, as
+    ``torch.cuda.can_device_access_peer``: NeuronCores of one instance reach each other's HBM
+    (DMA over NeuronLink), and here all device memory is host memory, so any two distinct
+    visible devices can; a device is not its own peer (CUDA answers False there too)."""
+    a = _get_device_index(device, optional=True)
+    b = _get_device_index(peer_device)
+    _check_index(a)
+    _check_index(b)
+    return a != b
+
+
+def clock_rate(device: Any = None) -> int:
+    """The clock of ``device``'s TensorE in MHz (``torch.cuda.clock_rate`` reports the SM
+    clock): the emulated part's nominal clock from :mod:`torchneuron.platform`."""
+    index = _get_device_index(device, optional=True)
+    _check_index(index)
+    return int(round(_platform.topology().platform.tensor_clock_hz / 1e6))
+
+
+def _no_sensor(name: str, what: str) -> Any:
+    def unavailable(device: Any = None) -> Any:
+        raise NotImplementedError(
+            f"torch.neuron.{name}: the emulated NeuronCore has no {what} to read (torch.cuda's comes "
+            "from NVML's sensors). Time spent on the device is measured by torch.profiler "
+            "(ProfilerActivity.PrivateUse1) and torchneuron's profiler (docs/profiling.md).")
+    unavailable.__name__ = unavailable.__qualname__ = name
+    unavailable.__doc__ = f"Not available on the emulated device (``torch.cuda.{name}`` reads NVML): raises NotImplementedError."
+    return unavailable
+
+
+utilization = _no_sensor("utilization", "utilization counter")
+memory_usage = _no_sensor("memory_usage", "memory-activity counter")
+temperature = _no_sensor("temperature", "temperature sensor")
+power_draw = _no_sensor("power_draw", "power sensor")
+
+
 def set_sync_debug_mode(debug_mode: int | str) -> None:
     """Report the operations that make the host wait for the device, as
     ``torch.cuda.set_sync_debug_mode``: ``"default"``/0 (off), ``"warn"``/1 (a warning per such
@@ -241,6 +279,8 @@ _INDUCTOR_CODEGENS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen",
 
 
 def __getattr__(name: str) -> Any:
+    if name == "default_generators":  # each device's default generator (torch.cuda's tuple)
+        return random.default_generators
     if name == "_initialized":
         # torch.cuda's module flag, read by torch.utils.checkpoint: without it checkpointing
         # neither saves nor restores the device RNG state (preserve_rng_state has no effect).
