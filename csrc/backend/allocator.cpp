@@ -10,15 +10,22 @@
 //     "pending": it leaves the allocated counters at once but stays active and out of the
 //     pool until the host has observed each of those streams past the free (runtime.h,
 //     host-observed progress), checked like CUDA's process_events at the next allocation.
+//   * PYTORCH_ALLOC_CONF (also PYTORCH_CUDA_ALLOC_CONF, or torch._C._accelerator_setAllocatorSettings
+//     at run time; c10's AcceleratorAllocatorConfig parses it) tunes it as it tunes CUDA's:
+//     max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold,
+//     roundup_power2_divisions and large_segment_size_mb; expandable_segments is not
+//     implemented (warned once).
 // Stats follow c10::CachingDeviceAllocator::DeviceStats so torch.accelerator.* and
 // torch.neuron.memory_* report them.
 #include "allocator.h"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -45,13 +52,34 @@ using c10::CachingDeviceAllocator::DeviceStats;
 constexpr size_t kMinBlock = 256;
 constexpr size_t kSmallSize = 1 << 20;         // small pool threshold
 constexpr size_t kSmallBuffer = 2 << 20;       // small segment size
-constexpr size_t kLargeBuffer = 20 << 20;      // segment for 1-10 MiB requests
 constexpr size_t kMinLargeAlloc = 10 << 20;    // above: segment = request rounded to 2 MiB
 constexpr size_t kRoundLarge = 2 << 20;
 constexpr size_t kSizeClassLimit = 16 << 20;   // below: round to a size class
 
+using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+
+// Whether roundup_power2_divisions was configured (c10's default: none anywhere).
+bool configured_rounding() {
+  for (size_t d : Config::roundup_power2_divisions()) {
+    if (d != 0) return true;
+  }
+  return false;
+}
+
 size_t round_size(size_t n) {
   if (n < kMinBlock) return kMinBlock;
+  if (configured_rounding()) {
+    // CUDA's rule: `divisions` evenly spaced sizes between consecutive powers of two where
+    // configured for this size, else a multiple of 512 B.
+    const size_t divisions = Config::roundup_power2_divisions(n);
+    if (divisions > 1 && n > 512 * divisions) {
+      const size_t pow2 = size_t(1) << (63 - __builtin_clzll(n));
+      if (pow2 == n) return n;
+      const size_t step = std::max<size_t>(pow2 / divisions, 1);
+      return (n + step - 1) / step * step;
+    }
+    return (n + 511) & ~size_t(511);
+  }
   if (n >= kSizeClassLimit) return (n + 511) & ~size_t(511);
   // Four evenly spaced classes between consecutive powers of two.
   size_t pow2 = size_t(1) << (63 - __builtin_clzll(n));
@@ -62,7 +90,8 @@ size_t round_size(size_t n) {
 
 size_t segment_size(size_t rounded) {
   if (rounded <= kSmallSize) return kSmallBuffer;
-  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  // (large_segment_size_mb, as CUDA's kLargeBuffer: 20 MiB unless configured)
+  if (rounded < kMinLargeAlloc) return std::max(Config::large_segment_size(), rounded);
   return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
@@ -77,6 +106,7 @@ struct Block {
   // The execution engine's last enqueued sequence number when the block was last freed: a
   // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
   uint64_t freed_at = 0;
+  uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
   // Freed while other streams used it: out of the pool until event_count marks are observed.
   bool pending = false;
   int event_count = 0;
@@ -126,6 +156,7 @@ struct DeviceCache {
   std::map<uintptr_t, Block*> segments;  // first block of each segment by base address
   std::unordered_set<Adopted*> adopted;
   DeviceStats stats;
+  uint64_t free_ticks = 0;  // frees so far (Block::free_tick)
 };
 
 DeviceCache g_cache[neuron::rt::kMaxDevices];
@@ -200,23 +231,57 @@ std::string format_size(size_t bytes) {
 using Graveyard = std::vector<std::unique_ptr<Adopted>>;
 void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead);
 
+// A segment that is one free block, returnable to the runtime.
+bool idle_segment(const Block* head) { return !head->allocated && !head->pending && head->next == nullptr; }
+
+// Return idle segment `head` to the runtime; the caller erases it from c.segments. Caller
+// holds c.mu.
+void free_segment_locked(DeviceCache& c, int device, Block* head) {
+  (head->is_large ? c.large_free : c.small_free).erase(head);
+  stat_add(c.stats.reserved_bytes, head->is_large, -static_cast<int64_t>(head->size));
+  stat_add(c.stats.segment, head->is_large, -1);
+  c.stats.num_device_free++;
+  history(AllocAction::SegmentFree, device, head->ptr, head->size, head->stream);
+  neuron::rt::free(device, head->ptr, head->size);
+  delete head;
+}
+
 // Return every fully free segment to the runtime. Caller holds c.mu.
 void release_cached_locked(DeviceCache& c, int device) {
   for (auto it = c.segments.begin(); it != c.segments.end();) {
-    Block* head = it->second;
-    if (!head->allocated && !head->pending && head->next == nullptr) {
-      auto& pool = head->is_large ? c.large_free : c.small_free;
-      pool.erase(head);
-      stat_add(c.stats.reserved_bytes, head->is_large, -static_cast<int64_t>(head->size));
-      stat_add(c.stats.segment, head->is_large, -1);
-      c.stats.num_device_free++;
-      history(AllocAction::SegmentFree, device, head->ptr, head->size, head->stream);
-      neuron::rt::free(device, head->ptr, head->size);
-      delete head;
+    if (idle_segment(it->second)) {
+      free_segment_locked(c, device, it->second);
       it = c.segments.erase(it);
     } else {
       ++it;
     }
+  }
+}
+
+// garbage_collection_threshold (CUDA's garbage_collect): before a new large segment would
+// take the device's reserved memory above threshold x the memory this process may use, return
+// whole free large segments to the runtime, least recently freed first, until it would not
+// (or none is left). Caller holds c.mu.
+void garbage_collect_locked(DeviceCache& c, int device, size_t incoming) {
+  const double target = Config::garbage_collection_threshold() * static_cast<double>(neuron::rt::memory_limit(device));
+  auto reserved = [&] { return static_cast<double>(c.stats.reserved_bytes[0].current + incoming); };
+  if (reserved() <= target) return;
+  std::vector<Block*> idle;
+  for (const auto& [addr, head] : c.segments) {
+    if (head->is_large && idle_segment(head)) idle.push_back(head);
+  }
+  std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->free_tick < b->free_tick; });
+  for (Block* head : idle) {
+    if (reserved() <= target) break;
+    c.segments.erase(reinterpret_cast<uintptr_t>(head->ptr));
+    free_segment_locked(c, device, head);
+  }
+}
+
+void warn_unsupported_settings() {
+  if (Config::use_expandable_segments()) {
+    TORCH_WARN_ONCE("neuron: PYTORCH_ALLOC_CONF's expandable_segments is not implemented by neuron's caching "
+                    "allocator and is ignored (segments keep their size; see docs/env-vars.md)");
   }
 }
 
@@ -271,13 +336,21 @@ Block* malloc_block(int device, size_t nbytes) {
   Block key(device, stream, size, nullptr, large);
   auto it = pool.lower_bound(&key);
   Block* block = nullptr;
-  // The smallest cached block of this stream that fits (best fit); it is split below.
-  if (it != pool.end() && (*it)->stream == stream) {
+  const size_t max_split = Config::max_split_size();
+  // The smallest cached block of this stream that fits (best fit); it is split below. With
+  // max_split_size_mb, as CUDA: a request below it does not take an oversize block (which
+  // would not be split), and an oversize request takes one at most max_non_split_rounding_mb
+  // larger than itself. (Larger blocks fail the same tests, so the smallest decides.)
+  if (it != pool.end() && (*it)->stream == stream &&
+      !(size < max_split && (*it)->size >= max_split) &&
+      !(size >= max_split && (*it)->size >= size + Config::max_non_split_rounding_size())) {
     block = *it;
     pool.erase(it);
     count_free_split(c, block, -1);
   } else {
+    warn_unsupported_settings();
     const size_t seg = segment_size(size);
+    if (large && Config::garbage_collection_threshold() > 0) garbage_collect_locked(c, device, seg);
     char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
     if (ptr == nullptr) {
       c.stats.num_alloc_retries++;
@@ -300,11 +373,13 @@ Block* malloc_block(int device, size_t nbytes) {
     c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
     stat_add(c.stats.segment, large, 1);
     stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
+    if (size >= max_split) c.stats.oversize_segments.increase(1);
   }
 
-  // Split off the remainder when it is worth keeping as its own block.
+  // Split off the remainder when it is worth keeping as its own block (never an oversize
+  // request's: CUDA's should_split).
   const size_t remaining = block->size - size;
-  if (large ? remaining > kSmallSize : remaining >= kMinBlock) {
+  if (large ? remaining > kSmallSize && size < max_split : remaining >= kMinBlock) {
     Block* rest = new Block(device, stream, remaining, block->ptr + size, large);
     rest->freed_at = block->freed_at;
     rest->prev = block;
@@ -318,6 +393,7 @@ Block* malloc_block(int device, size_t nbytes) {
   block->allocated = true;
   block->requested = nbytes;
   block->context = ctx;
+  if (block->size >= max_split) c.stats.oversize_allocations.increase(1);
   history(AllocAction::Alloc, device, block->ptr, block->size, stream, ctx);
   stat_add(c.stats.allocation, large, 1);
   stat_add(c.stats.active, large, 1);
@@ -343,6 +419,7 @@ void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Bloc
   }
   b->size += n->size;
   b->freed_at = std::max(b->freed_at, n->freed_at);
+  b->free_tick = std::max(b->free_tick, n->free_tick);
   delete n;
 }
 
@@ -359,6 +436,7 @@ void free_block_locked(DeviceCache& c, Block* b,
   b->pending = false;
   b->requested = 0;
   b->freed_at = neuron::rt::engine::last();
+  b->free_tick = ++c.free_ticks;
   auto& pool = large ? c.large_free : c.small_free;
   const bool was_head = b->prev == nullptr;
   uintptr_t old_head_key = 0;
@@ -383,6 +461,7 @@ void release_block_locked(DeviceCache& c, Block* b,
   history(AllocAction::FreeRequested, b->device, b->ptr, b->size, b->stream, ctx);
   stat_add(c.stats.allocation, large, -1);
   stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
+  if (b->size >= Config::max_split_size()) c.stats.oversize_allocations.decrease(1);
   report_usage(c, b->device, b->ptr, -static_cast<int64_t>(b->size));
   b->allocated = false;
   if (b->stream_uses.empty()) {
