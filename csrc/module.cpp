@@ -128,15 +128,38 @@ PYBIND11_MODULE(_C, m) {
      "allocation or deallocation.");
   m.def("_get_default_generator", &default_generator);
   m.def("_host_stats", []() {
+    // The pinned host allocator's statistics, nested as torch.cuda's _cuda_getHostMemoryStats.
     auto s = torchneuron::host_allocator()->get_stats();
+    auto stat = [](const c10::CachingAllocator::Stat& st) {
+      py::dict d;
+      d["current"] = st.current;
+      d["peak"] = st.peak;
+      d["allocated"] = st.allocated;
+      d["freed"] = st.freed;
+      return d;
+    };
+    auto duration = [](const c10::CachingAllocator::DurationStat& st) {
+      py::dict d;
+      d["total"] = st.total;
+      d["max"] = st.max;
+      d["min"] = st.min;
+      d["count"] = st.count;
+      d["avg"] = st.count == 0 ? 0 : st.total / st.count;
+      return d;
+    };
     py::dict d;
-    d["allocated_bytes"] = s.allocated_bytes.current;
-    d["allocated_bytes_peak"] = s.allocated_bytes.peak;
-    d["allocations"] = s.allocations.current;
     d["num_host_alloc"] = s.num_host_alloc;
     d["num_host_free"] = s.num_host_free;
+    d["allocations"] = stat(s.allocations);
+    d["allocated_bytes"] = stat(s.allocated_bytes);
+    d["active_requests"] = stat(s.active_requests);
+    d["active_bytes"] = stat(s.active_bytes);
+    d["host_alloc_time"] = duration(s.host_alloc_time);
+    d["host_free_time"] = duration(s.host_free_time);
     return d;
   });
+  m.def("_host_reset_peak_stats", []() { torchneuron::host_allocator()->reset_peak_stats(); });
+  m.def("_host_reset_accumulated_stats", []() { torchneuron::host_allocator()->reset_accumulated_stats(); });
   m.def("_executed_ops", [](bool fallback_only) { return torchneuron::executed_ops(fallback_only); },
         py::arg("fallback_only") = false);
   m.def("_clear_op_tracking", &torchneuron::clear_op_tracking);

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -822,27 +823,34 @@ std::mutex g_host_mu;
 std::unordered_map<void*, size_t> g_host_blocks;
 at::HostStats g_host_stats;
 
+int64_t micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void delete_host(void* ptr) {
-  {
-    std::lock_guard<std::mutex> lock(g_host_mu);
-    auto it = g_host_blocks.find(ptr);
-    if (it != g_host_blocks.end()) {
-      g_host_stats.active_requests.decrease(1);
-      g_host_stats.active_bytes.decrease(it->second);
-      g_host_stats.allocations.decrease(1);
-      g_host_stats.allocated_bytes.decrease(it->second);
-      g_host_stats.num_host_free++;
-      g_host_blocks.erase(it);
-    }
-  }
+  const auto t0 = std::chrono::steady_clock::now();
   c10::free_cpu(ptr);
+  const int64_t took = micros_since(t0);
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  auto it = g_host_blocks.find(ptr);
+  if (it != g_host_blocks.end()) {
+    g_host_stats.active_requests.decrease(1);
+    g_host_stats.active_bytes.decrease(it->second);
+    g_host_stats.allocations.decrease(1);
+    g_host_stats.allocated_bytes.decrease(it->second);
+    g_host_stats.num_host_free++;
+    g_host_stats.host_free_time.increase(took);  // (CUDA's: time in cudaHostFree)
+    g_host_blocks.erase(it);
+  }
 }
 }  // namespace
 
 c10::DataPtr NeuronHostAllocator::allocate(size_t nbytes) {
   c10::Device cpu(c10::DeviceType::CPU);
   if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, nullptr, cpu);
+  const auto t0 = std::chrono::steady_clock::now();
   void* ptr = c10::alloc_cpu(nbytes);
+  const int64_t took = micros_since(t0);
   {
     std::lock_guard<std::mutex> lock(g_host_mu);
     g_host_blocks.emplace(ptr, nbytes);
@@ -851,6 +859,7 @@ c10::DataPtr NeuronHostAllocator::allocate(size_t nbytes) {
     g_host_stats.allocations.increase(1);
     g_host_stats.allocated_bytes.increase(nbytes);
     g_host_stats.num_host_alloc++;
+    g_host_stats.host_alloc_time.increase(took);  // (CUDA's: time in cudaHostAlloc)
   }
   return c10::DataPtr(ptr, ptr, &delete_host, cpu);
 }
@@ -874,6 +883,8 @@ void NeuronHostAllocator::reset_accumulated_stats() {
   g_host_stats.allocated_bytes.reset_accumulated();
   g_host_stats.num_host_alloc = 0;
   g_host_stats.num_host_free = 0;
+  g_host_stats.host_alloc_time.reset_accumulated();
+  g_host_stats.host_free_time.reset_accumulated();
 }
 void NeuronHostAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(g_host_mu);
@@ -881,6 +892,8 @@ void NeuronHostAllocator::reset_peak_stats() {
   g_host_stats.active_bytes.reset_peak();
   g_host_stats.allocations.reset_peak();
   g_host_stats.allocated_bytes.reset_peak();
+  g_host_stats.host_alloc_time.reset_peak();
+  g_host_stats.host_free_time.reset_peak();
 }
 
 bool NeuronHostAllocator::is_pinned(const void* ptr) {

@@ -125,14 +125,37 @@ def test_mem_get_info_is_capacity_minus_used():
     del x
 
 
-def test_host_memory_stats_count_pinned_allocations():
+def test_host_memory_stats_count_pinned_allocations_in_cudas_form():
+    torch.neuron.reset_peak_host_memory_stats()
     before = torch.neuron.host_memory_stats()
     p = torch.empty(MiB, dtype=torch.uint8).pin_memory("neuron")
     after = torch.neuron.host_memory_stats()
-    assert isinstance(after, dict)
-    assert after["allocations"] == before["allocations"] + 1
-    assert after["allocated_bytes"] == before["allocated_bytes"] + MiB
+    assert list(after) == sorted(after) and set(after) == set(before)
+    for key in ("allocations", "active_requests"):
+        assert after[f"{key}.current"] == before[f"{key}.current"] + 1
+        assert after[f"{key}.allocated"] == before[f"{key}.allocated"] + 1
+    assert after["allocated_bytes.current"] == before["allocated_bytes.current"] + MiB
+    assert after["allocated_bytes.peak"] >= MiB
+    assert after["num_host_alloc"] == before["num_host_alloc"] + 1
+    assert after["host_alloc_time.count"] == before["host_alloc_time.count"] + 1
+    nested = torch.neuron.host_memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["current"] == after["allocated_bytes.current"]
     del p
+    freed = torch.neuron.host_memory_stats()
+    assert freed["allocations.freed"] == before["allocations.freed"] + 1 and freed["num_host_free"] == before["num_host_free"] + 1
+    assert freed["allocated_bytes.current"] == before["allocated_bytes.current"]
+
+
+def test_host_memory_stats_reset_peak_and_accumulated():
+    p = torch.empty(MiB, dtype=torch.uint8).pin_memory("neuron")
+    del p
+    torch.neuron.reset_peak_host_memory_stats()
+    stats = torch.neuron.host_memory_stats()
+    assert stats["allocated_bytes.peak"] == stats["allocated_bytes.current"]
+    torch.neuron.reset_accumulated_host_memory_stats()
+    stats = torch.neuron.host_memory_stats()
+    assert stats["allocations.allocated"] == stats["allocations.freed"] == 0
+    assert stats["num_host_alloc"] == stats["num_host_free"] == stats["host_alloc_time.count"] == 0
 
 
 def test_list_gpu_processes_names_the_device():

@@ -22,7 +22,8 @@ __all__ = [
     "empty_cache", "memory_stats", "memory_allocated", "max_memory_allocated",
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "memory_summary",
-    "memory_snapshot", "mem_get_info", "host_memory_stats", "list_gpu_processes",
+    "memory_snapshot", "mem_get_info", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats", "list_gpu_processes",
     "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
@@ -187,9 +188,39 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return _C._memory_fraction(_index(device))
 
 
-def host_memory_stats() -> dict[str, int]:
-    """Statistics of the pinned host allocator."""
-    return dict(_C._host_stats())
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """Statistics of the pinned host allocator, nested as ``torch.cuda``'s: ``allocations``,
+    ``allocated_bytes``, ``active_requests``, ``active_bytes`` (each ``current``, ``peak``,
+    ``allocated``, ``freed``), ``num_host_alloc``, ``num_host_free``, ``host_alloc_time`` and
+    ``host_free_time`` (µs: ``total``, ``max``, ``min``, ``count``, ``avg``). Pinned blocks are
+    not cached here: each request allocates and each free releases."""
+    return _C._host_stats()
+
+
+def host_memory_stats() -> "OrderedDict[str, Any]":
+    """:func:`host_memory_stats_as_nested_dict` flattened (``"allocations.current"``, ...), sorted
+    by key, as ``torch.cuda.host_memory_stats``."""
+    flat: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, value))
+    walk("", host_memory_stats_as_nested_dict())
+    return OrderedDict(sorted(flat))
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Reset the pinned host allocator's ``peak`` (and duration ``max``/``min``) statistics."""
+    _C._host_reset_peak_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset the pinned host allocator's accumulated statistics (``allocated``, ``freed``, the
+    alloc/free counts and the durations' ``total``/``count``)."""
+    _C._host_reset_accumulated_stats()
 
 
 def memory_snapshot() -> list[dict[str, Any]]:
