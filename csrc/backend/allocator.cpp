@@ -108,6 +108,7 @@ struct Block {
   // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
   uint64_t freed_at = 0;
   uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
+  bool oversize = false;   // allocated at least max_split_size_mb (counted in oversize_allocations)
   // Freed while other streams used it: out of the pool until event_count marks are observed.
   bool pending = false;
   int event_count = 0;
@@ -394,7 +395,8 @@ Block* malloc_block(int device, size_t nbytes) {
   block->allocated = true;
   block->requested = nbytes;
   block->context = ctx;
-  if (block->size >= max_split) c.stats.oversize_allocations.increase(1);
+  block->oversize = block->size >= max_split;
+  if (block->oversize) c.stats.oversize_allocations.increase(1);
   history(AllocAction::Alloc, device, block->ptr, block->size, stream, ctx);
   stat_add(c.stats.allocation, large, 1);
   stat_add(c.stats.active, large, 1);
@@ -462,7 +464,8 @@ void release_block_locked(DeviceCache& c, Block* b,
   history(AllocAction::FreeRequested, b->device, b->ptr, b->size, b->stream, ctx);
   stat_add(c.stats.allocation, large, -1);
   stat_add(c.stats.allocated_bytes, large, -static_cast<int64_t>(b->size));
-  if (b->size >= Config::max_split_size()) c.stats.oversize_allocations.decrease(1);
+  if (b->oversize) c.stats.oversize_allocations.decrease(1);  // (the limit may have changed since)
+  b->oversize = false;
   report_usage(c, b->device, b->ptr, -static_cast<int64_t>(b->size));
   b->allocated = false;
   if (b->stream_uses.empty()) {
@@ -828,19 +831,27 @@ int64_t micros_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void delete_host(void* ptr) {
+  bool known = false;
+  {
+    // Forgotten before the memory is freed: once freed, another thread may get the address.
+    std::lock_guard<std::mutex> lock(g_host_mu);
+    auto it = g_host_blocks.find(ptr);
+    if (it != g_host_blocks.end()) {
+      g_host_stats.active_requests.decrease(1);
+      g_host_stats.active_bytes.decrease(it->second);
+      g_host_stats.allocations.decrease(1);
+      g_host_stats.allocated_bytes.decrease(it->second);
+      g_host_stats.num_host_free++;
+      g_host_blocks.erase(it);
+      known = true;
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   c10::free_cpu(ptr);
-  const int64_t took = micros_since(t0);
-  std::lock_guard<std::mutex> lock(g_host_mu);
-  auto it = g_host_blocks.find(ptr);
-  if (it != g_host_blocks.end()) {
-    g_host_stats.active_requests.decrease(1);
-    g_host_stats.active_bytes.decrease(it->second);
-    g_host_stats.allocations.decrease(1);
-    g_host_stats.allocated_bytes.decrease(it->second);
-    g_host_stats.num_host_free++;
+  if (known) {
+    const int64_t took = micros_since(t0);
+    std::lock_guard<std::mutex> lock(g_host_mu);
     g_host_stats.host_free_time.increase(took);  // (CUDA's: time in cudaHostFree)
-    g_host_blocks.erase(it);
   }
 }
 }  // namespace
