@@ -73,6 +73,10 @@ PYBIND11_MODULE(_C, m) {
         "Set the visible devices' HBM capacities (bytes); a non-empty error is raised on use.");
   m.def("_graph_pool_handle", []() { return std::make_tuple(torchneuron::new_graph_pool_id(), uint64_t{0}); },
         "A fresh graph memory pool id, (id, 0), for captures to share (allocator.h).");
+  m.def("_mem_pool_create", &torchneuron::create_mem_pool, py::arg("no_split"));
+  m.def("_mem_pool_begin", &torchneuron::begin_mem_pool, py::arg("device"), py::arg("pool"));
+  m.def("_mem_pool_end", &torchneuron::end_mem_pool, py::arg("device"), py::arg("pool"));
+  m.def("_mem_pool_release", &torchneuron::release_mem_pool, py::arg("pool"));
   m.def("_conv_memory_format", &torchneuron::gemm::conv_memory_format, py::arg("input"), py::arg("weight"),
         "The layout of a 4-d/5-d convolution's result and gradients on neuron (gemm.h).");
   m.def("_precision_routes", []() {

@@ -10,6 +10,8 @@
 //     "pending": it leaves the allocated counters at once but stays active and out of the
 //     pool until the host has observed each of those streams past the free (runtime.h,
 //     host-observed progress), checked like CUDA's process_events at the next allocation.
+//   * memory pools (torch.neuron.MemPool / use_mem_pool, as CUDA's): a thread's allocations
+//     inside use_mem_pool come from, and return to, that pool's own segments;
 //   * PYTORCH_ALLOC_CONF (also PYTORCH_CUDA_ALLOC_CONF, or torch._C._accelerator_setAllocatorSettings
 //     at run time; c10's AcceleratorAllocatorConfig parses it) tunes it as it tunes CUDA's:
 //     max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold,
@@ -109,6 +111,7 @@ struct Block {
   uint64_t freed_at = 0;
   uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
   bool oversize = false;   // allocated at least max_split_size_mb (counted in oversize_allocations)
+  uint64_t mem_pool = 0;   // the MemPool its segment belongs to (0: the device's own)
   // Freed while other streams used it: out of the pool until event_count marks are observed.
   bool pending = false;
   int event_count = 0;
@@ -123,6 +126,7 @@ struct Block {
 
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const {
+    if (a->mem_pool != b->mem_pool) return a->mem_pool < b->mem_pool;
     if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
@@ -323,12 +327,34 @@ void report_usage(DeviceCache& c, int device, void* ptr, int64_t delta) {
                                    c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
+// MemPools (torch.neuron.MemPool): ids from the graph pools' sequence, so no id means both.
+std::mutex g_mem_pools_mu;
+std::unordered_map<uint64_t, bool> g_mem_pools;  // live pools -> no_split
+// use_mem_pool on this thread: (device, pool), innermost last.
+thread_local std::vector<std::pair<int, uint64_t>> t_mem_pools;
+
+uint64_t current_mem_pool(int device) {
+  for (auto it = t_mem_pools.rbegin(); it != t_mem_pools.rend(); ++it) {
+    if (it->first == device) return it->second;
+  }
+  return 0;
+}
+
+bool mem_pool_no_split(uint64_t pool) {
+  if (pool == 0) return false;
+  std::lock_guard<std::mutex> lock(g_mem_pools_mu);
+  auto it = g_mem_pools.find(pool);
+  return it != g_mem_pools.end() && it->second;
+}
+
 Block* malloc_block(int device, size_t nbytes) {
   neuron::rt::lazy_init();
   auto& c = g_cache[device];
   const size_t size = round_size(nbytes);
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
+  const uint64_t mem_pool = t_mem_pools.empty() ? 0 : current_mem_pool(device);
+  const bool no_split = mem_pool_no_split(mem_pool);
   auto ctx = history_context();
   Graveyard dead;
   std::unique_lock<std::mutex> lock(c.mu);
@@ -336,6 +362,7 @@ Block* malloc_block(int device, size_t nbytes) {
   auto& pool = large ? c.large_free : c.small_free;
 
   Block key(device, stream, size, nullptr, large);
+  key.mem_pool = mem_pool;
   auto it = pool.lower_bound(&key);
   Block* block = nullptr;
   const size_t max_split = Config::max_split_size();
@@ -343,7 +370,7 @@ Block* malloc_block(int device, size_t nbytes) {
   // max_split_size_mb, as CUDA: a request below it does not take an oversize block (which
   // would not be split), and an oversize request takes one at most max_non_split_rounding_mb
   // larger than itself. (Larger blocks fail the same tests, so the smallest decides.)
-  if (it != pool.end() && (*it)->stream == stream &&
+  if (it != pool.end() && (*it)->mem_pool == mem_pool && (*it)->stream == stream &&
       !(size < max_split && (*it)->size >= max_split) &&
       !(size >= max_split && (*it)->size >= size + Config::max_non_split_rounding_size())) {
     block = *it;
@@ -372,6 +399,7 @@ Block* malloc_block(int device, size_t nbytes) {
     c.stats.num_device_alloc++;
     history(AllocAction::SegmentAlloc, device, ptr, seg, stream, ctx);
     block = new Block(device, stream, seg, ptr, large);
+    block->mem_pool = mem_pool;
     c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
     stat_add(c.stats.segment, large, 1);
     stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
@@ -381,8 +409,9 @@ Block* malloc_block(int device, size_t nbytes) {
   // Split off the remainder when it is worth keeping as its own block (never an oversize
   // request's: CUDA's should_split).
   const size_t remaining = block->size - size;
-  if (large ? remaining > kSmallSize && size < max_split : remaining >= kMinBlock) {
+  if (!no_split && (large ? remaining > kSmallSize && size < max_split : remaining >= kMinBlock)) {
     Block* rest = new Block(device, stream, remaining, block->ptr + size, large);
+    rest->mem_pool = block->mem_pool;
     rest->freed_at = block->freed_at;
     rest->prev = block;
     rest->next = block->next;
@@ -638,6 +667,64 @@ void release_graph_pool(uint64_t pool) {
   }
 }
 
+uint64_t create_mem_pool(bool no_split) {
+  const uint64_t id = new_graph_pool_id();
+  std::lock_guard<std::mutex> lock(g_mem_pools_mu);
+  g_mem_pools.emplace(id, no_split);
+  return id;
+}
+
+void begin_mem_pool(int device, uint64_t pool) {
+  neuron::rt::check_device(device);
+  {
+    std::lock_guard<std::mutex> lock(g_mem_pools_mu);
+    TORCH_CHECK(g_mem_pools.count(pool) != 0, "neuron: memory pool ", pool, " does not exist (released?)");
+  }
+  t_mem_pools.emplace_back(device, pool);
+}
+
+void end_mem_pool(int device, uint64_t pool) {
+  for (auto it = t_mem_pools.rbegin(); it != t_mem_pools.rend(); ++it) {
+    if (it->first == device && it->second == pool) {
+      t_mem_pools.erase(std::next(it).base());
+      return;
+    }
+  }
+  TORCH_CHECK(false, "neuron: memory pool ", pool, " is not in use on this thread for neuron:", device);
+}
+
+void release_mem_pool(uint64_t pool) {
+  {
+    std::lock_guard<std::mutex> lock(g_mem_pools_mu);
+    if (g_mem_pools.erase(pool) == 0) return;
+  }
+  // Its idle segments go back to the runtime; the rest join the device's own pool (blocks still
+  // held return there when freed), as CUDA frees a destroyed pool's cached memory.
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto it = c.segments.begin(); it != c.segments.end();) {
+      Block* head = it->second;
+      if (head->mem_pool != pool) {
+        ++it;
+        continue;
+      }
+      if (idle_segment(head)) {
+        free_segment_locked(c, d, head);
+        it = c.segments.erase(it);
+        continue;
+      }
+      for (Block* b = head; b; b = b->next) {
+        auto& free_set = b->is_large ? c.large_free : c.small_free;
+        const bool cached = !b->allocated && !b->pending && free_set.erase(b) != 0;
+        b->mem_pool = 0;
+        if (cached) free_set.insert(b);
+      }
+      ++it;
+    }
+  }
+}
+
 c10::DataPtr NeuronAllocator::allocate(size_t nbytes) {
   return allocate_on(neuron::rt::current_device(), nbytes);
 }
@@ -784,7 +871,7 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
     auto& c = g_cache[d];
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto& [base, head] : c.segments) {
-      SegmentRecord s{d, base, 0, 0, 0, 0, head->stream, head->is_large, {}};
+      SegmentRecord s{d, base, 0, 0, 0, 0, head->stream, head->is_large, {}, head->mem_pool};
       for (Block* b = head; b; b = b->next) {
         s.total_size += b->size;
         if (b->allocated) s.allocated_size += b->size;

@@ -24,6 +24,7 @@ struct SegmentRecord {
   int64_t stream;
   bool is_large;
   std::vector<BlockRecord> blocks;
+  uint64_t mem_pool = 0;  // its MemPool's id (0: the device's own pool)
 };
 
 class NeuronAllocator : public c10::DeviceAllocator {
@@ -67,6 +68,16 @@ void retain_graph_pool(uint64_t pool);
 void release_graph_pool(uint64_t pool);
 void begin_graph_allocations(uint64_t pool);
 void end_graph_allocations();
+
+// Memory pools (torch.neuron.MemPool, use_mem_pool; CUDA's MemPool without custom allocators).
+// Between begin_mem_pool(device, pool) and end_mem_pool on a thread, that thread's allocations
+// on `device` come from the pool's own segments, and freed blocks of those segments serve only
+// the pool's later allocations. Releasing the pool returns its idle segments to the runtime;
+// segments still in use join the device's own pool. `no_split`: the pool's blocks are never split.
+uint64_t create_mem_pool(bool no_split);
+void begin_mem_pool(int device, uint64_t pool);
+void end_mem_pool(int device, uint64_t pool);
+void release_mem_pool(uint64_t pool);
 
 // Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
 // allocation, free, segment change and OOM to one recorder while one is set.

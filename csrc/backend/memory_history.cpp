@@ -156,7 +156,7 @@ py::dict memory_snapshot_full() {
     seg["requested_size"] = s.requested_size;
     seg["stream"] = s.stream;
     seg["segment_type"] = s.is_large ? "large" : "small";
-    seg["segment_pool_id"] = py::make_tuple(0, 0);
+    seg["segment_pool_id"] = py::make_tuple(0, s.mem_pool);  // (a MemPool's id is (0, n), as CUDA's)
     seg["is_expandable"] = false;
     seg["frames"] = py::list();
     py::list blocks;

@@ -29,7 +29,8 @@ from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_mem
                      memory_stats_as_nested_dict, memory_cached, max_memory_cached,
                      reset_max_memory_cached, caching_allocator_alloc, caching_allocator_delete,
                      get_allocator_backend, device_memory_used, host_memory_stats_as_nested_dict,
-                     reset_peak_host_memory_stats, reset_accumulated_host_memory_stats)
+                     reset_peak_host_memory_stats, reset_accumulated_host_memory_stats, MemPool,
+                     use_mem_pool)
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,
                      seed, seed_all, set_rng_state, set_rng_state_all)
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,
@@ -48,7 +49,8 @@ __all__ = [
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
     "device_memory_used", "host_memory_stats", "host_memory_stats_as_nested_dict",
-    "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats", "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
+    "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats", "MemPool", "use_mem_pool",
+    "OutOfMemoryError", "set_sync_debug_mode", "get_sync_debug_mode",
     "get_dynamo_metrics", "reset_dynamo_metrics", "amp", "comm", "memory", "random",
     "streams", "ipc_collect", "engine", "graphs", "NeuronGraph", "graph", "is_current_stream_capturing",
     "graph_pool_handle", "make_graphed_callables", "can_device_access_peer", "clock_rate",

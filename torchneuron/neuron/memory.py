@@ -6,12 +6,13 @@ Mirrors ``torch.cuda.memory``. Statistics come from the C++ ``DeviceAllocator`` 
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import sys
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -27,7 +28,7 @@ __all__ = [
     "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
-    "device_memory_used",
+    "device_memory_used", "MemPool", "use_mem_pool",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
@@ -321,3 +322,59 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     drag it onto pytorch.org/memory_viz)."""
     with open(filename, "wb") as f:
         pickle.dump(_snapshot(), f)
+
+
+class MemPool:
+    """A pool of device memory in the caching allocator, as ``torch.cuda.MemPool``: allocations
+    made inside :func:`use_mem_pool` come from the pool's own segments, and memory they free
+    serves only the pool's later allocations. When the pool is garbage collected its idle
+    segments return to the device; segments still holding tensors join the device's own pool.
+
+    ``no_split=True``: the pool's blocks are never split (each allocation keeps its segment's
+    rounded block). Custom allocators (CUDA's ``CUDAPluggableAllocator``) and ``use_on_oom``
+    are not implemented and raise."""
+
+    def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False) -> None:
+        if allocator is not None:
+            raise NotImplementedError("torch.neuron.MemPool: custom allocators are not implemented (neuron has "
+                                      "no pluggable allocator); create the pool without one")
+        if use_on_oom:
+            raise NotImplementedError("torch.neuron.MemPool: use_on_oom is not implemented (an allocation "
+                                      "outside the pool does not fall back to its free memory)")
+        self._id = _C._mem_pool_create(bool(no_split))
+        self._uses = 0
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, ``(0, n)`` as CUDA's user pools (``segment_pool_id`` in snapshots)."""
+        return (0, self._id)
+
+    def use_count(self) -> int:
+        """References to the pool: this object and each :func:`use_mem_pool` context open on it."""
+        return 1 + self._uses
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """:func:`memory_snapshot`'s segments that belong to this pool."""
+        segments = _snapshot()["segments"]
+        return [s for s in segments if tuple(s["segment_pool_id"]) == self.id]
+
+    def __del__(self) -> None:
+        if getattr(self, "_id", None) is not None and _C is not None:
+            _C._mem_pool_release(self._id)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
+    """Route this thread's allocations on ``device`` (default: the current device) to ``pool``,
+    as ``torch.cuda.use_mem_pool``. Other threads (autograd's included, if it runs backward on
+    one) keep allocating from the device's own pool."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool expects a torch.neuron.MemPool, got {type(pool).__name__}")
+    index = _index(device)
+    _C._mem_pool_begin(index, pool._id)
+    pool._uses += 1
+    try:
+        yield
+    finally:
+        pool._uses -= 1
+        _C._mem_pool_end(index, pool._id)
