@@ -92,7 +92,8 @@ MODULES: dict[str, Module] = {
         "torchneuron/neuron/memory.py",
         # test_memory.py's allocator tests go through the C++ API, not this module, and its OOM
         # cases run in subprocesses: left out for speed (its Python calls are in test_memory_api)
-        ("tests/device/test_memory_api.py", "tests/profiler/test_memory_history.py"),
+        ("tests/device/test_memory_api.py", "tests/profiler/test_memory_history.py",
+         "tests/device/test_mem_pool.py"),
     ),
     "perf_model": Module(
         "torchneuron/nki/perf_model.py",
