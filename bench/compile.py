@@ -6,7 +6,10 @@ Compares, in one run:
 on (a) a chain of 10 pointwise ops over 4M elements (four of them transcendental, so the fused
 kernel is compute-bound; (a') is a memory-bound chain of cheap ops), (b) a training step of the small GPT from
 examples/gpt.py (forward, backward, AdamW step; model and optimizer step compiled), (c)
-FlexAttention causal forward+backward (CPU Inductor has no FlexAttention backward: n/a).
+FlexAttention causal forward+backward (CPU Inductor has no FlexAttention backward: n/a), (d) the
+GPT's batch-1 forward (a decoding step's shape, host-bound) and (b) again, compiled with
+mode="reduce-overhead" (compiled graphs replayed from neuron graphs) against mode="default" and
+CPU eager.
 
 Timings: --repeat rounds after --warmup calls (compile happens in warm-up); in each round the
 variants of a workload are timed once each, round-robin, so background load hits them alike.
@@ -103,18 +106,19 @@ def bench_pointwise(args, chain=pointwise_chain):
 
 # (b) GPT training step -------------------------------------------------------------------------
 
-def _gpt_step_fn(device, compiled, backend):
+def _gpt_step_fn(device, compiled, backend, mode=None):
     from gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
     model = GPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    # the step counts on the device, so that a replayed optimizer step advances them (as on CUDA)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=mode is not None)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
     tgt = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
-    fwd = torch.compile(model, backend=backend) if compiled else model
-    opt_step = torch.compile(opt.step, backend=backend) if compiled else opt.step
+    fwd = torch.compile(model, backend=backend, mode=mode) if compiled else model
+    opt_step = torch.compile(opt.step, backend=backend, mode=mode) if compiled else opt.step
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -132,6 +136,40 @@ def bench_gpt(args):
                    "neuron compiled": (_gpt_step_fn(NEURON, True, "neuron"), NEURON),
                    "cpu inductor": (_gpt_step_fn(cpu, True, "inductor"), cpu)},
                   args.warmup, args.repeat)
+
+
+def bench_gpt_replay(args):
+    """(b) with mode="reduce-overhead" against the default mode (both with a capturable AdamW)
+    and CPU eager."""
+    torch._dynamo.reset()
+    return timeit({"neuron default": (_gpt_step_fn(NEURON, True, "neuron", "default"), NEURON),
+                   "neuron reduce-overhead": (_gpt_step_fn(NEURON, True, "neuron", "reduce-overhead"), NEURON),
+                   "cpu eager": (_gpt_step_fn(torch.device("cpu"), False, None), torch.device("cpu"))},
+                  args.warmup, args.repeat)
+
+
+def bench_gpt_decode(args):
+    """(d) the GPT's forward on one 16-token sequence (no grad): eager, compiled, replayed."""
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
+    base = GPT(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    variants = {}
+    for name, device, mode in (("neuron eager", NEURON, None), ("neuron default", NEURON, "default"),
+                               ("neuron reduce-overhead", NEURON, "reduce-overhead"),
+                               ("cpu eager", torch.device("cpu"), None)):
+        model = copy.deepcopy(base).to(device)
+        f = torch.compile(model, backend="neuron", mode=mode) if mode else model
+        x = idx.to(device)
+
+        def run(f=f, x=x):
+            with torch.no_grad():
+                for _ in range(20):  # 20 calls per sample: a call is ~0.5 ms
+                    f(x)
+        variants[name] = (run, device)
+    return timeit(variants, args.warmup, args.repeat)
 
 
 # (c) FlexAttention causal fwd+bwd --------------------------------------------------------------
@@ -178,6 +216,15 @@ def main():
               f"{fmt(i) if i else 'n/a'}")
         print(f"  compiled/eager {fmt_ratio(ratios(c, e))}"
               + (f" | compiled/cpu-inductor {fmt_ratio(ratios(c, i))}" if i else ""))
+    for name, r in (("(b) GPT train step, mode='reduce-overhead' (capturable AdamW)", bench_gpt_replay(args)),
+                    ("(d) GPT forward, batch 1 x 16 tokens, no grad (20 calls)", bench_gpt_decode(args))):
+        print(f"{name}\n  " + " | ".join(f"{k} {fmt(v)}" for k, v in r.items()))
+        print("  " + " | ".join(f"{k}/{ref} {fmt_ratio(ratios(r[k], r[ref]))}"
+                                for k, ref in (("neuron reduce-overhead", "neuron default"),
+                                               ("neuron reduce-overhead", "cpu eager"),
+                                               ("neuron default", "cpu eager"))) + (
+            f" | neuron eager/cpu eager {fmt_ratio(ratios(r['neuron eager'], r['cpu eager']))}"
+            if "neuron eager" in r else ""))
     print("compile metrics:", torch.neuron.get_dynamo_metrics())
 
 

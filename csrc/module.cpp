@@ -26,6 +26,7 @@
 namespace torchneuron {
 void register_hooks();
 void bind_cpu_kernel_call(py::module& m);
+void bind_compiled_kernels(py::module& m);
 void bind_memory_history(py::module& m);
 namespace prof {
 void bind_profiler(py::module& m);
@@ -50,6 +51,21 @@ py::object default_generator(int device) {
   torchneuron::check_device_index(device);
   const at::Generator& gen = torchneuron::default_generator(static_cast<c10::DeviceIndex>(device));
   return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+}
+
+// Moves src's memory into dst (same size): dst's tensors and views now read src's bytes, without
+// a new storage object, a version-counter bump or a view to update. The graph replays of
+// compiled code (torchneuron/compile/graphs.py) hand out outputs over storages that alias a
+// graph's static memory, and give one still in use private memory before the next replay
+// overwrites that. src is left empty.
+void storage_take_data(py::handle dst, py::handle src) {
+  TORCH_CHECK(THPStorage_Check(dst.ptr()) && THPStorage_Check(src.ptr()), "_storage_take_data expects two storages");
+  c10::StorageImpl* d = THPStorage_Unpack(dst.ptr()).unsafeGetStorageImpl();
+  c10::StorageImpl* s = THPStorage_Unpack(src.ptr()).unsafeGetStorageImpl();
+  TORCH_CHECK(d != s && d->nbytes() == s->nbytes() && d->device() == s->device(),
+              "_storage_take_data: storages of different sizes or devices");
+  d->set_data_ptr_noswap(s->set_data_ptr(c10::DataPtr(nullptr, s->device())));
+  s->set_nbytes(0);
 }
 
 py::tuple ipc_export(py::handle storage) {
@@ -208,7 +224,9 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_fusion_fail_after", &torchneuron::fusion::fail_after, py::arg("groups"));  // tests only
   torchneuron::bind_cpu_kernel_call(m);
+  torchneuron::bind_compiled_kernels(m);
   // Interprocess sharing (torchneuron/neuron/ipc.py).
+  m.def("_storage_take_data", &storage_take_data, py::arg("dst"), py::arg("src"));
   m.def("_ipc_export", &ipc_export,
         "Share a neuron storage: (device, heap fd, offset, nbytes, counter offset).");
   m.def("_ipc_import", &ipc_import, "Map a storage another process exported.");

@@ -400,8 +400,20 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
 }
 
 // out= forms (Inductor's extern kernels call these): fp16 computes the functional result and
-// copies it into `out`; other dtypes run CPU's out= kernel on aliases, as the fallback would.
+// copies it into `out`; other dtypes run CPU's out= kernel on aliases, as the fallback would,
+// queued (so compiled graphs stay asynchronous and can be recorded by a graph capture) when it
+// can raise nothing: `out` already has the result's sizes and the operands' dtype (else CPU's
+// kernel resizes it or raises), no element of it is written twice, and it shares no memory with
+// the operands (a bias it is, in place, aside: addmm_ and baddbmm_ are out= calls on self).
 bool half_out(const at::Tensor& out) { return routed(out); }
+
+bool queueable_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c10::IntArrayRef sizes,
+                   const at::Tensor* bias = nullptr) {
+  return queueable_like(a, out) && out.sizes() == sizes && at::has_internal_overlap(out) == at::MemOverlap::No &&
+         at::get_overlap_status(out, a) == at::MemOverlapStatus::No &&
+         at::get_overlap_status(out, b) == at::MemOverlapStatus::No &&
+         (bias == nullptr || out.is_same(*bias) || at::get_overlap_status(out, *bias) == at::MemOverlapStatus::No);
+}
 
 at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
   at::native::resize_output(out, r.sizes());
@@ -411,6 +423,12 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
 
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   if (half_out(out) && half_pair(self, mat2, 2) && out.scalar_type() == self.scalar_type()) return copy_into(out, mm_hot(self, mat2));
+  if (!half_out(out) && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
+    q.enqueue("aten::mm.out", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::mm.out");
@@ -425,6 +443,16 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
       out.scalar_type() == mat1.scalar_type()) {
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }
+  const std::vector<int64_t> sizes = {mat1.size(0), mat2.size(1)};
+  if (!half_out(out) && queueable_product(mat1, mat2, 2) && queueable_bias(self, mat1, sizes, beta, alpha) &&
+      queueable_out(out, mat1, mat2, sizes, &self)) {
+    QueuedCall q;
+    at::Tensor s = out.is_same(self) ? at::Tensor() : q.in(self), a = q.in(mat1), b = q.in(mat2), o = q.inout(out);
+    q.enqueue("aten::addmm.out", [s, a, b, o, beta, alpha]() mutable {
+      at::cpu::addmm_out(o, s.defined() ? s : o, a, b, beta, alpha);
+    });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::addmm.out");
@@ -435,6 +463,13 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
 
 at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   if (half_out(out) && half_pair(self, mat2, 3) && out.scalar_type() == self.scalar_type()) return copy_into(out, bmm_hot(self, mat2));
+  if (!half_out(out) && queueable_product(self, mat2, 3) &&
+      queueable_out(out, self, mat2, {self.size(0), self.size(1), mat2.size(2)})) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
+    q.enqueue("aten::bmm.out", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::bmm.out");
@@ -448,6 +483,17 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& batch1, const 
   if (half_out(out) && half_pair(batch1, batch2, 3) && self.scalar_type() == batch1.scalar_type() &&
       out.scalar_type() == batch1.scalar_type()) {
     return copy_into(out, baddbmm_hot(self, batch1, batch2, beta, alpha));
+  }
+  const std::vector<int64_t> sizes = {batch1.size(0), batch1.size(1), batch2.size(2)};
+  if (!half_out(out) && queueable_product(batch1, batch2, 3) && queueable_bias(self, batch1, sizes, beta, alpha) &&
+      queueable_out(out, batch1, batch2, sizes, &self)) {
+    QueuedCall q;
+    at::Tensor s = out.is_same(self) ? at::Tensor() : q.in(self), a = q.in(batch1), b = q.in(batch2),
+               o = q.inout(out);
+    q.enqueue("aten::baddbmm.out", [s, a, b, o, beta, alpha]() mutable {
+      at::cpu::baddbmm_out(o, s.defined() ? s : o, a, b, beta, alpha);
+    });
+    return out;
   }
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(batch1), b = zc.in(batch2), o = zc.in_output(out);

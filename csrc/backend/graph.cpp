@@ -11,8 +11,8 @@
 // outputs, and Adaptive Eager fuses replayed kernels like any others.
 //
 // What cannot be captured raises at the op and fails the capture: an op that runs its kernel
-// synchronously on neuron (it would run now, outside the graph: fp16 matmuls and convolutions,
-// scans, sorts, ops with data-dependent shapes), anything that makes the host wait for the
+// synchronously on neuron (it would run now, outside the graph: fp16 convolutions, selections
+// such as median, ops with data-dependent shapes), anything that makes the host wait for the
 // device (.item(), .cpu(), synchronize), and work on another stream. CUDA raises for the
 // second and third kind too; the first is this device's: its kernels are host code that
 // runs where queuing is not possible.

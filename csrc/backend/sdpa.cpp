@@ -216,21 +216,20 @@ std::vector<int64_t> bhle_strides(const at::Tensor& t) {
 }
 
 // The queued forward of both attention ops: CPU's flash kernel writing an output (B, H, L, Ev)
-// laid out (B, L, H, Ev), or contiguous if `contiguous_out`, and a logsumexp (B, H, L) laid out
+// laid out (B, L, H, Ev), or with `out_strides` if given, and a logsumexp (B, H, L) laid out
 // (B, L, H) if `keep_lse` (else an empty (B, H, 0) one, as the efficient op returns without
 // compute_log_sumexp); routed dtypes copy their exact route's results into them.
 std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, const std::optional<at::Tensor>& mask,
                                                    bool is_causal, std::optional<double> scale,
-                                                   bool contiguous_out, bool keep_lse) {
+                                                   c10::IntArrayRef out_strides, bool keep_lse) {
   const int64_t B = query.size(0), H = query.size(1), L = query.size(2), E = value.size(3);
   const auto acc = at::toOpMathType(query.scalar_type());  // CPU's logsumexp dtype
   QueuedCall q;
   at::Tensor qa = q.in(query), ka = q.in(key), va = q.in(value), out, lse;
   std::optional<at::Tensor> ma = q.in(mask);
   at::Tensor oo = q.out(out, {B, H, L, E}, query.scalar_type(),
-                        contiguous_out ? std::vector<int64_t>{H * L * E, L * E, E, 1}
-                                       : std::vector<int64_t>{L * H * E, E, H * E, 1});
+                        out_strides.empty() ? std::vector<int64_t>{L * H * E, E, H * E, 1} : out_strides.vec());
   at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
   const bool direct = direct_flash(query, key, value, mask);
   q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, direct, B, H, L] {
@@ -289,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
               "scaled_dot_product_attention picks another kernel when dropout is used");
   if (queueable_attention(query, key, value, attn_bias) && query.size(1) == key.size(1)) {
     auto [out, lse] = enqueue_forward("aten::_scaled_dot_product_efficient_attention", query, key, value, attn_bias,
-                                      is_causal, scale, /*contiguous_out=*/false, compute_log_sumexp);
+                                      is_causal, scale, /*out_strides=*/{}, compute_log_sumexp);
     auto opts = at::TensorOptions().dtype(at::kLong).device(query.device());
     return {out, lse, at::zeros({}, opts), at::zeros({}, opts)};
   }
@@ -351,18 +350,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
 // fp16 took CPU's kernel. Queued like the efficient op, for q laid out (B, H, L, E) or as
 // (B, L, H, E) viewed so, k and v with H a multiple of theirs: CPU's output takes q's layout,
 // its logsumexp is (B, L, H) viewed as (B, H, L), its gradients (B, L, H, E) viewed so.
-bool queueable_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const std::optional<at::Tensor>& mask, double dropout_p) {
-  return dropout_p == 0.0 && queueable_attention(q, k, v, mask) && q.numel() > 0 &&
-         (q.is_contiguous() || q.strides() == c10::IntArrayRef(bhle_strides(q)));
+// CPU's output is laid out like q (empty_like: q's strides if q is dense, else dense strides in
+// q's stride order: a (B, L, 3, H, E) projection's q view gives (B, L, H, E)); queued when that
+// layout keeps E unit-strided (flash_forward_into's contract) and Ev == E. Empty if not queueable.
+std::vector<int64_t> queueable_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const std::optional<at::Tensor>& mask, double dropout_p) {
+  if (dropout_p != 0.0 || !queueable_attention(q, k, v, mask) || q.numel() == 0 || q.size(3) != v.size(3)) return {};
+  std::vector<int64_t> strides = at::empty_like(meta_like(q)).strides().vec();
+  if (strides[3] != 1) return {};
+  return strides;
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_for_cpu(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-  if (queueable_flash(query, key, value, attn_mask, dropout_p)) {
+  const std::vector<int64_t> out_strides = queueable_flash(query, key, value, attn_mask, dropout_p);
+  if (!out_strides.empty()) {
     return enqueue_forward("aten::_scaled_dot_product_flash_attention_for_cpu", query, key, value, attn_mask,
-                           is_causal, scale, /*contiguous_out=*/query.is_contiguous(), /*keep_lse=*/true);
+                           is_causal, scale, out_strides, /*keep_lse=*/true);
   }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), k = zc.in(key), v = zc.in(value);
@@ -377,7 +382,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_cpu_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
     const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-  if (queueable_flash(query, key, value, attn_mask, dropout_p) && queueable_backward(query, grad_out, out, logsumexp)) {
+  if (!queueable_flash(query, key, value, attn_mask, dropout_p).empty() &&
+      queueable_backward(query, grad_out, out, logsumexp)) {
     return enqueue_backward("aten::_scaled_dot_product_flash_attention_for_cpu_backward", grad_out, query, key, value,
                             out, logsumexp, attn_mask, is_causal, scale);
   }

@@ -578,10 +578,11 @@ void wait_for(uint64_t seq, bool all) {
     capture_violation(
         "this operation cannot run while a graph is being captured (torch.accelerator.Graph): it makes the "
         "host wait for the device, or runs its kernel synchronously on neuron, outside the graph. neuron "
-        "captures the ops it queues: in-place and out= ops, elementwise ops, fp32/bf16 matmuls and "
+        "captures the ops it queues: in-place and out= ops, elementwise ops, matmuls, fp32/bf16 "
         "convolutions, layer and batch norm, GELU, relu, softmax, max pooling, sum/mean, losses, attention, "
-        "foreach lists, device copies and fills, non_blocking copies with pinned memory, and their backward; "
-        "run the others (fp16 products, scans, sorts, reading values, ...) before or after the capture");
+        "scans, sorts, foreach lists, device copies and fills, non_blocking copies with pinned memory, "
+        "torch.compile's kernels, and their backward; run the others (fp16 convolutions, selections such as "
+        "median, reading values, ...) before or after the capture");
   }
   if (all ? detail::g_completed.load(std::memory_order_acquire) < seq : !is_done(e, seq)) {
     e.drains.fetch_add(1, std::memory_order_relaxed);

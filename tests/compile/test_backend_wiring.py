@@ -47,6 +47,16 @@ def test_a_mode_adds_its_inductor_options_without_cudagraphs(monkeypatch):
     assert patches == expected
 
 
+def test_graph_modes_replay_neuron_graphs_through_inductors_policy(monkeypatch):
+    from torchneuron.compile.graphs import NeuronGraphPolicy
+
+    for kwargs in ({"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}):
+        patches = _config_patches(monkeypatch, **kwargs)
+        assert isinstance(patches.pop("cudagraph_policy"), NeuronGraphPolicy)
+        assert patches["triton.cudagraphs"] is True and patches["triton.cudagraph_trees"] is False
+        assert patches["graph_partition"] is False and patches["triton.cudagraph_support_input_mutation"]
+
+
 def test_user_options_override_the_defaults_and_fallback_is_not_passed_on(monkeypatch):
     patches = _config_patches(monkeypatch, options={"layout_optimization": True, "max_fusion_size": 7,
                                                     "fallback_execution": False})

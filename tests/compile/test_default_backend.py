@@ -129,16 +129,16 @@ def test_graph_creating_neuron_tensors_without_inputs_is_a_neuron_graph(metrics)
     assert metrics()["compilations"] == 1
 
 
-def test_reduce_overhead_mode_on_neuron_warns_and_compiles_without_cuda_graphs(metrics):
-    from torchneuron.compile import backend
-
-    backend._warned.discard("default:cudagraphs")  # warned once per process
+def test_reduce_overhead_mode_on_neuron_replays_neuron_graphs(metrics):
     f = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
-    x = torch.randn(8, device=DEV)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        out, (code,) = run_and_get_code(f, x)
-    torch.testing.assert_close(out.cpu(), x.cpu() * 2 + 1)
-    assert "cudagraph" not in code.lower()
-    assert metrics()["compilations"] == 1
-    assert any("no CUDA graphs" in str(m.message) for m in w)
+    xs = [torch.randn(8, device=DEV) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither "no CUDA graphs" nor a CUDA graph tree error
+        out, (code,) = run_and_get_code(f, xs[0])
+        outs = [out] + [f(x) for x in xs[1:]]
+    for out, x in zip(outs, xs):
+        torch.testing.assert_close(out.cpu(), x.cpu() * 2 + 1)
+    assert "cpp_fused_" in code
+    m = metrics()
+    assert m["compilations"] == 1 and m["graphs_recorded"] == 1 and m["graph_replays"] == 2
+

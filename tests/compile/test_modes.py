@@ -1,4 +1,6 @@
-"""torch.compile modes on neuron (no CUDA graphs)."""
+"""torch.compile modes on neuron (the graph-replaying ones: test_graph_replay.py)."""
+
+import warnings
 
 import pytest
 import torch
@@ -20,13 +22,15 @@ def test_max_autotune_no_cudagraphs_is_accepted():
     _check(torch.compile(_f, backend="neuron", mode="max-autotune-no-cudagraphs"))
 
 
-def test_reduce_overhead_warns_and_compiles_without_cudagraphs():
+def test_reduce_overhead_replays_neuron_graphs_without_a_warning():
     torch._dynamo.reset()
-    from torchneuron.compile import backend
-
-    backend._warned.discard("mode:reduce-overhead")
-    with pytest.warns(UserWarning, match="no CUDA graphs"):
-        _check(torch.compile(_f, backend="neuron", mode="reduce-overhead"))
+    torch.neuron.reset_dynamo_metrics()
+    f = torch.compile(_f, backend="neuron", mode="reduce-overhead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no CUDA graphs" warning any more
+        for _ in range(3):
+            _check(f)
+    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 2
 
 
 def test_unknown_mode_is_rejected():

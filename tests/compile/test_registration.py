@@ -59,8 +59,8 @@ def test_pointwise_chain_is_one_fused_kernel_on_neuron_buffers():
     out, (code,) = run_and_get_code(torch.compile(f, backend="neuron"), x, y)
     assert out.device == DEV
     torch.testing.assert_close(out.cpu(), f(x.cpu(), y.cpu()))
-    kernel_calls = [l for l in code.splitlines()
-                    if l.strip().startswith("cpp_fused_") and "(" in l and "=" not in l]
+    # Each C++ kernel is called once, queued on the execution engine (compile/kernels.py).
+    kernel_calls = [l for l in code.splitlines() if l.strip().startswith("else: _nrt_call(cpp_fused_")]
     assert len(kernel_calls) == 1, code
     assert "device='neuron:0'" in code
 

@@ -668,15 +668,21 @@ def test_arange_raises_cpus_errors_at_the_call():
         torch.arange(0, 3.5, 0.5, dtype=torch.int64, device="neuron")
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "split_heads", "sequence_major"])
+@pytest.mark.parametrize("layout", ["contiguous", "split_heads", "sequence_major", "packed_qkv", "padded_heads"])
 @pytest.mark.parametrize("kv_heads", [4, 2])  # 2: grouped-query attention (enable_gqa)
 def test_flash_attention_queues_the_synchronous_results_and_layouts(layout, kv_heads):
+    # CPU lays the output out like q (empty_like: q's strides when dense, else dense in q's
+    # stride order): the queued op must predict it for every layout, dense or not.
     B, H, L, E = 2, 4, 8, 16
 
-    def make(heads):  # (B, heads, L, E), contiguous or a (B, L, heads, E) tensor's transpose, or another
-        t = r(B, L, heads, E)
-        if layout == "sequence_major":  # (L, B, heads, E): synchronous, CPU's result layout not predicted
+    def make(heads):  # (B, heads, L, E) in `layout`
+        if layout == "sequence_major":  # (L, B, heads, E) permuted: dense, not contiguous
             return n(r(L, B, heads, E)).permute(1, 2, 0, 3)
+        if layout == "packed_qkv":  # a view of a fused (B, L, 3 * heads * E) projection: not dense
+            return n(r(B, L, 3, heads, E))[:, :, 0].transpose(1, 2)
+        if layout == "padded_heads":  # (B, heads, L, 2E)[..., :E]: not dense, in (B, heads, L) order
+            return n(r(B, heads, L, 2 * E))[..., :E]
+        t = r(B, L, heads, E)
         return n(t).transpose(1, 2) if layout == "split_heads" else n(t.transpose(1, 2).contiguous())
     q, k, v, go = make(H), make(kv_heads), make(kv_heads), make(H)
 
@@ -688,7 +694,7 @@ def test_flash_attention_queues_the_synchronous_results_and_layouts(layout, kv_h
     engine.set_enabled(False)
     want = run()
     engine.set_enabled(True)
-    got = run() if layout == "sequence_major" else queued(run)
+    got = queued(run)
     assert [t.stride() for t in got] == [t.stride() for t in want]
     for a, e in zip(got, want):
         assert torch.equal(a.cpu(), e.cpu())
@@ -1072,3 +1078,56 @@ def test_abs_of_a_bool_tensor_gives_cudas_result_with_the_engine_on():
     got = torch.abs(x)
     torch.neuron.synchronize()
     assert torch.equal(got.cpu(), x.cpu())
+
+
+_OUT_PRODUCTS = {  # op: (call with operands and out=, operand shapes, result shape)
+    "mm": (lambda a, o: torch.mm(*a, out=o), [(5, 7), (7, 3)], (5, 3)),
+    "addmm": (lambda a, o: torch.addmm(*a, beta=0.5, alpha=2.0, out=o), [(3,), (5, 7), (7, 3)], (5, 3)),
+    "bmm": (lambda a, o: torch.bmm(*a, out=o), [(2, 5, 7), (2, 7, 3)], (2, 5, 3)),
+    "baddbmm": (lambda a, o: torch.baddbmm(*a, beta=0.5, alpha=2.0, out=o), [(2, 5, 3), (2, 5, 7), (2, 7, 3)],
+                (2, 5, 3)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_OUT_PRODUCTS))
+@pytest.mark.parametrize("out_layout", ["contiguous", "transposed"])
+def test_out_products_queue_with_cpus_results(op, out_layout):
+    # Inductor's extern kernels call the out= forms: queued, compiled graphs stay asynchronous.
+    call, shapes, result = _OUT_PRODUCTS[op]
+    args = [r(*s) for s in shapes]
+    args[-1] = args[-1].transpose(-1, -2).contiguous().transpose(-1, -2)  # a transposed operand too
+
+    def make_out():
+        t = torch.full(result[:-2] + result[:-3:-1], float("nan"))
+        return t.transpose(-1, -2) if out_layout == "transposed" else torch.full(result, float("nan"))
+    want = make_out()
+    call(args, want)
+    out = n(make_out())
+    queued(call, [n(a) for a in args], out)
+    same(out, want)
+
+
+@pytest.mark.parametrize("op", ["addmm_", "baddbmm_"])
+def test_in_place_products_queue_with_cpus_results(op):
+    bias, a, b = (r(5, 3), r(5, 7), r(7, 3)) if op == "addmm_" else (r(2, 5, 3), r(2, 5, 7), r(2, 7, 3))
+    want = getattr(bias.clone(), op)(a, b, beta=0.5, alpha=2.0)
+    got = n(bias)
+    queued(lambda: getattr(got, op)(n(a), n(b), beta=0.5, alpha=2.0))
+    same(got, want)
+
+
+def test_out_products_that_resize_or_overlap_run_at_the_call_as_cpus():
+    a, b = r(5, 7), r(7, 5)
+    out = n(torch.empty(0))  # resized by CPU's kernel: synchronous
+    torch.mm(n(a), n(b), out=out)
+    same(out, torch.mm(a, b))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float"):  # CPU's, at the call
+        torch.mm(n(a), n(b), out=n(torch.empty(5, 5, dtype=torch.long)))
+    x = r(5, 5)
+    want = x.clone()
+    torch.mm(want, x, out=want)  # out is an operand: whatever CPU's kernel makes of it
+    got = n(x)
+    before = engine.stats()["enqueued"]
+    torch.mm(got, n(x), out=got)
+    assert engine.stats()["enqueued"] == before
+    same(got, want)

@@ -115,14 +115,11 @@ def route_default_backend() -> None:
     def __call__(self, model_, inputs_, *, config_patches=None):
         if not _graph_on_neuron(model_, inputs_):
             return original(self, model_, inputs_, config_patches=config_patches)
-        from .backend import _warn_once, compile_graph
+        from .backend import compile_graph
 
-        options = {**self.config, **(config_patches or {})}
-        if options.get("triton.cudagraphs"):  # mode="reduce-overhead" / "max-autotune"
-            _warn_once("default:cudagraphs", "torch.compile on neuron: neuron has no CUDA graphs; "
-                       "compiling without them")
-            options["triton.cudagraphs"] = False
-        return compile_graph(model_, inputs_, options=options)
+        # mode="reduce-overhead" / "max-autotune" set triton.cudagraphs: compile_graph replays
+        # neuron graphs instead
+        return compile_graph(model_, inputs_, options={**self.config, **(config_patches or {})})
 
     __call__._torchneuron_orig = original  # type: ignore[attr-defined]
     cls.__call__ = __call__

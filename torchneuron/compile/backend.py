@@ -56,26 +56,31 @@ def _fallback_enabled(options: dict) -> bool:
     return os.environ.get("TORCHNEURON_COMPILE_FALLBACK", "0") == "1"
 
 
+def graph_replay_config() -> dict:
+    """Inductor settings that replay compiled neuron graphs from neuron graphs (graphs.py): what
+    CUDA graphs do for ``mode="reduce-overhead"``. No graph partitions (each compiled graph is
+    recorded whole, and Inductor screens out graphs with ops a graph cannot hold); not CUDA's
+    graph trees (their manager is CUDA's); graphs that mutate their inputs too (an optimizer
+    step: the replay writes inputs used in place directly and copies the others back)."""
+    from .graphs import NeuronGraphPolicy
+
+    return {"triton.cudagraphs": True, "triton.cudagraph_trees": False, "graph_partition": False,
+            "triton.cudagraph_support_input_mutation": True, "cudagraph_policy": NeuronGraphPolicy()}
+
+
 def _mode_config(mode: Optional[str]) -> dict:
-    """Inductor config for a torch.compile ``mode``. There are no CUDA graphs on neuron: modes
-    that need them warn and run without."""
+    """Inductor config for a torch.compile ``mode``. Modes that use CUDA graphs replay neuron
+    graphs instead (:func:`graph_replay_config`)."""
     if mode in (None, "default"):
         return {}
     if mode not in _KNOWN_MODES:
         raise ValueError(f"torch.compile(backend='neuron'): unknown mode {mode!r}; "
                          f"expected one of {', '.join(_KNOWN_MODES)}")
-    if mode in _CUDAGRAPH_MODES:
-        _warn_once(f"mode:{mode}", f"torch.compile(backend='neuron', mode={mode!r}): neuron has "
-                   "no CUDA graphs; compiling without them"
-                   + (" (as 'default')" if mode == "reduce-overhead"
-                      else " (as 'max-autotune-no-cudagraphs')"))
-        mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
-        if mode == "default":
-            return {}
     from torch._inductor import list_mode_options
 
     opts = dict(list_mode_options(mode))
-    opts["triton.cudagraphs"] = False
+    # only the modes that ask for graphs get them (not a user's global triton.cudagraphs)
+    opts["triton.cudagraphs"] = mode in _CUDAGRAPH_MODES
     return opts
 
 
@@ -196,6 +201,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     config_patches = dict(_DEFAULT_CONFIG)
     config_patches.update(_mode_config(mode))
     config_patches.update(options)
+    if config_patches.get("triton.cudagraphs") and config_patches.get("cudagraph_policy") is None:
+        config_patches.update(graph_replay_config())  # CUDA graphs asked for: neuron graphs
     from torch._inductor import config as inductor_config
     from torch._inductor.custom_graph_pass import get_custom_graph_passes
 

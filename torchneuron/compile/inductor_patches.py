@@ -139,6 +139,45 @@ def patch_flex_lowering() -> None:
     del flex_mod
 
 
+@_once("codegen_version_key")
+def patch_codegen_version_key() -> None:
+    """Inductor registers neuron's code generators by itself when it finds them on
+    ``torch.neuron`` (``init_backend_registration``), without a device pass; but the pass's
+    ``uuid()`` is how neuron's code-generation version enters Inductor's cache keys (inductor.py,
+    ``_CodegenVersion``). A neuron registration without one gets it."""
+    from torch._inductor.codegen import common
+
+    from .inductor import _CodegenVersion
+
+    orig = common.register_backend_for_device
+
+    def register_backend_for_device(device, *args, **kwargs):
+        orig(device, *args, **kwargs)
+        if device == "neuron" and common.custom_backend_passes.get(device) is None:
+            common.custom_backend_passes[device] = _CodegenVersion()
+
+    common.register_backend_for_device = register_backend_for_device
+
+
+@_once("graph_replay_devices")
+def patch_graph_replay_devices() -> None:
+    """Inductor lets a graph be recorded for replay (``mode="reduce-overhead"``) only if all its
+    nodes are on one CUDA device (``check_multiple_devices_or_any_cpu_nodes``); a graph on one
+    neuron device is recorded into a neuron graph (graphs.py). Graphs with CPU nodes or several
+    devices keep Inductor's answer."""
+    from torch._inductor import cudagraph_utils
+
+    orig = cudagraph_utils.check_multiple_devices_or_any_cpu_nodes
+
+    def check_multiple_devices_or_any_cpu_nodes(device_node_mapping):
+        devices = [d for d in device_node_mapping if d.type != "meta"]
+        if len(devices) == 1 and devices[0].type == "neuron":
+            return None
+        return orig(device_node_mapping)
+
+    cudagraph_utils.check_multiple_devices_or_any_cpu_nodes = check_multiple_devices_or_any_cpu_nodes
+
+
 def apply() -> None:
     """Apply every patch (idempotent)."""
     patch_scheduler_is_cpu()
@@ -146,3 +185,5 @@ def apply() -> None:
     patch_ir_is_cpu()
     patch_flex_validate_device()
     patch_flex_lowering()
+    patch_codegen_version_key()
+    patch_graph_replay_devices()

@@ -19,6 +19,9 @@ _FIELDS = (
     "cache_misses",        # compiled graphs that had to be generated
     "eager_fallbacks",     # graphs run eagerly because compilation failed (TORCHNEURON_COMPILE_FALLBACK=1)
     "flex_attention_decomposed",  # FlexAttention calls lowered through the math (training) path
+    "graphs_recorded",     # mode="reduce-overhead": compiled graphs recorded into neuron graphs
+    "graph_replays",       # ... calls served by replaying one
+    "graphs_not_recordable",  # ... compiled graphs that could not be recorded (run as compiled)
 )
 _counts: dict[str, int] = dict.fromkeys(_FIELDS, 0)
 _compile_time = 0.0
@@ -51,7 +54,8 @@ def get() -> dict:
     """Snapshot of the metrics since the last :func:`reset`.
 
     Keys: ``compilations``, ``recompilations``, ``graphs_lowered``, ``cache_hits``,
-    ``cache_misses``, ``eager_fallbacks``, ``flex_attention_decomposed``, ``graph_breaks``
+    ``cache_misses``, ``eager_fallbacks``, ``flex_attention_decomposed``, ``graphs_recorded``,
+    ``graph_replays``, ``graphs_not_recordable`` (``mode="reduce-overhead"``), ``graph_breaks``
     (Dynamo graph breaks in this process) and ``compile_time_s``.
     """
     with _lock:

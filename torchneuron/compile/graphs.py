@@ -1,0 +1,250 @@
+"""``torch.compile(mode="reduce-overhead")`` on neuron: compiled graphs replayed from neuron graphs.
+
+On CUDA, "reduce-overhead" records each compiled graph into a CUDA graph and replays it, so a
+call costs a few copies and one launch instead of the wrapper's Python and every kernel launch.
+Neuron has graphs of its own (``torch.neuron.NeuronGraph``, csrc/backend/graph.cpp) and compiled
+kernels are queued on the execution engine (kernels.py), so a compiled graph can be recorded
+the same way. Inductor hands each compiled forward/backward to a ``CUDAGraphPolicy``
+(``torch._inductor.config.cudagraph_policy``); :class:`NeuronGraphPolicy` wraps it in a
+:class:`GraphedGraph`:
+
+* The first call with a given input signature (sizes, strides, dtypes, integer arguments, and
+  the addresses of inputs that keep theirs) runs the graph as compiled: a warm-up, as on CUDA.
+  The second records it into a neuron graph and replays it; later calls replay.
+* Inputs that keep their address from call to call (parameters and buffers, Inductor's static
+  inputs; outputs of another recording, such as the activations a recorded forward hands its
+  backward) are used in place. Other tensor inputs are copied into the recording's own buffers
+  (queued copies); a mutated one is copied back after the replay.
+* Outputs are fresh tensors over the recording's memory. Unlike CUDA, where an output read after
+  the next replay raises ("overwritten by a subsequent run"), an output still referenced when
+  the graph replays again is first given private memory holding its values, so results never
+  change under the user (the cost: one queued copy of such outputs).
+* A graph that cannot be recorded (an op neuron runs synchronously, a host read, random numbers,
+  another stream: csrc/backend/graph.cpp) runs as compiled from then on, with one warning naming
+  the reason; so does a call made inside a user's own graph capture (it records it).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch._inductor.cudagraph_utils import CUDAGraphPolicy
+
+from .. import _C
+from . import metrics
+
+__all__ = ["GraphedGraph", "NeuronGraphPolicy", "MAX_RECORDINGS"]
+
+# Recordings one compiled graph keeps (distinct input signatures, e.g. dynamic shapes); calls
+# with further signatures run as compiled.
+MAX_RECORDINGS = 16
+
+# Storage data pointer -> the GraphedGraph (its id) whose recording owns that output memory. An
+# input found here, owned by another compiled graph, is that graph's output (a recorded forward's
+# activations, as its backward's input): its address is stable across replays, so it is used in
+# place instead of copied. A graph's own outputs fed back to it (a decoding loop's next input) are
+# copied: used in place, each recording would make the next call's input a new address.
+_recorded_memory: dict[int, int] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class _Recording:
+    """One input signature's neuron graph, with its static inputs and outputs."""
+
+    def __init__(self, graph: Any, inputs: list, copied: list[int], mutated: list[int],
+                 outputs: Sequence[Any], in_place_storages: set[int], owner: int) -> None:
+        self.graph = graph
+        self.inputs = inputs
+        self.copied = copied  # input indices copied into the recording's buffers at each call
+        self.mutated = mutated  # ... of those, the ones the graph writes: copied back
+        # How each output is rebuilt at each call: ("value", v) for a non-tensor; ("view", t) for
+        # a tensor over memory the caller owns (viewed afresh); ("alias", group, t) for a tensor
+        # over the recording's memory (group: its storage, aliased per call).
+        self.plan: list[tuple] = []
+        self.groups: list[torch.UntypedStorage] = []
+        group_of: dict[int, int] = {}
+        for out in outputs:
+            if not isinstance(out, torch.Tensor):
+                self.plan.append(("value", out))
+                continue
+            ptr = _storage_ptr(out)
+            if ptr in in_place_storages or ptr == 0:
+                self.plan.append(("view", out))
+                continue
+            if ptr not in group_of:
+                group_of[ptr] = len(self.groups)
+                self.groups.append(out.untyped_storage())
+            self.plan.append(("alias", group_of[ptr], out))
+        for s in self.groups:
+            _recorded_memory[s.data_ptr()] = owner
+        weakref.finalize(self, _forget, [s.data_ptr() for s in self.groups])
+        self.live: list[torch.UntypedStorage] = []  # the previous call's output storages
+
+    def replay(self, inputs: list) -> list:
+        # Outputs still referenced move out first: they may alias an input buffer too (an input
+        # the graph returns, e.g. saved for the backward), which the copies below overwrite.
+        self._privatize_live()
+        for i in self.copied:
+            src, dst = inputs[i], self.inputs[i]
+            if src.data_ptr() != dst.data_ptr():
+                dst.copy_(src)
+        self.graph.replay()
+        for i in self.mutated:
+            inputs[i].copy_(self.inputs[i])
+        return self._outputs()
+
+    def _privatize_live(self) -> None:
+        """Outputs of the previous call still referenced get private memory with their values
+        before the replay overwrites the recording's."""
+        for alias in self.live:
+            if torch._C._storage_Use_Count(alias._cdata) > 1:
+                private = torch.empty(alias.nbytes(), dtype=torch.uint8, device=alias.device)
+                private.copy_(torch.empty(0, dtype=torch.uint8, device=alias.device).set_(alias))
+                _C._storage_take_data(alias, private.untyped_storage())
+        self.live = []
+
+    def _outputs(self) -> list:
+        aliases = [torch._C._construct_storage_from_data_pointer(s.data_ptr(), s.device, s.nbytes())
+                   for s in self.groups]
+        self.live = aliases
+        outs: list = []
+        for entry in self.plan:
+            kind = entry[0]
+            if kind == "value":
+                outs.append(entry[1])
+            elif kind == "view":
+                t = entry[1]
+                outs.append(t.as_strided(t.size(), t.stride(), t.storage_offset()))
+            else:
+                t = entry[2]
+                outs.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                    aliases[entry[1]], t.storage_offset(), t.size(), t.stride()))
+        return outs
+
+
+def _forget(ptrs: list[int]) -> None:
+    for p in ptrs:
+        _recorded_memory.pop(p, None)
+
+
+class GraphedGraph:
+    """A compiled graph (Inductor's boxed callable: a list of inputs in, a list of outputs
+    out) replayed from neuron graphs, one per input signature (module docstring)."""
+
+    def __init__(self, model: Callable[[list], Any], static_input_idxs: Sequence[int],
+                 mutated_input_idxs: Sequence[int], name: str) -> None:
+        self.model = model
+        self.static_input_idxs = frozenset(static_input_idxs)
+        self.mutated_input_idxs = frozenset(mutated_input_idxs)
+        self.name = name
+        self.warmed: set = set()
+        self.recordings: dict[Any, Optional[_Recording]] = {}
+        self.failed: Optional[str] = None  # why recording failed: not tried again
+
+    def _in_place(self, i: int, x: torch.Tensor) -> bool:
+        if i in self.static_input_idxs:
+            return True
+        if not _recorded_memory:
+            return False
+        # The storage's address, without building a storage object (a microsecond per input).
+        owner = _recorded_memory.get(x.data_ptr() - x.storage_offset() * x.element_size())
+        return owner is not None and owner != id(self)
+
+    def _key(self, inputs: list) -> Optional[tuple]:
+        """The input signature a recording is made for (None: not recordable). Runs at every
+        call: kept to a few attribute reads per input."""
+        key = []
+        try:
+            for i, x in enumerate(inputs):
+                if isinstance(x, torch.Tensor):
+                    key.append((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device,
+                                x.data_ptr() if self._in_place(i, x) else None))
+                elif x is None or isinstance(x, (int, float, bool)):
+                    key.append((type(x), x))
+                else:  # generators and the like: not part of a recording
+                    return None
+        except RuntimeError:  # a layout without strides (sparse, nested)
+            return None
+        return tuple(key)
+
+    def __call__(self, inputs: list) -> Any:
+        if self.failed is not None or torch.neuron.is_current_stream_capturing():
+            return self.model(inputs)
+        key = self._key(inputs)
+        if key is None:
+            return self.model(inputs)
+        rec = self.recordings.get(key, False)
+        if rec is False:
+            if key not in self.warmed:
+                self.warmed.add(key)
+                return self.model(inputs)
+            if len(self.recordings) >= MAX_RECORDINGS:
+                _warn_once(f"max:{self.name}", f"neuron: mode='reduce-overhead': {self.name} was called with "
+                           f"more than {MAX_RECORDINGS} input signatures; further ones run without graph "
+                           "replay")
+                return self.model(inputs)
+            rec = self._record(inputs)
+            self.recordings[key] = rec
+            if rec is None:
+                return self.model(inputs)
+        if rec is None:
+            return self.model(inputs)
+        outs = rec.replay(inputs)
+        inputs.clear()
+        metrics.incr("graph_replays")
+        return outs
+
+    def _record(self, inputs: list) -> Optional[_Recording]:
+        static: list = []
+        copied: list[int] = []
+        in_place: set[int] = set()
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor):
+                if self._in_place(i, x):
+                    static.append(x)
+                    in_place.add(_storage_ptr(x))
+                else:
+                    buf = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+                    buf.copy_(x)
+                    static.append(buf)
+                    copied.append(i)
+            else:
+                static.append(x)
+        graph = torch.neuron.NeuronGraph()
+        try:
+            with torch.neuron.graph(graph):
+                outputs = self.model(list(static))
+        except Exception as exc:  # what cannot be captured runs as compiled from now on
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.failed = reason
+            metrics.incr("graphs_not_recordable")
+            _warn_once(f"fail:{self.name}:{reason}", f"neuron: mode='reduce-overhead': {self.name} runs "
+                       f"without graph replay: it cannot be recorded ({reason})")
+            return None
+        mutated = [i for i in copied if i in self.mutated_input_idxs]
+        metrics.incr("graphs_recorded")
+        return _Recording(graph, static, copied, mutated, list(outputs), in_place, id(self))
+
+
+class NeuronGraphPolicy(CUDAGraphPolicy):
+    """Inductor's graph-wrapping hook for neuron graphs (``mode="reduce-overhead"``)."""
+
+    def cudagraphify(self, model: Callable[..., Any], example_inputs: Sequence[Any],
+                     static_input_idxs: Sequence[int], *, device_index: int, is_backward: bool,
+                     is_inference: bool, **kwargs: Any) -> Callable[..., Any]:
+        name = "the backward graph" if is_backward else ("the inference graph" if is_inference
+                                                          else "the forward graph")
+        return GraphedGraph(model, static_input_idxs, kwargs.get("mutated_input_idxs", ()), name)
