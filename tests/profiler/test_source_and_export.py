@@ -203,3 +203,23 @@ def test_trace_has_what_perfettos_json_importer_needs(gpt_profile):
     est_pids = {e["pid"] for e in evs if e.get("cat") == "neuron_estimate"}
     assert est_pids and all(names[p].endswith("Trainium2 (estimated)") for p in est_pids)
     assert len([e for e in evs if e.get("cat") == "neuron_estimate"]) == len(device_events(trace))
+
+
+def test_replayed_compiled_graphs_show_their_kernels_while_profiled(tmp_path):
+    # mode="reduce-overhead" replays a recording, whose kernels carry no trace: while the
+    # profiler records device activity the graph runs as compiled, attributed.
+    cf = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="neuron", mode="reduce-overhead")
+    x = torch.randn(64, device="neuron")
+    torch.neuron.reset_dynamo_metrics()
+    cf(x), cf(x)  # warm-up, recording
+    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 1
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        out = cf(x)
+    torch.testing.assert_close(out.cpu(), torch.sin(x.cpu()) * 2 + 1)
+    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 1
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    (k,) = device_events(json.loads(path.read_text()), "compiled")
+    assert k["name"].startswith("cpp_fused")
+    cf(x)
+    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 2  # replays again after

@@ -21,7 +21,8 @@ the same way. Inductor hands each compiled forward/backward to a ``CUDAGraphPoli
   change under the user (the cost: one queued copy of such outputs).
 * A graph that cannot be recorded (an op neuron runs synchronously, a host read, random numbers,
   another stream: csrc/backend/graph.cpp) runs as compiled from then on, with one warning naming
-  the reason; so does a call made inside a user's own graph capture (it records it).
+  the reason; so does a call made inside a user's own graph capture (it records it), and calls
+  made while torch.profiler records device activity (their kernels then appear in the trace).
 """
 
 from __future__ import annotations
@@ -181,7 +182,10 @@ class GraphedGraph:
         return tuple(key)
 
     def __call__(self, inputs: list) -> Any:
-        if self.failed is not None or torch.neuron.is_current_stream_capturing():
+        # As compiled: inside the user's own capture (it records the call), and while
+        # torch.profiler records device activity (each kernel then appears, attributed to its
+        # source, where a replay would show none; same kernels, same results).
+        if self.failed is not None or torch.neuron.is_current_stream_capturing() or _C._trace_active():
             return self.model(inputs)
         key = self._key(inputs)
         if key is None:
