@@ -201,3 +201,17 @@ def test_two_forwards_before_one_backward_give_defaults_gradients():
         grads[mode] = [p.grad.cpu() for p in model.parameters()]
     for a, b in zip(grads["default"], grads["reduce-overhead"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(torch.neuron.device_count() < 2, reason="needs two neuron devices")
+def test_a_graph_on_another_device_than_the_current_one_is_recorded_there(metrics):
+    dev = torch.device("neuron:1")
+    f = torch.compile(lambda x: (x * 2).exp(), backend="neuron", mode="reduce-overhead")
+    xs = [torch.randn(32).to(dev) for _ in range(3)]
+    assert torch.neuron.current_device() == 0
+    for x in xs:
+        out = f(x)
+        assert out.device == dev
+        torch.testing.assert_close(out.cpu(), (x.cpu() * 2).exp())
+    m = metrics()
+    assert m["graphs_recorded"] == 1 and m["graph_replays"] == 2 and m["graphs_not_recordable"] == 0

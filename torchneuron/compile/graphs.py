@@ -58,6 +58,17 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
+_capture_streams: dict[int, torch.Stream] = {}
+
+
+def _capture_stream(device: int) -> torch.Stream:
+    """The side stream recordings of ``device`` are captured on (one per device, as
+    ``torch.cuda.graph``'s default capture stream)."""
+    if device not in _capture_streams:
+        _capture_streams[device] = torch.neuron.Stream(device=device)
+    return _capture_streams[device]
+
+
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -227,9 +238,14 @@ class GraphedGraph:
                     copied.append(i)
             else:
                 static.append(x)
+        device = next((x.device.index for x in inputs if isinstance(x, torch.Tensor)), None)
+        if device is None:
+            device = torch.neuron.current_device()
         graph = torch.neuron.NeuronGraph()
         try:
-            with torch.neuron.graph(graph):
+            # Captured on the graph's device (a neuron:1 graph called with neuron:0 current
+            # queues its kernels on neuron:1's stream), on a side stream of that device.
+            with torch.neuron.device(device), torch.neuron.graph(graph, stream=_capture_stream(device)):
                 outputs = self.model(list(static))
         except Exception as exc:  # what cannot be captured runs as compiled from now on
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
