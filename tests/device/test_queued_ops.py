@@ -1096,6 +1096,8 @@ def test_out_products_queue_with_cpus_results(op, out_layout):
     call, shapes, result = _OUT_PRODUCTS[op]
     args = [r(*s) for s in shapes]
     args[-1] = args[-1].transpose(-1, -2).contiguous().transpose(-1, -2)  # a transposed operand too
+    wide = r(*args[-2].shape[:-1], args[-2].shape[-1] + 5)  # and a slice of a wider buffer (not dense)
+    args[-2] = wide[..., :args[-2].shape[-1]]
 
     def make_out():
         t = torch.full(result[:-2] + result[:-3:-1], float("nan"))

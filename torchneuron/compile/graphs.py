@@ -27,6 +27,7 @@ the same way. Inductor hands each compiled forward/backward to a ``CUDAGraphPoli
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -152,6 +153,22 @@ def _forget(ptrs: list[int]) -> None:
         _recorded_memory.pop(p, None)
 
 
+def _breaking_call(report: list[str]) -> Optional[str]:
+    """The generated code's line that broke a capture (``buf3 = torch.ops.aten.median.default(
+    arg0_1)``), from the capture's report, which ends with the stack of that call: its innermost
+    frame outside torch itself."""
+    import linecache
+    import re
+
+    torch_dir = os.path.dirname(torch.__file__)
+    for line in reversed(report):
+        m = re.search(r'File "([^"]+)", line (\d+)', line)
+        if m and not m.group(1).startswith(torch_dir):
+            code = linecache.getline(m.group(1), int(m.group(2))).strip()
+            return code[:160] if code else f"{m.group(1)}:{m.group(2)}"
+    return None
+
+
 class GraphedGraph:
     """A compiled graph (Inductor's boxed callable: a list of inputs in, a list of outputs
     out) replayed from neuron graphs, one per input signature (module docstring)."""
@@ -248,7 +265,11 @@ class GraphedGraph:
             with torch.neuron.device(device), torch.neuron.graph(graph, stream=_capture_stream(device)):
                 outputs = self.model(list(static))
         except Exception as exc:  # what cannot be captured runs as compiled from now on
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            lines = str(exc).strip().splitlines()
+            reason = lines[0] if lines else type(exc).__name__
+            where = _breaking_call(lines)
+            if where:
+                reason += f"; at {where}"
             self.failed = reason
             metrics.incr("graphs_not_recordable")
             _warn_once(f"fail:{self.name}:{reason}", f"neuron: mode='reduce-overhead': {self.name} runs "
