@@ -64,6 +64,16 @@ inline bool number_fits(c10::ScalarType dtype, const at::Scalar& value) {
   }
   return true;
 }
+// Whether a and b share no memory. ATen's overlap test answers "too hard" for any operand that
+// is not dense (a slice of a wider buffer, as Inductor passes to its extern calls), so the
+// storages' byte ranges are compared first: disjoint ranges cannot overlap.
+inline bool disjoint_memory(const at::Tensor& a, const at::Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.storage().data());
+  const auto* pb = static_cast<const char*>(b.storage().data());
+  const size_t na = a.storage().nbytes(), nb = b.storage().nbytes();
+  if (na == 0 || nb == 0 || pa + na <= pb || pb + nb <= pa) return true;
+  return at::get_overlap_status(a, b) == at::MemOverlapStatus::No;
+}
 // Two arguments partially overlapping (an element of the other, say): CPU kernels raise for a
 // written one, so such a call runs synchronously and raises at the call.
 inline bool partially_overlap(const at::Tensor& a, const at::Tensor& b) {

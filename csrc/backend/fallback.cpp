@@ -387,7 +387,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
       for (const auto* group : {&written, &read}) {
         for (const at::Tensor& r : *group) {
           if (partially_overlap(w, r)) return false;
-          if (!pointwise && group == &read && at::get_overlap_status(w, r) != at::MemOverlapStatus::No) return false;
+          if (!pointwise && group == &read && !disjoint_memory(w, r)) return false;
         }
       }
     } else {

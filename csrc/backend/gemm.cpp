@@ -407,17 +407,11 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
 // the operands (a bias it is, in place, aside: addmm_ and baddbmm_ are out= calls on self).
 bool half_out(const at::Tensor& out) { return routed(out); }
 
-// ATen's overlap test answers "too hard" for any operand that is not dense (a slice of a wider
-// buffer, as Inductor passes): separate storages are checked first.
-bool shares_no_memory(const at::Tensor& out, const at::Tensor& t) {
-  return !out.storage().is_alias_of(t.storage()) || at::get_overlap_status(out, t) == at::MemOverlapStatus::No;
-}
-
 bool queueable_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c10::IntArrayRef sizes,
                    const at::Tensor* bias = nullptr) {
   return queueable_like(a, out) && out.sizes() == sizes && at::has_internal_overlap(out) == at::MemOverlap::No &&
-         shares_no_memory(out, a) && shares_no_memory(out, b) &&
-         (bias == nullptr || out.is_same(*bias) || shares_no_memory(out, *bias));
+         disjoint_memory(out, a) && disjoint_memory(out, b) &&
+         (bias == nullptr || out.is_same(*bias) || disjoint_memory(out, *bias));
 }
 
 at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {

@@ -269,9 +269,7 @@ template <class Src> Src queued_src(QueuedCall& q, const Src& src) {
   if constexpr (std::is_same_v<Src, at::Tensor>) return q.in(src);
   else return src;
 }
-bool writable_without_overlap(const at::Tensor& self, const at::Tensor& other) {
-  return at::get_overlap_status(self, other) == at::MemOverlapStatus::No;
-}
+bool writable_without_overlap(const at::Tensor& self, const at::Tensor& other) { return disjoint_memory(self, other); }
 template <class Src> bool in_place_fits(const at::Tensor& self, const at::Tensor& index, const Src& src) {
   if (!writable_without_overlap(self, index)) return false;
   if constexpr (std::is_same_v<Src, at::Tensor>) return writable_without_overlap(self, src);

@@ -1096,8 +1096,11 @@ def test_out_products_queue_with_cpus_results(op, out_layout):
     call, shapes, result = _OUT_PRODUCTS[op]
     args = [r(*s) for s in shapes]
     args[-1] = args[-1].transpose(-1, -2).contiguous().transpose(-1, -2)  # a transposed operand too
-    wide = r(*args[-2].shape[:-1], args[-2].shape[-1] + 5)  # and a slice of a wider buffer (not dense)
-    args[-2] = wide[..., :args[-2].shape[-1]]
+    k = args[-2].shape[-1]
+    wide = r(*args[-2].shape[:-1], k + 5)  # and a slice of a wider buffer (not dense)
+    args[-2] = wide[..., :k]
+    nargs = [n(a) for a in args]
+    nargs[-2] = n(wide)[..., :k]  # sliced on the device (.to() would make the slice dense)
 
     def make_out():
         t = torch.full(result[:-2] + result[:-3:-1], float("nan"))
@@ -1105,7 +1108,7 @@ def test_out_products_queue_with_cpus_results(op, out_layout):
     want = make_out()
     call(args, want)
     out = n(make_out())
-    queued(call, [n(a) for a in args], out)
+    queued(call, nargs, out)
     same(out, want)
 
 
@@ -1132,4 +1135,20 @@ def test_out_products_that_resize_or_overlap_run_at_the_call_as_cpus():
     before = engine.stats()["enqueued"]
     torch.mm(got, n(x), out=got)
     assert engine.stats()["enqueued"] == before
+    same(got, want)
+
+
+def test_in_place_index_ops_reading_slices_of_wider_buffers_queue_with_cpus_results():
+    # Operands that are not dense (a slice of a wider buffer) in separate memory: ATen's overlap
+    # test calls them "too hard"; they cannot overlap what the op writes, so the op queues.
+    wide, idx = r(4, 9), torch.randint(0, 4, (4, 5), generator=gen)
+    want = torch.zeros(4, 5).scatter_(0, idx, wide[:, :5])
+    got = n(torch.zeros(4, 5))
+    nwide = n(wide)
+    queued(lambda: got.scatter_(0, n(idx), nwide[:, :5]))
+    same(got, want)
+    rows = torch.tensor([0, 2])
+    want = torch.zeros(4, 5).index_put_((rows,), wide[:2, :5])
+    got = n(torch.zeros(4, 5))
+    queued(lambda: got.index_put_((n(rows),), nwide[:2, :5]))
     same(got, want)
