@@ -15,6 +15,11 @@ from torchneuron.compile import kernels
 from torchneuron.neuron import engine
 
 
+# The engine on (tests/conftest.py), also when the suite runs with NEURON_LAUNCH_BLOCKING=1;
+# the tests of the synchronous path turn it off themselves.
+pytestmark = pytest.mark.usefixtures("engine_on")
+
+
 def _pointwise(x, y):
     return ((x * y).sin() + 1).relu() * 0.5
 

@@ -224,7 +224,7 @@ class GraphedGraph:
                 self.warmed.add(key)
                 return self.model(inputs)
             if len(self.recordings) >= MAX_RECORDINGS:
-                _warn_once(f"max:{self.name}", f"neuron: mode='reduce-overhead': {self.name} was called with "
+                _warn_once(f"max:{id(self)}", f"neuron: mode='reduce-overhead': {self.name} was called with "
                            f"more than {MAX_RECORDINGS} input signatures; further ones run without graph "
                            "replay")
                 return self.model(inputs)
