@@ -23,8 +23,9 @@ def neuron_backend(gm: "Any", example_inputs: Sequence[Any], mode: Optional[str]
     Args:
         gm: the graph captured by Dynamo.
         example_inputs: its (fake) example inputs.
-        mode: torch.compile mode: ``"default"`` or ``"max-autotune-no-cudagraphs"``;
-            ``"reduce-overhead"`` / ``"max-autotune"`` warn (no CUDA graphs) and fall back.
+        mode: torch.compile mode: ``"default"``, ``"max-autotune-no-cudagraphs"``, or
+            ``"reduce-overhead"`` / ``"max-autotune"``, which replay the compiled graphs from
+            neuron graphs as CUDA graphs do (:mod:`torchneuron.compile.graphs`).
         options: Inductor config overrides, plus ``fallback_execution`` (bool) overriding
             ``TORCHNEURON_COMPILE_FALLBACK``.
 
