@@ -225,8 +225,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fusion_fail_after", &torchneuron::fusion::fail_after, py::arg("groups"));  // tests only
   torchneuron::bind_cpu_kernel_call(m);
   torchneuron::bind_compiled_kernels(m);
+  m.def("_storage_take_data", &storage_take_data, py::arg("dst"), py::arg("src"));  // (compile/graphs.py)
   // Interprocess sharing (torchneuron/neuron/ipc.py).
-  m.def("_storage_take_data", &storage_take_data, py::arg("dst"), py::arg("src"));
   m.def("_ipc_export", &ipc_export,
         "Share a neuron storage: (device, heap fd, offset, nbytes, counter offset).");
   m.def("_ipc_import", &ipc_import, "Map a storage another process exported.");

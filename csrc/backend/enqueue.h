@@ -17,6 +17,7 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/util/strides.h>
 
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -68,8 +69,8 @@ inline bool number_fits(c10::ScalarType dtype, const at::Scalar& value) {
 // is not dense (a slice of a wider buffer, as Inductor passes to its extern calls), so the
 // storages' byte ranges are compared first: disjoint ranges cannot overlap.
 inline bool disjoint_memory(const at::Tensor& a, const at::Tensor& b) {
-  const auto* pa = static_cast<const char*>(a.storage().data());
-  const auto* pb = static_cast<const char*>(b.storage().data());
+  const auto pa = reinterpret_cast<uintptr_t>(a.storage().data());
+  const auto pb = reinterpret_cast<uintptr_t>(b.storage().data());
   const size_t na = a.storage().nbytes(), nb = b.storage().nbytes();
   if (na == 0 || nb == 0 || pa + na <= pb || pb + nb <= pa) return true;
   return at::get_overlap_status(a, b) == at::MemOverlapStatus::No;

@@ -336,8 +336,7 @@ bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
       src.device() != dst.device() || src._is_zerotensor() ||
       dst._is_zerotensor() || !at::is_expandable_to(src.sizes(), dst.sizes()) ||
       at::has_internal_overlap(dst) == at::MemOverlap::Yes ||
-      (!src.is_same(dst) && src.storage().is_alias_of(dst.storage()) &&
-       at::get_overlap_status(dst, src) != at::MemOverlapStatus::No)) {  // ("too hard" for any view not dense)
+      (!src.is_same(dst) && !disjoint_memory(dst, src))) {
     return false;
   }
   QueuedCall q;

@@ -128,14 +128,14 @@ void flash_backward_into(const at::Tensor& gq, const at::Tensor& gk, const at::T
                                               lse.transpose(1, 2), 0.0, is_causal, mask, scale);
 }
 
-// FakeTensors (tracing) and symbolic shapes have no bytes to alias.
+// torch.func's wrappers: grad's TensorWrapper and vmap's BatchedTensor.
+const c10::DispatchKeySet kFuncTorchKeys{c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched};
+
 // Tensors whose bytes cannot be aliased: Python subclasses, meta/fake tensors, symbolic
 // shapes, and torch.func's wrappers (grad's TensorWrapper and vmap's BatchedTensor have no
 // storage; SDPA, a composite op, calls the selection before they are unwrapped).
 bool opaque(const at::Tensor& t) {
-  static const c10::DispatchKeySet wrappers{c10::DispatchKey::Python, c10::DispatchKey::FuncTorchGradWrapper,
-                                            c10::DispatchKey::FuncTorchBatched};
-  return t.key_set().has_any(wrappers) || t.is_meta() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  return t.key_set().has(c10::DispatchKey::Python) || t.key_set().has_any(kFuncTorchKeys) || t.is_meta() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
 int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -161,10 +161,9 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
                        !(has_mask && (mask->requires_grad() || is_causal));
     // torch.func's transforms get CPU's kernel too (its batching rules and derivatives are
     // what they apply on CPU; efficient attention's backward has no batching rule).
-    static const c10::DispatchKeySet functorch{c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched};
     const bool cpu_kernel =
         c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE).has_value() ||
-        q.key_set().has_any(functorch) || k.key_set().has_any(functorch) || v.key_set().has_any(functorch);
+        q.key_set().has_any(kFuncTorchKeys) || k.key_set().has_any(kFuncTorchKeys) || v.key_set().has_any(kFuncTorchKeys);
     if (!flash) return static_cast<int64_t>(sdp::SDPBackend::math);
     return static_cast<int64_t>(cpu_kernel ? sdp::SDPBackend::flash_attention : sdp::SDPBackend::efficient_attention);
   }

@@ -28,7 +28,6 @@ the same way. Inductor hands each compiled forward/backward to a ``CUDAGraphPoli
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -37,6 +36,7 @@ from torch._inductor.cudagraph_utils import CUDAGraphPolicy
 
 from .. import _C
 from . import metrics
+from .backend import _warn_once
 
 __all__ = ["GraphedGraph", "NeuronGraphPolicy", "MAX_RECORDINGS"]
 
@@ -50,13 +50,6 @@ MAX_RECORDINGS = 16
 # place instead of copied. A graph's own outputs fed back to it (a decoding loop's next input) are
 # copied: used in place, each recording would make the next call's input a new address.
 _recorded_memory: dict[int, int] = {}
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, stacklevel=3)
 
 
 _capture_streams: dict[int, torch.Stream] = {}
@@ -71,7 +64,9 @@ def _capture_stream(device: int) -> torch.Stream:
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    """The address of ``t``'s storage, without building a storage object (a microsecond per
+    input at every call)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 class _Recording:
@@ -180,7 +175,7 @@ class GraphedGraph:
         self.mutated_input_idxs = frozenset(mutated_input_idxs)
         self.name = name
         self.warmed: set = set()
-        self.recordings: dict[Any, Optional[_Recording]] = {}
+        self.recordings: dict[Any, _Recording] = {}
         self.failed: Optional[str] = None  # why recording failed: not tried again
 
     def _in_place(self, i: int, x: torch.Tensor) -> bool:
@@ -188,8 +183,7 @@ class GraphedGraph:
             return True
         if not _recorded_memory:
             return False
-        # The storage's address, without building a storage object (a microsecond per input).
-        owner = _recorded_memory.get(x.data_ptr() - x.storage_offset() * x.element_size())
+        owner = _recorded_memory.get(_storage_ptr(x))
         return owner is not None and owner != id(self)
 
     def _key(self, inputs: list) -> Optional[tuple]:
@@ -218,8 +212,8 @@ class GraphedGraph:
         key = self._key(inputs)
         if key is None:
             return self.model(inputs)
-        rec = self.recordings.get(key, False)
-        if rec is False:
+        rec = self.recordings.get(key)
+        if rec is None:
             if key not in self.warmed:
                 self.warmed.add(key)
                 return self.model(inputs)
@@ -229,11 +223,9 @@ class GraphedGraph:
                            "replay")
                 return self.model(inputs)
             rec = self._record(inputs)
-            self.recordings[key] = rec
-            if rec is None:
+            if rec is None:  # not recordable (self.failed says why): as compiled from now on
                 return self.model(inputs)
-        if rec is None:
-            return self.model(inputs)
+            self.recordings[key] = rec
         outs = rec.replay(inputs)
         inputs.clear()
         metrics.incr("graph_replays")

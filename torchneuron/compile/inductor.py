@@ -187,10 +187,10 @@ class _NeuronWrapperMixin:
 
     def define_kernel(self, kernel_name, kernel_body, metadata=None, gpu=True, cpp_definition=None):
         # A C++ kernel's binding, built with the packed entry point the engine queues (kernels.py).
-        if not gpu and kernel_body.lstrip().startswith("async_compile.cpp_pybinding("):
-            kernel_body = kernel_body.lstrip()
-            kernel_body = (f"_nrt_cpp_kernel(async_compile, {kernel_name!r}, "
-                           + kernel_body[len("async_compile.cpp_pybinding("):])
+        stock = "async_compile.cpp_pybinding("
+        body = kernel_body.lstrip()
+        if not gpu and body.startswith(stock):
+            kernel_body = f"_nrt_cpp_kernel(async_compile, {kernel_name!r}, " + body[len(stock):]
         return super().define_kernel(kernel_name, kernel_body, metadata=metadata,  # type: ignore[misc]
                                      gpu=gpu, cpp_definition=cpp_definition)
 

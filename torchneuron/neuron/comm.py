@@ -16,7 +16,6 @@ This module also re-exports ``torch.nn.parallel.comm``'s functions, as ``torch.c
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Sequence
 
 import torch
@@ -89,17 +88,13 @@ def _chunks(tensor: torch.Tensor, n: int, chunk_sizes: Optional[Sequence[int]], 
     return list(tensor.split(list(chunk_sizes), dim))
 
 
-def _on(stream: Optional[torch.Stream]) -> contextlib.AbstractContextManager:
-    return torch.neuron.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
 def _scatter(tensor: torch.Tensor, devices: Sequence[int], chunk_sizes: Optional[Sequence[int]],
              dim: int, streams: Optional[Sequence[Optional[torch.Stream]]]) -> list[torch.Tensor]:
     _check_devices(devices, "scatter")
     chunks = _chunks(tensor, len(devices), chunk_sizes, dim, "scatter")
     out = []
     for i, chunk in enumerate(chunks):
-        with _on(streams[i] if streams else None):
+        with torch.neuron.stream(streams[i] if streams else None):  # (None: the current stream)
             out.append(_to(chunk, _device(devices[i])))
     return out
 
@@ -112,7 +107,7 @@ def _scatter_out(tensor: torch.Tensor, out: Sequence[torch.Tensor], dim: int,
     for i, (chunk, o) in enumerate(zip(chunks, out)):
         if o.shape != chunk.shape:
             raise RuntimeError(f"scatter: out[{i}] has shape {tuple(o.shape)}, expected {tuple(chunk.shape)}")
-        with _on(streams[i] if streams else None):
+        with torch.neuron.stream(streams[i] if streams else None):
             o.copy_(chunk, non_blocking=True)
     return list(out)
 
