@@ -31,6 +31,30 @@ def engine_on():
         engine.set_enabled(was)
 
 
+@pytest.fixture(params=["sync", "engine", "fused"])
+def engine_mode(request):
+    """The test run with the engine off (synchronous), on, and on with Adaptive Eager fusion."""
+    engine = torch.neuron.engine
+    was, was_fusing = engine.is_enabled(), engine.is_fusion_enabled()
+    engine.set_enabled(request.param != "sync")
+    engine.set_fusion_enabled(request.param == "fused")
+    yield request.param
+    try:
+        torch.neuron.synchronize()
+    finally:
+        engine.set_enabled(was)
+        engine.set_fusion_enabled(was_fusing)
+
+
+@pytest.fixture
+def engine_state():
+    """engine.set_enabled for the test; the engine's state restored after it."""
+    engine = torch.neuron.engine
+    was = engine.is_enabled()
+    yield engine.set_enabled
+    engine.set_enabled(was)
+
+
 
 # `make test` runs the suite on two pytest-xdist workers with --dist loadgroup, scheduled by
 # the groups below. Each test file is one group, so a file's tests keep their order and module

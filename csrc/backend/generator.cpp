@@ -6,6 +6,7 @@
 #include <c10/core/impl/GPUTrace.h>
 #include <c10/util/CallOnce.h>
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -80,10 +81,61 @@ c10::intrusive_ptr<c10::GeneratorImpl> NeuronGeneratorImpl::graphsafe_get_state(
   return c10::make_intrusive<NeuronGeneratorImpl>(device().index(), state_);
 }
 
-std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::philox_engine_inputs(uint64_t increment) {
+namespace {
+// The open graph capture's generators (begin_graph_rng): its device (-1: none) and the states
+// drawn from so far. A state joins under its own lock, then this one's (end_graph_rng never
+// holds both).
+std::atomic<int> g_rng_capture_device{-1};
+std::mutex g_rng_mu;
+std::vector<GraphRngUse> g_rng_uses;
+}  // namespace
+
+PhiloxArgs NeuronGeneratorImpl::philox_engine_inputs(uint64_t increment) {
+  const uint64_t step = (increment + 3) / 4 * 4;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (C10_UNLIKELY(g_rng_capture_device.load(std::memory_order_acquire) == device().index())) {
+    if (!state_->cell) {
+      state_->cell = std::make_shared<GraphRngCell>();
+      state_->intragraph = 0;
+      std::lock_guard<std::mutex> reg(g_rng_mu);
+      g_rng_uses.push_back(GraphRngUse{state_, state_->cell, 0});
+    }
+    PhiloxArgs args{0, state_->intragraph, state_->cell};
+    state_->intragraph += step;
+    return args;
+  }
   const uint64_t offset = state_->offset;
-  state_->offset = offset + (increment + 3) / 4 * 4;
-  return {state_->seed, offset};
+  state_->offset = offset + step;
+  return {state_->seed, offset, nullptr};
+}
+
+void begin_graph_rng(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> reg(g_rng_mu);
+  g_rng_uses.clear();
+  g_rng_capture_device.store(device, std::memory_order_release);
+}
+
+std::vector<GraphRngUse> end_graph_rng() {
+  std::vector<GraphRngUse> uses;
+  {
+    std::lock_guard<std::mutex> reg(g_rng_mu);
+    g_rng_capture_device.store(-1, std::memory_order_release);
+    uses.swap(g_rng_uses);
+  }
+  for (GraphRngUse& use : uses) {
+    std::lock_guard<std::mutex> lock(use.state->mu);
+    use.increment = use.state->intragraph;
+    use.state->cell.reset();
+    use.state->intragraph = 0;
+  }
+  return uses;
+}
+
+std::pair<uint64_t, uint64_t> GraphRngUse::advance() const {
+  std::lock_guard<std::mutex> lock(state->mu);
+  const uint64_t offset = state->offset;
+  state->offset = offset + increment;
+  return {state->seed, offset};
 }
 
 NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
@@ -120,8 +172,7 @@ at::Generator new_generator(c10::DeviceIndex device) {
   return at::make_generator<NeuronGeneratorImpl>(resolve(device));
 }
 
-std::pair<uint64_t, uint64_t> reserve_philox(const std::optional<at::Generator>& gen,
-                                             c10::DeviceIndex device, uint64_t increment) {
+PhiloxArgs reserve_philox(const std::optional<at::Generator>& gen, c10::DeviceIndex device, uint64_t increment) {
   auto* impl = at::get_generator_or_default<NeuronGeneratorImpl>(gen, default_generator(device));
   std::lock_guard<std::mutex> lock(impl->mutex_);
   return impl->philox_engine_inputs(increment);

@@ -17,6 +17,10 @@
 // second and third kind too; the first is this device's: its kernels are host code that
 // runs where queuing is not possible.
 //
+// Random ops are captured as on CUDA (generator.h, begin_graph_rng): their kernels read the
+// generator's (seed, offset) from a cell each replay writes first, in stream order, with the
+// generator's values at the replay; the replay then moves the generator past the graph's draws.
+//
 // Memory (allocator.h): blocks allocated during the capture belong to the graph's memory pool;
 // a tensor that frees one leaves it allocated until every graph captured into the pool is reset
 // or destroyed, so no later allocation can take memory a replay writes (CUDA's graph-private
@@ -34,6 +38,7 @@
 #include "../runtime/engine.h"
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "generator.h"
 
 namespace torchneuron {
 namespace {
@@ -47,6 +52,7 @@ class NeuronGraph final : public at::GraphImplInterface {
     if (capturing_) {  // destroyed mid-capture (capture_end never called): close it, keep nothing
       capturing_ = false;
       end_graph_allocations();
+      end_graph_rng();
       try {
         engine::end_capture();
       } catch (...) {
@@ -73,6 +79,7 @@ class NeuronGraph final : public at::GraphImplInterface {
       release_pool();
       throw;
     }
+    begin_graph_rng(static_cast<c10::DeviceIndex>(device_));
     capturing_ = true;
   }
 
@@ -80,12 +87,14 @@ class NeuronGraph final : public at::GraphImplInterface {
     TORCH_CHECK(capturing_, "neuron: capture_end() without capture_begin()");
     capturing_ = false;
     end_graph_allocations();
+    std::vector<GraphRngUse> rng = end_graph_rng();
     try {
       items_ = engine::end_capture();
     } catch (...) {
       release_pool();
       throw;
     }
+    rng_ = std::move(rng);
     captured_ = true;
   }
 
@@ -96,6 +105,19 @@ class NeuronGraph final : public at::GraphImplInterface {
     TORCH_CHECK(captured_, "neuron: replay() before a capture ended");
     TORCH_CHECK(!engine::capturing(), "neuron: replaying a graph while a graph is being captured");
     const int64_t stream = neuron::rt::current_stream(device_);
+    // Each generator the graph draws from gives this replay its own numbers: the graph's range of
+    // offsets starts at the generator's offset now, which moves past it (CUDA's replay_prologue).
+    // The recorded kernels read the start from the cell, written in stream order before them.
+    for (const GraphRngUse& use : rng_) {
+      const auto [seed, offset] = use.advance();
+      engine::enqueue(
+          device_, stream, "neuron::graph_rng_state",
+          [cell = use.cell, seed = seed, offset = offset]() {
+            cell->seed = seed;
+            cell->offset = offset;
+          },
+          nullptr);
+    }
     for (const engine::Captured& item : items_) {
       engine::enqueue(device_, stream, item.name, item.work, item.where, item.record);
     }
@@ -126,6 +148,7 @@ class NeuronGraph final : public at::GraphImplInterface {
   void release() {
     if (captured_) engine::drain_quietly();  // replays still queued use the graph's memory
     items_.clear();
+    rng_.clear();
     captured_ = false;
     release_pool();
   }
@@ -141,6 +164,7 @@ class NeuronGraph final : public at::GraphImplInterface {
   bool capturing_ = false;
   bool captured_ = false;
   std::vector<engine::Captured> items_;
+  std::vector<GraphRngUse> rng_;  // the generators the recorded kernels draw from
 };
 
 }  // namespace

@@ -241,18 +241,38 @@ c10::DeviceIndex index_of(const at::TensorBase& t) {
   return t.device().index();
 }
 
-// Runs body(i0, n, words) for the elements of `self` with an offset range reserved on gen.
+// Fills `alias` (a CPU alias of the op's tensor) through body_for(buf): buf is alias itself when
+// contiguous, else a contiguous temporary copied back (elements are numbered in row-major order).
+template <int J, class Body>
+void fill_with(const at::Tensor& alias, const PhiloxArgs& rng, const Body& body_for) {
+  at::Tensor buf = alias.is_contiguous() ? alias : at::empty(alias.sizes(), alias.options());
+  const int64_t numel = buf.numel();
+  const auto [seed, offset] = rng.get();
+  if (numel > 0) for_each_chunk<J>(seed, offset, numel, body_for(buf));
+  if (!buf.is_same(alias)) alias.copy_(buf);
+}
+
+// Runs body(i0, n, words) for the elements of `self` with an offset range reserved on gen:
+// queued when the engine is on or a graph is being captured (every argument error was raised by
+// ATen's templates before the kernel is called; the offsets are reserved here, in program
+// order, so the numbers are those a synchronous call draws), else now. body_for is copied into
+// the queued kernel: it must hold what it uses by value.
 template <int J, class Body>
 void generate(const char* name, const at::TensorBase& self, const std::optional<at::Generator>& gen,
-              const Body& body_for /* (at::Tensor& buf) -> chunk body */) {
+              const Body& body_for /* (at::Tensor& buf) -> chunk body */, bool queueable = true) {
+  const c10::DeviceIndex device = index_of(self);
+  if (queueable && may_enqueue()) {
+    QueuedCall q;
+    at::Tensor alias = q.inout(at::Tensor(self));
+    const PhiloxArgs rng = reserve_philox(gen, device, static_cast<uint64_t>(self.numel()));
+    q.enqueue(name, [alias, rng, body_for]() { fill_with<J>(alias, rng, body_for); });
+    return;
+  }
   ZeroCopy zc;
-  Output out(zc, self);
-  const int64_t numel = out.buf.numel();
-  uint64_t seed, offset;
-  std::tie(seed, offset) = reserve_philox(gen, index_of(self), static_cast<uint64_t>(numel));
+  at::Tensor alias = zc.in_output(at::Tensor(self));  // runs the queue (raises inside a capture)
+  const PhiloxArgs rng = reserve_philox(gen, device, static_cast<uint64_t>(self.numel()));
   zc.launch(name);
-  if (numel > 0) for_each_chunk<J>(seed, offset, numel, body_for(out.buf));
-  out.finish();
+  fill_with<J>(alias, rng, body_for);
 }
 
 inline uint64_t word64(Words w, int64_t k) {
@@ -296,7 +316,7 @@ template <typename scalar_t, class Map>
 void normal_fill(const char* name, const at::TensorBase& self, const std::optional<at::Generator>& gen,
                  const Map& map) {
   if constexpr (std::is_same_v<scalar_t, double>) {
-    generate<2>(name, self, gen, [&](at::Tensor& buf) {
+    generate<2>(name, self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         double z[kChunk];
@@ -305,7 +325,7 @@ void normal_fill(const char* name, const at::TensorBase& self, const std::option
       };
     });
   } else {
-    generate<1>(name, self, gen, [&](at::Tensor& buf) {
+    generate<1>(name, self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         alignas(64) float z[kChunk + 8];
@@ -327,7 +347,7 @@ void uniform_fill(const at::TensorBase& self, double from, double to, const std:
   constexpr int digits = std::numeric_limits<scalar_t>::digits;
   constexpr acc_t scale = static_cast<acc_t>(1) / static_cast<acc_t>(uint64_t{1} << digits);
   if constexpr (std::is_same_v<scalar_t, double>) {
-    generate<2>("aten::uniform_", self, gen, [&](at::Tensor& buf) {
+    generate<2>("aten::uniform_", self, gen, [=](at::Tensor& buf) {
       double* base = buf.data_ptr<double>();
       return [=](int64_t i0, int64_t n, Words w) {
         for (int64_t k = 0; k < n; ++k) {
@@ -337,7 +357,7 @@ void uniform_fill(const at::TensorBase& self, double from, double to, const std:
       };
     });
   } else {
-    generate<1>("aten::uniform_", self, gen, [&](at::Tensor& buf) {
+    generate<1>("aten::uniform_", self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         for (int64_t k = 0; k < n; ++k) {
@@ -388,14 +408,14 @@ template <typename scalar_t, class Map>
 void open_uniform_fill(const char* name, const at::TensorBase& self, const std::optional<at::Generator>& gen,
                        const Map& map /* acc_t u -> value */) {
   if constexpr (std::is_same_v<at::dist_acctype<scalar_t>, double>) {
-    generate<2>(name, self, gen, [&](at::Tensor& buf) {
+    generate<2>(name, self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         for (int64_t k = 0; k < n; ++k) base[i0 + k] = static_cast<scalar_t>(map(open_f64(word64(w, k))));
       };
     });
   } else {
-    generate<1>(name, self, gen, [&](at::Tensor& buf) {
+    generate<1>(name, self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         for (int64_t k = 0; k < n; ++k) base[i0 + k] = static_cast<scalar_t>(map(open_f32(w[0][k])));
@@ -409,7 +429,7 @@ template <typename scalar_t>
 void exponential_fill(const at::TensorBase& self, double lambda, const std::optional<at::Generator>& gen) {
   if constexpr (std::is_same_v<at::dist_acctype<scalar_t>, float>) {
     const float inv = static_cast<float>(1.0 / lambda);
-    generate<1>("aten::exponential_", self, gen, [&](at::Tensor& buf) {
+    generate<1>("aten::exponential_", self, gen, [=](at::Tensor& buf) {
       scalar_t* base = buf.data_ptr<scalar_t>();
       return [=](int64_t i0, int64_t n, Words w) {
         alignas(64) float u[kChunk + 8];
@@ -455,7 +475,7 @@ struct GeometricKernel {
     // Computed in double for every dtype (integer outputs are allowed, as on CPU).
     const double denom = std::log1p(-p);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_", [&] {
-      generate<2>("aten::geometric_", self, gen, [&](at::Tensor& buf) {
+      generate<2>("aten::geometric_", self, gen, [=](at::Tensor& buf) {
         scalar_t* base = buf.data_ptr<scalar_t>();
         return [=](int64_t i0, int64_t n, Words w) {
           for (int64_t k = 0; k < n; ++k) {
@@ -471,7 +491,7 @@ struct GeometricKernel {
 // or 64 (two subsequences) when the range needs them, as CPU and CUDA choose.
 template <typename scalar_t, bool Wide, class Map>
 void int_fill(const at::TensorBase& self, const std::optional<at::Generator>& gen, const Map& map) {
-  generate<Wide ? 2 : 1>("aten::random_", self, gen, [&](at::Tensor& buf) {
+  generate<Wide ? 2 : 1>("aten::random_", self, gen, [=](at::Tensor& buf) {
     scalar_t* base = buf.data_ptr<scalar_t>();
     return [=](int64_t i0, int64_t n, Words w) {
       for (int64_t k = 0; k < n; ++k) {
@@ -544,7 +564,7 @@ struct BernoulliScalarKernel {
   void operator()(const at::TensorBase& self, double p, std::optional<at::Generator> gen) {
     const uint64_t t = threshold(p);
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar", [&] {
-      generate<1>("aten::bernoulli_", self, gen, [&](at::Tensor& buf) {
+      generate<1>("aten::bernoulli_", self, gen, [=](at::Tensor& buf) {
         scalar_t* base = buf.data_ptr<scalar_t>();
         return [=](int64_t i0, int64_t n, Words w) {
           bool keep[kChunk];
@@ -563,7 +583,7 @@ struct BernoulliTensorKernel {
     at::Tensor p = pz.in(at::Tensor(p_), /*allow_cpu=*/true).expand(self.sizes()).to(at::kDouble).contiguous();
     const double* pp = p.data_ptr<double>();
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor", [&] {
-      generate<1>("aten::bernoulli_", self, gen, [&](at::Tensor& buf) {
+      generate<1>("aten::bernoulli_", self, gen, [=](at::Tensor& buf) {
         scalar_t* base = buf.data_ptr<scalar_t>();
         return [=](int64_t i0, int64_t n, Words w) {
           for (int64_t k = 0; k < n; ++k) {
@@ -572,7 +592,7 @@ struct BernoulliTensorKernel {
             base[i0 + k] = static_cast<scalar_t>(static_cast<double>(w[0][k]) < pk * 4294967296.0);
           }
         };
-      });
+      }, /*queueable=*/false);  // reads p now (a CPU copy of it): runs at the call
     });
   }
 };
@@ -642,8 +662,9 @@ at::Tensor& bernoulli_out(const at::Tensor& self, std::optional<at::Generator> g
 // bernoulli_ gives. The scale multiplies in the accumulation type, as CUDA's kernel does (and
 // as CPU's native_dropout_backward does; CPU's forward, input.mul(mask).mul_(scale) through the
 // C++ Scalar overload, rounds the scale to bf16/fp16 first).
-void dropout_kernel(const at::Tensor& x, const at::Tensor& o, const at::Tensor& m, uint64_t seed, uint64_t offset,
-                    uint64_t t, double scale) {
+void dropout_kernel(const at::Tensor& x, const at::Tensor& o, const at::Tensor& m, const PhiloxArgs& rng, uint64_t t,
+                    double scale) {
+  const auto [seed, offset] = rng.get();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "native_dropout", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const acc_t s = static_cast<acc_t>(scale);
@@ -677,26 +698,24 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   TORCH_CHECK(0 <= p1m && p1m <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p1m);
   const uint64_t t = threshold(p1m);
   at::Tensor output, mask;
-  // Queued with the engine on: the generator's offsets are reserved here, in program order, so
-  // the numbers are those a synchronous call would draw. Not while a graph is captured: a replay
-  // would draw the captured offsets again (CUDA graphs advance them per replay), so the capture
-  // stops with an error instead, as for every random op.
-  if (may_enqueue() && !neuron::rt::engine::capturing() && input.is_privateuseone()) {
+  // Queued with the engine on or inside a graph capture: the generator's offsets are reserved
+  // here, in program order, so the numbers are those a synchronous call would draw (a recorded
+  // kernel's, those of the replay's offsets: generate's comment).
+  if (may_enqueue() && input.is_privateuseone()) {
     QueuedCall q;
     at::Tensor x = q.in(input);
     at::Tensor o = q.out(output, input.sizes(), input.scalar_type()), m = q.out(mask, input.sizes(), at::kBool);
-    uint64_t seed, offset;  // (not a structured binding: C++17 lambdas cannot capture one)
-    std::tie(seed, offset) = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
-    q.enqueue("aten::native_dropout", [=]() { dropout_kernel(x, o, m, seed, offset, t, scale); });
+    const PhiloxArgs rng = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
+    q.enqueue("aten::native_dropout", [=]() { dropout_kernel(x, o, m, rng, t, scale); });
     return {output, mask};
   }
   output = at::empty_like(input);
   mask = at::empty_like(input, input.options().dtype(at::kBool));
   ZeroCopy zc;
   at::Tensor x = zc.in(input), o = zc.in_output(output), m = zc.in_output(mask);
-  const auto [seed, offset] = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
+  const PhiloxArgs rng = reserve_philox(std::nullopt, index_of(input), static_cast<uint64_t>(input.numel()));
   zc.launch("aten::native_dropout");
-  dropout_kernel(x, o, m, seed, offset, t, scale);
+  dropout_kernel(x, o, m, rng, t, scale);
   return {output, mask};
 }
 
@@ -770,8 +789,7 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
   result.resize_({n});
   ZeroCopy zc;
   Output out(zc, result);
-  uint64_t seed, offset;
-  std::tie(seed, offset) = reserve_philox(gen, index_of(result), static_cast<uint64_t>(n));
+  const auto [seed, offset] = reserve_philox(gen, index_of(result), static_cast<uint64_t>(n)).get();
   zc.launch("aten::randperm");
   std::vector<int64_t> perm(static_cast<size_t>(n));
   std::vector<uint64_t> bits(static_cast<size_t>(n));
@@ -822,8 +840,7 @@ void multinomial_with_replacement(at::Tensor& result, const at::Tensor& self, in
     TORCH_CHECK(total > 0, "invalid multinomial distribution (sum of probabilities <= 0)");
     last_nonzero[d] = last;
   }
-  uint64_t seed, offset;
-  std::tie(seed, offset) = reserve_philox(gen, index_of(self), static_cast<uint64_t>(n_dist * n_sample));
+  const auto [seed, offset] = reserve_philox(gen, index_of(self), static_cast<uint64_t>(n_dist * n_sample)).get();
   zc.launch("aten::multinomial");
   int64_t* base = out.buf.data_ptr<int64_t>();
   for_each_chunk<2>(seed, offset, n_dist * n_sample, [&](int64_t i0, int64_t cnt, Words w) {
@@ -862,8 +879,8 @@ void per_element(const char* name, const at::Tensor& shape_of, at::Tensor& resul
   ZeroCopy zc;
   Output out(zc, result);
   const int64_t numel = out.buf.numel();
-  uint64_t seed, offset;
-  std::tie(seed, offset) = reserve_philox(gen, index_of(shape_of), static_cast<uint64_t>(numel));
+  uint64_t seed, offset;  // (not a structured binding: C++17 lambdas cannot capture one)
+  std::tie(seed, offset) = reserve_philox(gen, index_of(shape_of), static_cast<uint64_t>(numel)).get();
   zc.launch(name);
   scalar_t* base = out.buf.data_ptr<scalar_t>();
   at::parallel_for(0, numel, 2048, [&](int64_t b, int64_t e) {

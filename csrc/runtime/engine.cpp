@@ -580,7 +580,7 @@ void wait_for(uint64_t seq, bool all) {
         "host wait for the device, or runs its kernel synchronously on neuron, outside the graph. neuron "
         "captures the ops it queues: in-place and out= ops, elementwise ops, matmuls, fp32/bf16 "
         "convolutions, layer and batch norm, GELU, relu, softmax, max pooling, sum/mean, losses, attention, "
-        "scans, sorts, foreach lists, device copies and fills, non_blocking copies with pinned memory, "
+        "scans, sorts, random ops, foreach lists, device copies and fills, non_blocking copies with pinned memory, "
         "torch.compile's kernels, and their backward; run the others (fp16 convolutions, selections such as "
         "median, reading values, ...) before or after the capture");
   }

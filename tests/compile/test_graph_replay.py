@@ -24,6 +24,29 @@ def _inputs(n, *shape, seed=0):
     return [torch.randn(*shape, generator=g).to(DEV) for _ in range(n)]
 
 
+def _assert_modes_train_alike(base, steps):
+    """SGD steps of copies of `base` compiled in default and reduce-overhead modes, from the same
+    neuron seed: equal losses and parameters bit for bit. Returns the losses."""
+    runs = {}
+    for mode in ("default", "reduce-overhead"):
+        model = copy.deepcopy(base)
+        f = torch.compile(model, backend="neuron", mode=mode)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.neuron.manual_seed(11)
+        losses = []
+        for x in _inputs(steps, 8, 16):
+            loss = f(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        runs[mode] = (torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()])
+    assert torch.equal(runs["default"][0], runs["reduce-overhead"][0])
+    for a, b in zip(runs["default"][1], runs["reduce-overhead"][1]):
+        assert torch.equal(a, b)
+    return runs["default"][0]
+
+
 def test_inference_records_at_the_second_call_and_replays_with_defaults_results(metrics):
     torch.manual_seed(0)
     model = MLP().to(DEV).eval()
@@ -39,26 +62,30 @@ def test_inference_records_at_the_second_call_and_replays_with_defaults_results(
 
 def test_training_replays_forward_and_backward_with_defaults_results(metrics):
     torch.manual_seed(0)
-    base = MLP().to(DEV)
-    runs = {}
-    for mode in ("default", "reduce-overhead"):
-        model = copy.deepcopy(base)
-        f = torch.compile(model, backend="neuron", mode=mode)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for x in _inputs(6, 8, 16):
-            loss = f(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach())
-        runs[mode] = (torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()])
-    assert torch.equal(runs["default"][0], runs["reduce-overhead"][0])
-    for a, b in zip(runs["default"][1], runs["reduce-overhead"][1]):
-        assert torch.equal(a, b)
+    _assert_modes_train_alike(MLP().to(DEV), steps=6)
     m = metrics()
     assert m["graphs_recorded"] == 2  # the forward and the backward
     assert m["graph_replays"] >= 8
+
+
+def test_training_with_dropout_and_noise_replays_each_steps_own_numbers_as_default_mode(metrics):
+    # random ops are recorded: each replay draws the generator's next numbers, so the replayed
+    # steps equal default mode's from the same seed (not the recording's numbers again)
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = nn.functional.dropout(torch.relu(self.a(x)), 0.3, self.training)
+            return self.b(h + 0.01 * torch.randn_like(h))
+
+    torch.manual_seed(0)
+    losses = _assert_modes_train_alike(Noisy().to(DEV), steps=5)
+    assert len(set(losses.tolist())) == 5
+    m = metrics()
+    assert m["graphs_recorded"] == 2 and m["graphs_not_recordable"] == 0
+    assert m["graph_replays"] >= 6
 
 
 def test_an_output_held_across_calls_keeps_its_values_and_views():

@@ -17,20 +17,6 @@ import torch
 engine = torch.neuron.engine
 
 
-@pytest.fixture(params=["sync", "engine", "fused"])
-def mode(request):
-    """Replays with the engine off (synchronous), on, and on with Adaptive Eager."""
-    was, was_fusing = engine.is_enabled(), engine.is_fusion_enabled()
-    engine.set_enabled(request.param != "sync")
-    engine.set_fusion_enabled(request.param == "fused")
-    yield request.param
-    try:
-        torch.neuron.synchronize()
-    finally:
-        engine.set_enabled(was)
-        engine.set_fusion_enabled(was_fusing)
-
-
 def capture(fn):
     g = torch.accelerator.Graph()
     with torch.Stream(device="neuron"), g:
@@ -38,7 +24,7 @@ def capture(fn):
     return g, out
 
 
-def test_a_capture_runs_nothing_and_each_replay_runs_it_once(mode):
+def test_a_capture_runs_nothing_and_each_replay_runs_it_once(engine_mode):
     x = torch.zeros(64, device="neuron")
     g, _ = capture(lambda: x.add_(1))
     assert torch.equal(x.cpu(), torch.zeros(64))
@@ -48,7 +34,7 @@ def test_a_capture_runs_nothing_and_each_replay_runs_it_once(mode):
     assert torch.equal(x.cpu(), torch.full((64,), 2.0))
 
 
-def test_a_replay_reads_the_inputs_current_contents_into_the_same_output(mode):
+def test_a_replay_reads_the_inputs_current_contents_into_the_same_output(engine_mode):
     a, b = torch.empty(300, device="neuron"), torch.empty(300, device="neuron")
     g, y = capture(lambda: (a * b + 1).div_(3))
     ptr = y.data_ptr()
@@ -62,7 +48,7 @@ def test_a_replay_reads_the_inputs_current_contents_into_the_same_output(mode):
         assert torch.equal(y.cpu(), (ac * bc + 1).div_(3))
 
 
-def test_a_captured_adamw_step_replays_the_eager_steps_bit_for_bit(mode):
+def test_a_captured_adamw_step_replays_the_eager_steps_bit_for_bit(engine_mode):
     def model():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to("neuron")
@@ -94,7 +80,7 @@ def test_a_captured_adamw_step_replays_the_eager_steps_bit_for_bit(mode):
         assert torch.equal(a.cpu(), b.cpu())
 
 
-def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(mode):
+def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(engine_mode):
     a = torch.randn(4096, device="neuron")
     def body():
         t = a * 2          # an intermediate the capture frees ...
@@ -240,13 +226,6 @@ def test_debug_dump_lists_the_recorded_kernels(tmp_path):
     assert [line.split(".")[0] for line in lines[1:]] == ["aten::add_", "aten::mul_"]
 
 
-@pytest.fixture
-def engine_state():
-    was = engine.is_enabled()
-    yield engine.set_enabled
-    engine.set_enabled(was)
-
-
 def test_replays_with_the_engine_on_run_ahead_of_the_host(engine_state):
     engine_state(True)
     x = torch.zeros(1 << 20, device="neuron")
@@ -331,7 +310,7 @@ def test_a_graph_dropped_mid_capture_closes_its_capture():
     assert torch.equal((a + 1).cpu(), torch.ones(16))  # nothing captured ran; the device works
 
 
-def test_a_whole_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit(mode):
+def test_a_whole_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit(engine_mode):
     # CUDA's "whole-network capture": forward (linear, layer norm, GELU, loss), backward and a
     # capturable AdamW step in one graph; the input is read from a static tensor.
     def setup():
@@ -371,7 +350,7 @@ def replays_the_eager_steps(setup, inputs):
         assert torch.equal(p.cpu(), q.cpu()), name
 
 
-def test_a_cnn_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit(mode):
+def test_a_cnn_training_step_is_captured_and_replays_the_eager_steps_bit_for_bit(engine_mode):
     # convolutions, batch norm (its running statistics and step counter updated by every replay),
     # relu, max pooling, cross entropy, backward and SGD with momentum, in one graph
     def setup():
@@ -408,7 +387,7 @@ def batches(n):
 
 
 @pytest.mark.parametrize("zero_grad", ["set_to_none", "zeros", "accumulate_two_batches"])
-def test_a_graphed_module_trains_as_the_eager_module_bit_for_bit(mode, zero_grad):
+def test_a_graphed_module_trains_as_the_eager_module_bit_for_bit(engine_mode, zero_grad):
     eager, graphed = mlp(), mlp()
     graphed = torch.neuron.make_graphed_callables(graphed, (torch.randn(8, 16, device="neuron", requires_grad=True),))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, graphed)]
@@ -438,7 +417,7 @@ def test_a_graphed_call_is_one_autograd_node_whose_outputs_the_next_call_overwri
     assert torch.equal(y1.cpu(), y2.cpu()) and not torch.equal(want1.cpu(), y2.cpu())  # CUDA's semantics
 
 
-def test_graphed_callables_share_one_pool_and_chain_in_order(mode):
+def test_graphed_callables_share_one_pool_and_chain_in_order(engine_mode):
     # A function and a module graphed together: forward 1, forward 2, then backward 2, backward 1.
     scale = torch.randn(16, device="neuron", requires_grad=True)
 

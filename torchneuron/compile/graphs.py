@@ -19,8 +19,10 @@ the same way. Inductor hands each compiled forward/backward to a ``CUDAGraphPoli
   the next replay raises ("overwritten by a subsequent run"), an output still referenced when
   the graph replays again is first given private memory holding its values, so results never
   change under the user (the cost: one queued copy of such outputs).
-* A graph that cannot be recorded (an op neuron runs synchronously, a host read, random numbers,
-  another stream: csrc/backend/graph.cpp) runs as compiled from then on, with one warning naming
+* Random ops are recorded as CUDA graphs record them: each replay draws the generator's next
+  numbers (csrc/backend/generator.h, GraphRngUse).
+* A graph that cannot be recorded (an op neuron runs synchronously, a host read, another
+  stream: csrc/backend/graph.cpp) runs as compiled from then on, with one warning naming
   the reason; so does a call made inside a user's own graph capture (it records it), and calls
   made while torch.profiler records device activity (their kernels then appear in the trace).
 """

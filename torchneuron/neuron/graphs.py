@@ -1,11 +1,12 @@
 """Graph capture and replay on neuron, mirroring ``torch.cuda``'s ``CUDAGraph`` / ``graph``.
 
 ``NeuronGraph`` is ``torch.accelerator.Graph`` on this device (``csrc/backend/graph.cpp``): a
-capture records the kernels neuron queues on the capturing stream (in-place and ``out=`` ops,
-elementwise ops over same-shaped operands, foreach lists, small copies and fills) without
-running them; ``replay()`` enqueues them again over the same memory. An op whose kernel runs
-synchronously on neuron (matmuls, reductions, ...) or a host wait inside the capture raises and
-fails it. ``make_graphed_callables`` captures a module's or function's forward and backward into
+capture records the kernels neuron queues on the capturing stream (elementwise ops, matmuls,
+norms, attention, reductions, random ops, compiled kernels, copies and fills, their backward)
+without running them; ``replay()`` enqueues them again over the same memory, random ops drawing
+each replay's own numbers as on CUDA. An op whose kernel runs synchronously on neuron (fp16
+convolutions, selections such as median, data-dependent shapes) or a host wait inside the
+capture raises and fails it. ``make_graphed_callables`` captures a module's or function's forward and backward into
 two graphs behind one autograd node, as CUDA's. See docs/architecture.md, *Graphs*.
 """
 
@@ -24,7 +25,21 @@ __all__ = ["NeuronGraph", "graph", "is_current_stream_capturing", "graph_pool_ha
 
 
 class NeuronGraph(torch.accelerator.Graph):
-    """``torch.cuda.CUDAGraph`` for neuron (``torch.accelerator.Graph`` itself)."""
+    """``torch.cuda.CUDAGraph`` for neuron (``torch.accelerator.Graph`` itself).
+
+    Random ops are captured as on CUDA: each replay draws the next numbers of the generators the
+    graph uses (their offsets move past the graph's draws) with the seed current at the replay.
+    """
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """Accepts a generator for the graph's captures, as ``CUDAGraph.register_generator_state``.
+
+        CUDA raises for a captured op drawing from a generator other than the default unless it
+        was registered; neuron registers every neuron generator a captured op draws from at its
+        first use, so this only checks the argument (CUDA code calling it runs unchanged)."""
+        if not isinstance(generator, torch.Generator) or generator.device.type != "neuron":
+            raise TypeError(f"register_generator_state expects a neuron generator, got {generator!r}"
+                            f" (create it with torch.Generator(device='neuron'))")
 
 
 def graph_pool_handle() -> tuple[int, int]:
