@@ -18,6 +18,8 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_efficient_attention_backward.h>
+#include <ATen/ops/_efficient_attention_forward.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -167,6 +169,18 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
     if (!flash) return static_cast<int64_t>(sdp::SDPBackend::math);
     return static_cast<int64_t>(cpu_kernel ? sdp::SDPBackend::flash_attention : sdp::SDPBackend::efficient_attention);
   }
+  // Backends CPU does not have, chosen as CUDA would: with math disabled, dropout goes to
+  // efficient attention (sdpa_kernel(FLASH_ATTENTION) or (EFFICIENT_ATTENTION) with dropout: CPU's
+  // flash kernel has none), and so does efficient attention alone without dropout (CPU has no
+  // efficient kernel: "No viable backend"). Neuron's efficient op takes 4-d floating q, k, v
+  // with one head count, as CUDA's does.
+  const auto& ctx = at::globalContext();
+  if (!ctx.userEnabledMathSDP() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
+      q.size(1) == k.size(1) && k.size(1) == v.size(1) && at::isFloatingType(q.scalar_type()) &&
+      (dropout_p > 0.0 ? ctx.userEnabledFlashSDP() || ctx.userEnabledMemEfficientSDP()
+                       : ctx.userEnabledMemEfficientSDP() && !ctx.userEnabledFlashSDP())) {
+    return static_cast<int64_t>(sdp::SDPBackend::efficient_attention);
+  }
   // CPU's selection reads metadata only, so the aliases need not wait for queued kernels.
   ZeroCopy zc{ZeroCopy::Queued{}};
   // CPU's selection looks at requires_grad (a trainable mask needs the math path); aliases are
@@ -283,8 +297,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
     bool is_causal, std::optional<double> scale) {
-  TORCH_CHECK(dropout_p == 0.0, "neuron's efficient attention supports dropout_p == 0 only; "
-              "scaled_dot_product_attention picks another kernel when dropout is used");
+  if (dropout_p > 0.0) {
+    // CUDA's memory-efficient kernel with dropout as neuron implements it (kernels/attention.py,
+    // [B, L, H, E] views): the keep mask drawn from the default generator, its (seed, offset)
+    // returned for the backward to draw it again. The logsumexp is padded to 32 queries, as the
+    // op's meta function says.
+    auto r = at::_efficient_attention_forward(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                              attn_bias, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                                              dropout_p, is_causal ? 1 : 0, compute_log_sumexp, scale);
+    return {std::get<0>(r).transpose(1, 2), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+  }
   if (queueable_attention(query, key, value, attn_bias) && query.size(1) == key.size(1)) {
     auto [out, lse] = enqueue_forward("aten::_scaled_dot_product_efficient_attention", query, key, value, attn_bias,
                                       is_causal, scale, /*out_strides=*/{}, compute_log_sumexp);
@@ -326,6 +348,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
               "neuron attention cannot differentiate with respect to attn_mask; detach the mask "
               "(masks are rarely trainable) or compute attention explicitly");
   const std::optional<at::Tensor> mask = attn_bias.defined() ? std::optional<at::Tensor>(attn_bias) : std::nullopt;
+  if (dropout_p > 0.0) {  // the forward's kernel (above): the mask drawn again from philox_seed/offset
+    auto t = [](const at::Tensor& x) { return x.transpose(1, 2); };
+    auto [gq, gk, gv, gb] = at::_efficient_attention_backward(
+        t(grad_out), t(query), t(key), t(value), mask, t(out), std::nullopt, std::nullopt, query.size(2), key.size(2),
+        logsumexp, dropout_p, philox_seed, philox_offset, is_causal ? 1 : 0, /*bias_requires_grad=*/false, scale);
+    return {t(gq), t(gk), t(gv), at::Tensor()};
+  }
   if (queueable_attention(query, key, value, mask) && query.size(1) == key.size(1) &&
       queueable_backward(query, grad_out, out, logsumexp)) {
     auto [gq, gk, gv] = enqueue_backward("aten::_scaled_dot_product_efficient_attention_backward", grad_out, query,

@@ -873,15 +873,6 @@ def test_dropout_with_an_invalid_probability_raises_at_the_call():
         torch.ops.aten.native_dropout(n(r(8)), 1.5, True)
 
 
-def test_dropout_inside_a_graph_capture_is_refused():
-    # A replay would draw the captured offsets again (CUDA graphs advance them per replay).
-    x = n(r(64))
-    g = torch.neuron.NeuronGraph()
-    with pytest.raises(RuntimeError, match="(?s)cannot run while a graph is being captured.*in dropout"):
-        with torch.neuron.graph(g):
-            F.dropout(x, 0.5)
-
-
 def test_a_training_step_with_dropout_never_waits_for_the_device():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
