@@ -5,7 +5,11 @@ from the same weights and batch; CPU eager is the oracle. Modes:
 
 * ``train``    one training step: the loss and every parameter's gradient;
 * ``compile``  the same with the neuron model under ``torch.compile(backend="neuron")``;
-* ``generate`` greedy ``generate()`` with left padding: the tokens must be identical.
+* ``generate`` greedy ``generate()`` with left padding: the tokens must be identical;
+* ``replay``   four training steps with dropout on (p = 0.1), compiled on neuron in
+  ``mode="reduce-overhead"`` (graphs recorded and replayed, random numbers included) against
+  ``mode="default"`` from the same neuron seed: losses and weights must be equal bit for bit
+  (the oracle is neuron itself, as dropout's numbers are the device's).
 
 The execution engine is on by default; ``NEURON_LAUNCH_BLOCKING=1`` in the environment sweeps
 synchronous kernels, ``TORCH_NEURONX_ENABLE_CONCATENATION=1`` Adaptive Eager. Dropout is switched off (its
@@ -49,11 +53,11 @@ DEFAULTS = {
               "roberta:cls distilbert:cls albert:cls electra:cls mpnet:cls big_bird:cls modernbert:cls").split(),
     "generate": "gpt2 llama qwen2 gemma2 phi3 falcon mamba mpt bloom opt t5:s2s bart:s2s".split(),
 }
-DEFAULTS["compile"] = DEFAULTS["train"]
+DEFAULTS["compile"] = DEFAULTS["replay"] = DEFAULTS["train"]
 
 
-def config(model_type: str):
-    """A tiny config of ``model_type``: two layers, width 64, no dropout."""
+def config(model_type: str, dropout: float = 0.0):
+    """A tiny config of ``model_type``: two layers, width 64, dropout probabilities ``dropout``."""
     import transformers
 
     cfg = transformers.AutoConfig.for_model(model_type)
@@ -64,7 +68,7 @@ def config(model_type: str):
         cfg.head_dim = 16
     for key in _DROPOUTS:
         if isinstance(getattr(cfg, key, None), float):
-            setattr(cfg, key, 0.0)
+            setattr(cfg, key, dropout)
     if getattr(cfg, "rotary_dim", None) is not None:
         cfg.rotary_dim = 8
     if model_type in ("t5", "mt5", "umt5"):
@@ -75,12 +79,12 @@ def config(model_type: str):
     return cfg
 
 
-def build(spec: str):
+def build(spec: str, dropout: float = 0.0):
     """``(model, kind)`` for ``type`` (causal LM), ``type:s2s`` or ``type:cls``."""
     import transformers
 
     model_type, kind = spec.split(":") if ":" in spec else (spec, "causal")
-    cfg = config(model_type)
+    cfg = config(model_type, dropout)
     if kind == "cls":
         cfg.num_labels = 3
         if getattr(cfg, "pad_token_id", None) is None:
@@ -91,7 +95,7 @@ def build(spec: str):
     model = auto.from_config(cfg)
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+            module.p = dropout
     return model, kind
 
 
@@ -147,6 +151,42 @@ def check_train(spec: str, compiled: bool, verbose: bool, amp: torch.dtype | Non
     return line
 
 
+def check_replay(spec: str, steps: int = 4) -> str:
+    model, kind = build(spec, dropout=0.1)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (2, 16), generator=gen)
+    labels = torch.tensor([0, 2]) if kind == "cls" else ids
+    runs, counts = {}, {}
+    t0 = time.perf_counter()
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        torch.neuron.reset_dynamo_metrics()
+        m = copy.deepcopy(model).to("neuron").train()
+        run = torch.compile(m, backend="neuron", mode=mode)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        torch.neuron.manual_seed(0)
+        losses = []
+        for _ in range(steps):
+            loss = run(input_ids=ids.to("neuron"), labels=labels.to("neuron")).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        runs[mode] = (torch.stack(losses).cpu(), [p.detach().cpu() for p in m.parameters()])
+        counts[mode] = torch.neuron.get_dynamo_metrics()
+    c = counts["reduce-overhead"]
+    line = (f"{c['graphs_recorded']} graphs recorded, {c['graph_replays']} replays, "
+            f"{c['graphs_not_recordable']} not recordable, {time.perf_counter() - t0:.1f} s")
+    same = torch.equal(runs["default"][0], runs["reduce-overhead"][0]) and all(
+        torch.equal(a, b) for a, b in zip(runs["default"][1], runs["reduce-overhead"][1]))
+    if not same:
+        worst = max(((a - b).abs().max() / (a.abs().max() + 1e-12)).item()
+                    for a, b in zip(runs["default"][1], runs["reduce-overhead"][1]))
+        return (f"DIFFERENT from default mode: losses {runs['default'][0].tolist()} vs "
+                f"{runs['reduce-overhead'][0].tolist()}, worst relative weight diff {worst:.1e}; {line}")
+    return f"equal to default mode bit for bit; {line}"
+
+
 def check_generate(spec: str, compiled: bool, static: bool = False) -> str:
     model, kind = build(spec)
     model.eval()
@@ -172,7 +212,7 @@ def check_generate(spec: str, compiled: bool, static: bool = False) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("train", "compile", "generate"))
+    parser.add_argument("mode", choices=("train", "compile", "generate", "replay"))
     parser.add_argument("models", nargs="*", help="model types (type, type:s2s, type:cls) or 'all'")
     parser.add_argument("--compiled-forward", action="store_true", help="generate: compile the neuron forward")
     parser.add_argument("--static-cache", action="store_true", help="generate: with a static KV cache, "
@@ -193,6 +233,8 @@ def main(argv=None) -> int:
         try:
             if args.mode == "generate":
                 result = check_generate(spec, args.compiled_forward, args.static_cache)
+            elif args.mode == "replay":
+                result = check_replay(spec)
             else:
                 amp = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.amp]
                 result = check_train(spec, args.mode == "compile", args.verbose, amp)

@@ -203,7 +203,7 @@ def get_fallback_ops() -> dict[str, int]:
 
 
 def clear_op_tracking() -> None:
-    """Forget the ops recorded so far."""
+    """Forget the ops recorded so far (ops still queued run first: counts start from here)."""
     _C._clear_op_tracking()
 
 

@@ -381,6 +381,7 @@ std::vector<std::pair<std::string, int64_t>> executed_ops(bool fallback_only) {
 }
 
 void clear_op_tracking() {
+  neuron::rt::engine::drain_quietly();  // ops enqueued before the clear are not counted after it
   std::lock_guard<std::mutex> lock(g_track_mu);
   g_fallback_counts.clear();
   g_hot_counts.clear();

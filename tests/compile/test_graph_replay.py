@@ -88,6 +88,35 @@ def test_training_with_dropout_and_noise_replays_each_steps_own_numbers_as_defau
     assert m["graph_replays"] >= 6
 
 
+def test_an_input_a_graph_returns_and_saves_is_the_calls_own_after_another_recording_produced_it(metrics):
+    # The second graph gets the first's output in place, returns it (Hugging Face's loss returns
+    # logits.float(), a no-op in fp32) and saves it for its backward. Those outputs were rebuilt
+    # from the recorded input tensor, which the first recording, seeing it referenced, had moved
+    # to private memory holding an earlier call's values: GPT-2's gradients went wrong from the
+    # second replay on.
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(DEV)
+
+    def f(x):
+        y = lin(x)
+        torch._dynamo.graph_break()
+        y = y.float()
+        return y, (y * y).sum()
+
+    default = torch.compile(f, backend="neuron")
+    replayed = torch.compile(f, backend="neuron", mode="reduce-overhead")
+    for x in _inputs(6, 4, 8):
+        results = []
+        for run in (default, replayed):
+            y, loss = run(x)
+            loss.backward()  # reads y as the second graph saved it
+            results += [lin.weight.grad.cpu(), y.detach().cpu(), loss.detach().cpu()]
+            lin.weight.grad = None
+        for want, got in zip(results[:3], results[3:]):
+            assert torch.equal(got, want)
+    assert metrics()["graph_replays"] >= 3
+
+
 def test_an_output_held_across_calls_keeps_its_values_and_views():
     f = torch.compile(lambda x: (x * 2).exp(), backend="neuron", mode="reduce-overhead")
     xs = _inputs(5, 32)

@@ -75,14 +75,19 @@ class _Recording:
     """One input signature's neuron graph, with its static inputs and outputs."""
 
     def __init__(self, graph: Any, inputs: list, copied: list[int], mutated: list[int],
-                 outputs: Sequence[Any], in_place_storages: set[int], owner: int) -> None:
+                 outputs: Sequence[Any], in_place: dict[int, int], owner: int) -> None:
         self.graph = graph
-        self.inputs = inputs
+        # The recording's own input buffers (the copied inputs'); inputs used in place are not
+        # kept: one that is another recording's output must not look referenced to its owner,
+        # which would then move it to private memory at every call (_privatize_live).
+        self.inputs = [x if i in copied else None for i, x in enumerate(inputs)]
         self.copied = copied  # input indices copied into the recording's buffers at each call
         self.mutated = mutated  # ... of those, the ones the graph writes: copied back
-        # How each output is rebuilt at each call: ("value", v) for a non-tensor; ("view", t) for
-        # a tensor over memory the caller owns (viewed afresh); ("alias", group, t) for a tensor
-        # over the recording's memory (group: its storage, aliased per call).
+        # How each output is rebuilt at each call: ("value", v) for a non-tensor; ("input", i, t)
+        # for a view of input i used in place (an input the graph returns: viewed afresh on the
+        # call's input, whose storage may be a new object over the same memory); ("view", t) for
+        # an empty tensor; ("alias", group, t) for a tensor over the recording's memory (group:
+        # its storage, aliased per call).
         self.plan: list[tuple] = []
         self.groups: list[torch.UntypedStorage] = []
         group_of: dict[int, int] = {}
@@ -91,7 +96,10 @@ class _Recording:
                 self.plan.append(("value", out))
                 continue
             ptr = _storage_ptr(out)
-            if ptr in in_place_storages or ptr == 0:
+            if ptr in in_place:
+                self.plan.append(("input", in_place[ptr], _Geometry(out)))
+                continue
+            if ptr == 0:
                 self.plan.append(("view", out))
                 continue
             if ptr not in group_of:
@@ -114,7 +122,7 @@ class _Recording:
         self.graph.replay()
         for i in self.mutated:
             inputs[i].copy_(self.inputs[i])
-        return self._outputs()
+        return self._outputs(inputs)
 
     def _privatize_live(self) -> None:
         """Outputs of the previous call still referenced get private memory with their values
@@ -126,7 +134,7 @@ class _Recording:
                 _C._storage_take_data(alias, private.untyped_storage())
         self.live = []
 
-    def _outputs(self) -> list:
+    def _outputs(self, inputs: list) -> list:
         aliases = [torch._C._construct_storage_from_data_pointer(s.data_ptr(), s.device, s.nbytes())
                    for s in self.groups]
         self.live = aliases
@@ -135,6 +143,9 @@ class _Recording:
             kind = entry[0]
             if kind == "value":
                 outs.append(entry[1])
+            elif kind == "input":
+                g = entry[2]
+                outs.append(inputs[entry[1]].as_strided(g.size, g.stride, g.offset))
             elif kind == "view":
                 t = entry[1]
                 outs.append(t.as_strided(t.size(), t.stride(), t.storage_offset()))
@@ -143,6 +154,15 @@ class _Recording:
                 outs.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(
                     aliases[entry[1]], t.storage_offset(), t.size(), t.stride()))
         return outs
+
+
+class _Geometry:
+    """An output's view of an input: sizes, strides and storage offset."""
+
+    __slots__ = ("size", "stride", "offset")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.size, self.stride, self.offset = tuple(t.size()), t.stride(), t.storage_offset()
 
 
 def _forget(ptrs: list[int]) -> None:
@@ -236,12 +256,12 @@ class GraphedGraph:
     def _record(self, inputs: list) -> Optional[_Recording]:
         static: list = []
         copied: list[int] = []
-        in_place: set[int] = set()
+        in_place: dict[int, int] = {}  # storage address -> the input used in place over it
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
                 if self._in_place(i, x):
                     static.append(x)
-                    in_place.add(_storage_ptr(x))
+                    in_place.setdefault(_storage_ptr(x), i)
                 else:
                     buf = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
                     buf.copy_(x)
