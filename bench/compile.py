@@ -7,7 +7,8 @@ on (a) a chain of 10 pointwise ops over 4M elements (four of them transcendental
 kernel is compute-bound; (a') is a memory-bound chain of cheap ops), (b) a training step of the small GPT from
 examples/gpt.py (forward, backward, AdamW step; model and optimizer step compiled), (c)
 FlexAttention causal forward+backward (CPU Inductor has no FlexAttention backward: n/a), (d) the
-GPT's batch-1 forward (a decoding step's shape, host-bound) and (b) again, compiled with
+GPT's batch-1 forward (a decoding step's shape, host-bound), (e) a batch-1 training step with dropout,
+and (b) again, compiled with
 mode="reduce-overhead" (compiled graphs replayed from neuron graphs) against mode="default" and
 CPU eager.
 
@@ -106,17 +107,17 @@ def bench_pointwise(args, chain=pointwise_chain):
 
 # (b) GPT training step -------------------------------------------------------------------------
 
-def _gpt_step_fn(device, compiled, backend, mode=None):
+def _gpt_step_fn(device, compiled, backend, mode=None, batch=16, dropout=0.0):
     from gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
+    cfg = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128, dropout=dropout)
     model = GPT(cfg).to(device)
     # the step counts on the device, so that a replayed optimizer step advances them (as on CUDA)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=mode is not None)
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
-    tgt = torch.randint(0, cfg.vocab_size, (16, cfg.block_size), generator=g).to(device)
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), generator=g).to(device)
+    tgt = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), generator=g).to(device)
     fwd = torch.compile(model, backend=backend, mode=mode) if compiled else model
     opt_step = torch.compile(opt.step, backend=backend, mode=mode) if compiled else opt.step
 
@@ -145,6 +146,18 @@ def bench_gpt_replay(args):
     return timeit({"neuron default": (_gpt_step_fn(NEURON, True, "neuron", "default"), NEURON),
                    "neuron reduce-overhead": (_gpt_step_fn(NEURON, True, "neuron", "reduce-overhead"), NEURON),
                    "cpu eager": (_gpt_step_fn(torch.device("cpu"), False, None), torch.device("cpu"))},
+                  args.warmup, args.repeat)
+
+
+def bench_gpt_dropout_replay(args):
+    """(e) a host-bound training step with dropout (batch 1): random numbers are recorded too, so
+    reduce-overhead replays the whole step (before, the dropout graphs could not be recorded)."""
+    torch._dynamo.reset()
+    cpu = torch.device("cpu")
+    return timeit({"neuron default": (_gpt_step_fn(NEURON, True, "neuron", "default", 1, 0.1), NEURON),
+                   "neuron reduce-overhead": (_gpt_step_fn(NEURON, True, "neuron", "reduce-overhead", 1, 0.1),
+                                              NEURON),
+                   "cpu eager": (_gpt_step_fn(cpu, False, None, None, 1, 0.1), cpu)},
                   args.warmup, args.repeat)
 
 
@@ -217,7 +230,9 @@ def main():
         print(f"  compiled/eager {fmt_ratio(ratios(c, e))}"
               + (f" | compiled/cpu-inductor {fmt_ratio(ratios(c, i))}" if i else ""))
     for name, r in (("(b) GPT train step, mode='reduce-overhead' (capturable AdamW)", bench_gpt_replay(args)),
-                    ("(d) GPT forward, batch 1 x 16 tokens, no grad (20 calls)", bench_gpt_decode(args))):
+                    ("(d) GPT forward, batch 1 x 16 tokens, no grad (20 calls)", bench_gpt_decode(args)),
+                    ("(e) GPT train step with dropout 0.1, batch 1 x 64, mode='reduce-overhead'",
+                     bench_gpt_dropout_replay(args))):
         print(f"{name}\n  " + " | ".join(f"{k} {fmt(v)}" for k, v in r.items()))
         print("  " + " | ".join(f"{k}/{ref} {fmt_ratio(ratios(r[k], r[ref]))}"
                                 for k, ref in (("neuron reduce-overhead", "neuron default"),

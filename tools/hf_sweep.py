@@ -9,7 +9,9 @@ from the same weights and batch; CPU eager is the oracle. Modes:
 * ``replay``   four training steps with dropout on (p = 0.1), compiled on neuron in
   ``mode="reduce-overhead"`` (graphs recorded and replayed, random numbers included) against
   ``mode="default"`` from the same neuron seed: losses and weights must be equal bit for bit
-  (the oracle is neuron itself, as dropout's numbers are the device's).
+  (the oracle is neuron itself, as dropout's numbers are the device's). Run under
+  ``torch.use_deterministic_algorithms(True)``: Inductor's atomic scatter-adds (an embedding's
+  backward) otherwise differ in the last bits from run to run, in either mode.
 
 The execution engine is on by default; ``NEURON_LAUNCH_BLOCKING=1`` in the environment sweeps
 synchronous kernels, ``TORCH_NEURONX_ENABLE_CONCATENATION=1`` Adaptive Eager. Dropout is switched off (its
@@ -152,6 +154,7 @@ def check_train(spec: str, compiled: bool, verbose: bool, amp: torch.dtype | Non
 
 
 def check_replay(spec: str, steps: int = 4) -> str:
+    torch.use_deterministic_algorithms(True)
     model, kind = build(spec, dropout=0.1)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1, VOCAB, (2, 16), generator=gen)

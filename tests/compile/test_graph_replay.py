@@ -183,6 +183,20 @@ def test_a_graph_that_cannot_be_recorded_runs_as_compiled_with_one_warning(metri
     assert m["graphs_not_recordable"] == 1 and m["graphs_recorded"] == 0 and m["graph_replays"] == 0
 
 
+def test_a_graph_inductor_will_not_replay_is_reported(metrics):
+    # Inductor skips graphs for its own reasons (here a CPU tensor among the outputs) and logged
+    # that only for CUDA; on neuron such a graph ran without replay and without a word.
+    f = torch.compile(lambda x: (x * 2, torch.arange(3) + 1), backend="neuron", mode="reduce-overhead")
+    x = _inputs(1, 5)[0]
+    with pytest.warns(UserWarning, match="without graph replay: Inductor is skipping cudagraphs due to cpu device"):
+        out = f(x)
+    for _ in range(2):
+        out = f(x)
+    torch.testing.assert_close(out[0].cpu(), x.cpu() * 2)
+    m = metrics()
+    assert m["graphs_not_recordable"] == 1 and m["graphs_recorded"] == 0
+
+
 def test_each_input_shape_gets_its_own_recording(metrics):
     f = torch.compile(lambda x: x.sin() * 3, backend="neuron", mode="reduce-overhead", dynamic=True)
     for n in (8, 16, 8, 16, 8, 16):

@@ -297,6 +297,16 @@ class GraphedGraph:
 class NeuronGraphPolicy(CUDAGraphPolicy):
     """Inductor's graph-wrapping hook for neuron graphs (``mode="reduce-overhead"``)."""
 
+    def should_wrap(self, compiled_graph: Any) -> bool:
+        # Inductor gives up graphs for its own reasons (a CPU tensor among the outputs, an input's
+        # storage resized, ...) and says so only for CUDA graphs; on neuron it was silent.
+        reason = getattr(compiled_graph, "disabled_cudagraphs_reason", None)
+        if reason:
+            metrics.incr("graphs_not_recordable")
+            _warn_once(f"inductor:{reason}", f"neuron: mode='reduce-overhead': a compiled graph runs without graph "
+                       f"replay: Inductor is {reason}")
+        return True
+
     def cudagraphify(self, model: Callable[..., Any], example_inputs: Sequence[Any],
                      static_input_idxs: Sequence[int], *, device_index: int, is_backward: bool,
                      is_inference: bool, **kwargs: Any) -> Callable[..., Any]:
