@@ -20,18 +20,43 @@ NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex device, c10::intrusive
                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
       state_(std::move(state)) {}
 
+namespace {
+// The open graph capture's generators (begin_graph_rng): its device (-1: none) and the states
+// drawn from so far. A state joins under its own lock, then this one's (end_graph_rng never
+// holds both).
+std::atomic<int> g_rng_capture_device{-1};
+std::mutex g_rng_mu;
+std::vector<GraphRngUse> g_rng_uses;
+
+// The state of a generator of a device with an open capture cannot be read or set: its ops draw
+// offsets relative to the graph, fixed at each replay (torch.utils.checkpoint's saved state
+// restored inside a capture would give the recomputation other numbers than the forward's).
+// CUDA raises too (assertNotCapturing).
+void check_not_capturing(c10::DeviceIndex device, const char* what) {
+  TORCH_CHECK(g_rng_capture_device.load(std::memory_order_acquire) != device, "neuron: ", what,
+              " while a graph capture on neuron:", static_cast<int>(device), " is open: random ops inside it draw "
+              "offsets relative to the graph, fixed at each replay. Read or set generator states before or after "
+              "the capture, as on CUDA");
+}
+}  // namespace
+
 // As CUDA: a new seed restarts the stream at offset 0.
 void NeuronGeneratorImpl::set_current_seed(uint64_t seed) {
+  check_not_capturing(device().index(), "cannot seed a generator");
   state_->seed = seed;
   state_->offset = 0;
 }
 
 void NeuronGeneratorImpl::set_offset(uint64_t offset) {
   TORCH_CHECK(offset % 4 == 0, "offset must be a multiple of 4");
+  check_not_capturing(device().index(), "cannot set a generator's offset");
   state_->offset = offset;
 }
 
-uint64_t NeuronGeneratorImpl::get_offset() const { return state_->offset; }
+uint64_t NeuronGeneratorImpl::get_offset() const {
+  check_not_capturing(device().index(), "cannot read a generator's offset");
+  return state_->offset;
+}
 uint64_t NeuronGeneratorImpl::current_seed() const { return state_->seed; }
 
 uint64_t NeuronGeneratorImpl::seed() {
@@ -44,6 +69,7 @@ uint64_t NeuronGeneratorImpl::seed() {
 void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   constexpr size_t seed_size = sizeof(uint64_t), offset_size = sizeof(int64_t);
   at::detail::check_rng_state(new_state);
+  check_not_capturing(device().index(), "cannot set a generator's state");
   const auto size = static_cast<size_t>(new_state.numel());
   TORCH_CHECK(size == seed_size + offset_size || size == seed_size,
               "RNG state is wrong size: a neuron generator state is 16 bytes (uint64 seed, int64 "
@@ -60,6 +86,7 @@ void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
 
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
   constexpr size_t seed_size = sizeof(uint64_t), offset_size = sizeof(int64_t);
+  check_not_capturing(device().index(), "cannot read a generator's state");
   auto state = at::detail::empty_cpu({static_cast<int64_t>(seed_size + offset_size)}, at::kByte,
                                      std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   auto* bytes = state.data_ptr<uint8_t>();
@@ -81,14 +108,6 @@ c10::intrusive_ptr<c10::GeneratorImpl> NeuronGeneratorImpl::graphsafe_get_state(
   return c10::make_intrusive<NeuronGeneratorImpl>(device().index(), state_);
 }
 
-namespace {
-// The open graph capture's generators (begin_graph_rng): its device (-1: none) and the states
-// drawn from so far. A state joins under its own lock, then this one's (end_graph_rng never
-// holds both).
-std::atomic<int> g_rng_capture_device{-1};
-std::mutex g_rng_mu;
-std::vector<GraphRngUse> g_rng_uses;
-}  // namespace
 
 PhiloxArgs NeuronGeneratorImpl::philox_engine_inputs(uint64_t increment) {
   const uint64_t step = (increment + 3) / 4 * 4;

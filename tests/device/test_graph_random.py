@@ -166,3 +166,26 @@ def test_random_fills_with_the_engine_on_run_ahead_of_the_host_and_draw_the_sync
     for _ in range(4):
         x.normal_()
     assert torch.equal(queued, x.cpu())
+
+
+@pytest.mark.parametrize("call", ["get_rng_state", "set_rng_state", "manual_seed", "get_offset", "checkpoint"])
+def test_generator_states_cannot_be_read_or_set_inside_a_capture(call):
+    # Inside a capture the ops' offsets are relative to the graph: a state read there (as
+    # torch.utils.checkpoint saves one to replay dropout in the recomputation) would not be the
+    # replay's, and the recomputation would draw other numbers than the forward. CUDA raises too.
+    import torch.utils.checkpoint as cp
+
+    lin = torch.nn.Linear(8, 8).to("neuron")
+    x = torch.randn(4, 8, device="neuron", requires_grad=True)
+    state = torch.neuron.get_rng_state()
+    run = {"get_rng_state": torch.neuron.get_rng_state, "set_rng_state": lambda: torch.neuron.set_rng_state(state),
+           "manual_seed": lambda: torch.neuron.manual_seed(3),
+           "get_offset": lambda: torch.neuron.default_generators[0].get_offset(),
+           "checkpoint": lambda: cp.checkpoint(lambda t: F.dropout(lin(t), 0.5), x, use_reentrant=False)}[call]
+    g = torch.neuron.NeuronGraph()
+    with pytest.raises(RuntimeError, match="while a graph capture on neuron:0 is open.*before or after the capture"):
+        with torch.neuron.graph(g):
+            F.dropout(x, 0.5)
+            run()
+    assert torch.equal(torch.neuron.get_rng_state(), state)  # the failed capture drew nothing
+    torch.neuron.manual_seed(3)  # and the generator is usable again
