@@ -170,15 +170,15 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
     return static_cast<int64_t>(cpu_kernel ? sdp::SDPBackend::flash_attention : sdp::SDPBackend::efficient_attention);
   }
   // Backends CPU does not have, chosen as CUDA would: with math disabled, dropout goes to
-  // efficient attention (sdpa_kernel(FLASH_ATTENTION) or (EFFICIENT_ATTENTION) with dropout: CPU's
-  // flash kernel has none), and so does efficient attention alone without dropout (CPU has no
-  // efficient kernel: "No viable backend"). Neuron's efficient op takes 4-d floating q, k, v
-  // with one head count, as CUDA's does.
+  // efficient attention (sdpa_kernel(FLASH_ATTENTION), (EFFICIENT_ATTENTION) or
+  // (CUDNN_ATTENTION) with dropout: CPU's flash kernel has none), and so do efficient or cuDNN
+  // attention without flash (CPU has neither kernel: "No viable backend"). Neuron's efficient op
+  // takes 4-d floating q, k, v with one head count, as CUDA's does.
   const auto& ctx = at::globalContext();
+  const bool fused_other = ctx.userEnabledMemEfficientSDP() || ctx.userEnabledCuDNNSDP();
   if (!ctx.userEnabledMathSDP() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
       q.size(1) == k.size(1) && k.size(1) == v.size(1) && at::isFloatingType(q.scalar_type()) &&
-      (dropout_p > 0.0 ? ctx.userEnabledFlashSDP() || ctx.userEnabledMemEfficientSDP()
-                       : ctx.userEnabledMemEfficientSDP() && !ctx.userEnabledFlashSDP())) {
+      (dropout_p > 0.0 ? ctx.userEnabledFlashSDP() || fused_other : fused_other && !ctx.userEnabledFlashSDP())) {
     return static_cast<int64_t>(sdp::SDPBackend::efficient_attention);
   }
   // CPU's selection reads metadata only, so the aliases need not wait for queued kernels.

@@ -1,8 +1,8 @@
 """scaled_dot_product_attention under ``sdpa_kernel``: every backend CUDA code may select works.
 
 CPU has flash (without dropout) and math kernels only, so ``sdpa_kernel(EFFICIENT_ATTENTION)``
-alone, or flash/efficient with dropout, find no CPU kernel ("No viable backend"); on CUDA they
-run. Neuron runs them with its efficient-attention op. Oracles: CPU float64 math attention
+or ``(CUDNN_ATTENTION)`` alone, or flash/efficient with dropout, find no CPU kernel ("No viable
+backend"); on CUDA they run. Neuron runs them with its efficient-attention op. Oracles: CPU float64 math attention
 without dropout; with dropout, neuron's math path from the same seed, which draws the same keep
 mask (one Bernoulli word per [B, H, L, S] element at the same generator offset).
 """
@@ -19,6 +19,7 @@ BACKENDS = {
     "efficient": [SDPBackend.EFFICIENT_ATTENTION],
     "flash": [SDPBackend.FLASH_ATTENTION],
     "flash_or_efficient": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+    "cudnn": [SDPBackend.CUDNN_ATTENTION],
 }
 
 
@@ -59,7 +60,7 @@ def test_a_selected_backend_without_dropout_matches_cpu_float64_attention(backen
 
 
 @pytest.mark.parametrize("case", ["plain", "causal", "float_mask"])
-@pytest.mark.parametrize("backend", ["efficient", "flash"])
+@pytest.mark.parametrize("backend", ["efficient", "flash", "cudnn"])
 def test_a_selected_backend_with_dropout_draws_the_math_paths_mask(backend, case):
     q, k, v = _inputs()
     got = _run(DEV, BACKENDS[backend], q, k, v, _masks(case), dropout_p=0.3, seed=4)
