@@ -189,3 +189,33 @@ def test_generator_states_cannot_be_read_or_set_inside_a_capture(call):
             run()
     assert torch.equal(torch.neuron.get_rng_state(), state)  # the failed capture drew nothing
     torch.neuron.manual_seed(3)  # and the generator is usable again
+
+
+def test_a_graphed_module_with_dropout_trains_as_the_eager_module_bit_for_bit(engine_mode):
+    # make_graphed_callables (CUDA's partial-network capture): the forward graph's dropout draws
+    # each call's own mask, which its backward graph reads from the forward's saved tensors.
+    import copy
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4)).to("neuron")
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(8, 16, generator=g).to("neuron") for _ in range(4)]
+    runs = []
+    for graphed in (False, True):
+        m = copy.deepcopy(base)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        f = torch.neuron.make_graphed_callables(m, (torch.randn(8, 16, device="neuron"),)) if graphed else m
+        torch.neuron.manual_seed(5)
+        losses = []
+        for x in xs:
+            loss = f(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        runs.append((torch.stack(losses).cpu(), [p.detach().cpu() for p in m.parameters()]))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert len(set(runs[0][0].tolist())) == 4
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert torch.equal(a, b)
