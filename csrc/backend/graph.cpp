@@ -39,6 +39,7 @@
 #include "../runtime/runtime.h"
 #include "allocator.h"
 #include "generator.h"
+#include "profiler.h"
 
 namespace torchneuron {
 namespace {
@@ -118,8 +119,17 @@ class NeuronGraph final : public at::GraphImplInterface {
           },
           nullptr);
     }
+    // Under torch.profiler each replayed kernel is a device activity (tagged with the graph),
+    // as CUDA's profiler shows a graph's kernels; its fusion record is dropped so it runs, and is
+    // timed, as itself.
+    const bool traced = neuron::rt::trace::active();
     for (const engine::Captured& item : items_) {
-      engine::enqueue(device_, stream, item.name, item.work, item.where, item.record);
+      if (traced) {
+        engine::enqueue(device_, stream, item.name, prof::traced_replay(item.work, item.name, device_, stream, id_),
+                        item.where, nullptr);
+      } else {
+        engine::enqueue(device_, stream, item.name, item.work, item.where, item.record);
+      }
     }
     // With the engine off every op is synchronous, and so is a replay.
     if (!engine::configured()) engine::drain();

@@ -82,6 +82,45 @@ void encode_tensor(std::vector<int64_t>& out, const at::Tensor& t, int64_t flags
   for (int64_t s : impl->strides()) out.push_back(s);
 }
 
+std::string kernel_name(const char* qualified) {
+  std::string s(qualified);
+  if (s.rfind("aten::", 0) == 0) s.erase(0, 6);
+  return "nc::" + s;
+}
+
+std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
+                                    uint64_t graph_id) {
+  auto rec = std::make_shared<rtt::Record>();
+  rec->launch_start_ns = rec->launch_end_ns = rtt::now_ns();
+  rec->external = rtt::current_correlation();
+  rec->scope = rtt::current_scope();
+  rec->tid = rtt::thread_id();
+  rec->kind = rtt::Kind::Kernel;
+  rec->name = kernel_name(name);
+  rec->device = device;
+  rec->stream = stream;
+  rec->meta.emplace_back("graph", std::to_string(graph_id));
+  return [work = std::move(work), rec]() {
+    // As begin_execution: the emulated kernel's own CPU ops are not framework ops of the trace.
+    const bool rf = at::isRecordFunctionEnabled();
+    if (rf) at::enableRecordFunction(false);
+    rec->start_ns = rtt::now_ns();
+    try {
+      work();
+    } catch (...) {
+      if (rf) at::enableRecordFunction(true);
+      throw;  // a failed kernel is not an activity (as finish())
+    }
+    rec->end_ns = rtt::now_ns();
+    if (rf) at::enableRecordFunction(true);
+    rec->id = rtt::next_id();
+    try {
+      rtt::record(rtt::Record(*rec));
+    } catch (...) {
+    }
+  };
+}
+
 std::unique_ptr<Pending> begin_launch() {
   auto p = std::make_unique<Pending>();
   p->rec.launch_start_ns = rtt::now_ns();

@@ -10,6 +10,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,17 @@ std::unique_ptr<Pending> begin_launch();
 void begin_execution(Pending& p, neuron::rt::trace::Kind kind, std::string name);
 void end_execution(Pending& p) noexcept;
 void finish(std::unique_ptr<Pending> p, int device) noexcept;
+
+// "aten::add.Tensor" -> "nc::add.Tensor": a name distinct from the framework op's, so
+// key_averages() shows the kernel as its own device row instead of merging it into the op's.
+std::string kernel_name(const char* qualified);
+
+// A graph replay's recorded kernel as a device activity: `work` wrapped so that, when it runs,
+// it is timed and recorded (name from kernel_name, launched now by the calling thread, meta
+// "graph": graph_id). Replayed kernels carry no launch-time record of their own: their ops were
+// enqueued at the capture.
+std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
+                                    uint64_t graph_id);
 
 // Python source capture per launch (on by default; torchneuron.profiler.set_options).
 bool source_capture_enabled() noexcept;

@@ -170,15 +170,7 @@ at::Tensor ZeroCopy::in_output(const at::Tensor& t, bool allow_cpu) {
   return in(t, allow_cpu, prof::kOutput);
 }
 
-namespace {
-// "aten::add.Tensor" -> "nc::add.Tensor": a name distinct from the framework op's, so
-// key_averages() shows the kernel as its own device row instead of merging it into the op's.
-std::string kernel_name(const char* qualified) {
-  std::string s(qualified);
-  if (s.rfind("aten::", 0) == 0) s.erase(0, 6);
-  return "nc::" + s;
-}
-}  // namespace
+using prof::kernel_name;
 
 void ZeroCopy::launch(const char* qualified_name) {
   track_hot(qualified_name);

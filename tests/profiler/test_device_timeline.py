@@ -194,3 +194,26 @@ def test_a_zero_fill_and_a_device_copy_are_memset_and_memcpy_activities(tmp_path
     evs = device_events(_trace(prof, tmp_path))
     assert [(e["cat"], e["name"]) for e in evs] == [("gpu_memset", "Memset (zero_)"),
                                                      ("gpu_memcpy", "Memcpy DtoD")]
+
+
+def test_a_graph_replays_kernels_are_device_activities_tagged_with_the_graph(tmp_path):
+    # CUDA's profiler shows a graph's kernels at each replay; a replay here enqueues recorded
+    # kernels whose ops ran at the capture, so the replay records them itself.
+    x = torch.zeros(64, device="neuron")
+    w, a = torch.randn(16, 16, device="neuron"), torch.randn(4, 16, device="neuron")
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        x.add_(1)
+        y = (a @ w).relu()
+        x.normal_()
+    with profile(activities=ACTIVITIES) as prof:
+        g.replay()
+        g.replay()
+        torch.neuron.synchronize()
+    evs = device_events(_trace(prof, tmp_path), "kernel")
+    assert [e["name"] for e in evs] == ["nc::add_.Tensor", "nc::mm", "nc::relu", "nc::normal_"] * 2
+    assert {str(e["args"]["graph"]) for e in evs} == {str(g.pool()[0])}
+    assert all(e["dur"] >= 0 for e in evs)
+    torch.testing.assert_close(y.cpu(), (a.cpu() @ w.cpu()).relu())
+    g.replay()  # outside the profiler: not traced, and still right
+    torch.neuron.synchronize()
