@@ -197,6 +197,21 @@ def test_a_graph_inductor_will_not_replay_is_reported(metrics):
     assert m["graphs_not_recordable"] == 1 and m["graphs_recorded"] == 0
 
 
+def test_a_graph_called_with_an_input_it_cannot_key_runs_as_compiled_with_one_warning(metrics):
+    # An input that is no tensor or number (a generator) cannot be part of a recording's
+    # signature: the graph runs as compiled, said once (it was silent).
+    graphed = graphs.GraphedGraph(lambda inputs: [inputs[0] * 2], (), (), "the forward graph")
+    x, gen = _inputs(1, 4)[0], torch.Generator()
+    with pytest.warns(UserWarning, match="the forward graph runs without graph replay: .*a generator"):
+        out = graphed([x, gen])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = graphed([x, gen])
+    assert torch.equal(out[0].cpu(), x.cpu() * 2)
+    m = metrics()
+    assert m["graphs_not_recordable"] == 1 and m["graphs_recorded"] == 0
+
+
 def test_each_input_shape_gets_its_own_recording(metrics):
     f = torch.compile(lambda x: x.sin() * 3, backend="neuron", mode="reduce-overhead", dynamic=True)
     for n in (8, 16, 8, 16, 8, 16):

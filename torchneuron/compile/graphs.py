@@ -232,7 +232,9 @@ class GraphedGraph:
         if self.failed is not None or torch.neuron.is_current_stream_capturing() or _C._trace_active():
             return self.model(inputs)
         key = self._key(inputs)
-        if key is None:
+        if key is None:  # seen at every call: said once, then as compiled from now on
+            self._not_recordable("an input is neither a tensor, a number nor None (a generator?), or a tensor "
+                                 "without strides (sparse, nested)")
             return self.model(inputs)
         rec = self.recordings.get(key)
         if rec is None:
@@ -252,6 +254,13 @@ class GraphedGraph:
         inputs.clear()
         metrics.incr("graph_replays")
         return outs
+
+    def _not_recordable(self, reason: str) -> None:
+        """This graph runs as compiled from now on, with one warning naming ``reason``."""
+        self.failed = reason
+        metrics.incr("graphs_not_recordable")
+        _warn_once(f"fail:{self.name}:{reason}", f"neuron: mode='reduce-overhead': {self.name} runs "
+                   f"without graph replay: it cannot be recorded ({reason})")
 
     def _record(self, inputs: list) -> Optional[_Recording]:
         static: list = []
@@ -284,10 +293,7 @@ class GraphedGraph:
             where = _breaking_call(lines)
             if where:
                 reason += f"; at {where}"
-            self.failed = reason
-            metrics.incr("graphs_not_recordable")
-            _warn_once(f"fail:{self.name}:{reason}", f"neuron: mode='reduce-overhead': {self.name} runs "
-                       f"without graph replay: it cannot be recorded ({reason})")
+            self._not_recordable(reason)
             return None
         mutated = [i for i in copied if i in self.mutated_input_idxs]
         metrics.incr("graphs_recorded")
