@@ -108,7 +108,6 @@ c10::intrusive_ptr<c10::GeneratorImpl> NeuronGeneratorImpl::graphsafe_get_state(
   return c10::make_intrusive<NeuronGeneratorImpl>(device().index(), state_);
 }
 
-
 PhiloxArgs NeuronGeneratorImpl::philox_engine_inputs(uint64_t increment) {
   const uint64_t step = (increment + 3) / 4 * 4;
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -101,18 +101,13 @@ std::function<void()> traced_replay(std::function<void()> work, const char* name
   rec->stream = stream;
   rec->meta.emplace_back("graph", std::to_string(graph_id));
   return [work = std::move(work), rec]() {
-    // As begin_execution: the emulated kernel's own CPU ops are not framework ops of the trace.
-    const bool rf = at::isRecordFunctionEnabled();
-    if (rf) at::enableRecordFunction(false);
-    rec->start_ns = rtt::now_ns();
-    try {
-      work();
-    } catch (...) {
-      if (rf) at::enableRecordFunction(true);
-      throw;  // a failed kernel is not an activity (as finish())
+    {
+      // As begin_execution: the emulated kernel's own CPU ops are not framework ops of the trace.
+      at::DisableRecordFunctionGuard off;
+      rec->start_ns = rtt::now_ns();
+      work();  // a failed kernel is not an activity (as finish()): its exception leaves here
+      rec->end_ns = rtt::now_ns();
     }
-    rec->end_ns = rtt::now_ns();
-    if (rf) at::enableRecordFunction(true);
     rec->id = rtt::next_id();
     try {
       rtt::record(rtt::Record(*rec));

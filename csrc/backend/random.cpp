@@ -225,9 +225,10 @@ void for_each_chunk(uint64_t seed, uint64_t offset, int64_t numel, const Body& b
 // through a contiguous temporary (so elements are always numbered in row-major order).
 struct Output {
   at::Tensor alias, buf;
-  Output(ZeroCopy& zc, const at::TensorBase& t) : alias(zc.in_output(at::Tensor(t))) {
+  explicit Output(at::Tensor cpu_alias) : alias(std::move(cpu_alias)) {
     buf = alias.is_contiguous() ? alias : at::empty(alias.sizes(), alias.options());
   }
+  Output(ZeroCopy& zc, const at::TensorBase& t) : Output(zc.in_output(at::Tensor(t))) {}
   void finish() {
     if (!buf.is_same(alias)) alias.copy_(buf);
   }
@@ -241,15 +242,14 @@ c10::DeviceIndex index_of(const at::TensorBase& t) {
   return t.device().index();
 }
 
-// Fills `alias` (a CPU alias of the op's tensor) through body_for(buf): buf is alias itself when
-// contiguous, else a contiguous temporary copied back (elements are numbered in row-major order).
+// Fills `alias` (a CPU alias of the op's tensor) through body_for(buf) (Output's buf).
 template <int J, class Body>
 void fill_with(const at::Tensor& alias, const PhiloxArgs& rng, const Body& body_for) {
-  at::Tensor buf = alias.is_contiguous() ? alias : at::empty(alias.sizes(), alias.options());
-  const int64_t numel = buf.numel();
+  Output out(alias);
+  const int64_t numel = out.buf.numel();
   const auto [seed, offset] = rng.get();
-  if (numel > 0) for_each_chunk<J>(seed, offset, numel, body_for(buf));
-  if (!buf.is_same(alias)) alias.copy_(buf);
+  if (numel > 0) for_each_chunk<J>(seed, offset, numel, body_for(out.buf));
+  out.finish();
 }
 
 // Runs body(i0, n, words) for the elements of `self` with an offset range reserved on gen:

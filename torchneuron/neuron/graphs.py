@@ -6,8 +6,9 @@ norms, attention, reductions, random ops, compiled kernels, copies and fills, th
 without running them; ``replay()`` enqueues them again over the same memory, random ops drawing
 each replay's own numbers as on CUDA. An op whose kernel runs synchronously on neuron (fp16
 convolutions, selections such as median, data-dependent shapes) or a host wait inside the
-capture raises and fails it. ``make_graphed_callables`` captures a module's or function's forward and backward into
-two graphs behind one autograd node, as CUDA's. See docs/architecture.md, *Graphs*.
+capture raises and fails it. ``make_graphed_callables`` captures a module's or function's
+forward and backward into two graphs behind one autograd node, as CUDA's. See
+docs/architecture.md, *Graphs*.
 """
 
 from __future__ import annotations
