@@ -15,8 +15,18 @@
 //   * PYTORCH_ALLOC_CONF (also PYTORCH_CUDA_ALLOC_CONF, or torch._C._accelerator_setAllocatorSettings
 //     at run time; c10's AcceleratorAllocatorConfig parses it) tunes it as it tunes CUDA's:
 //     max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold,
-//     roundup_power2_divisions and large_segment_size_mb; expandable_segments is not
-//     implemented (warned once).
+//     roundup_power2_divisions, large_segment_size_mb and expandable_segments (below).
+//   * expandable segments (CUDA's design, its Note [Expandable Segments]): instead of a segment
+//     per large request, one segment per stream and pool reserves address space for 9/8 of the
+//     device's capacity and maps heap-file pages into it as it grows (2 MiB chunks for the small
+//     pool, large_segment_size_mb for the large); a request takes the lowest address where free
+//     and unmapped space fit it, so blocks of slightly different sizes tile one segment instead
+//     of leaving slivers at the ends of many. empty_cache and the OOM retry unmap every whole
+//     chunk of free blocks in them. As in CUDA: mapped bytes count in reserved_bytes (not in the
+//     segment counts), their free blocks are not inactive splits, MemPools keep ordinary
+//     segments, and the snapshot shows each mapped run as a segment (is_expandable). The
+//     runtime's heap file makes it real: reserved address space backed by a sparse file range,
+//     pages mapped and unmapped in place (runtime.h, map_pages / unmap_pages).
 // Stats follow c10::CachingDeviceAllocator::DeviceStats so torch.accelerator.* and
 // torch.neuron.memory_* report them.
 #include "allocator.h"
@@ -120,8 +130,28 @@ struct Block {
   std::vector<std::pair<int, int64_t>> stream_uses;  // record_stream: (device, stream id)
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
   uint64_t graph = 0;  // allocated during a capture: its graph pool's until the pool is released
+  struct Expandable* es = nullptr;  // the expandable segment it lies in, if any
+  bool mapped = true;  // false: address space of an expandable segment with no pages behind it
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
+};
+
+// An expandable segment: `span` bytes of reserved address space from `base`, whose pages are
+// mapped `chunk` bytes at a time. Its blocks (mapped or not) always cover the whole span, so
+// its head block starts at `base`.
+struct Expandable {
+  char* base;
+  size_t span;
+  size_t chunk;
+};
+
+// Unmapped blocks, by stream, pool and address: the lowest address that fits comes first.
+struct UnmappedLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->is_large != b->is_large) return a->is_large < b->is_large;
+    return a->ptr < b->ptr;
+  }
 };
 
 struct BlockLess {
@@ -158,7 +188,8 @@ struct Outstanding {
 struct DeviceCache {
   std::mutex mu;
   std::deque<Outstanding> outstanding;  // in free order
-  std::set<Block*, BlockLess> small_free, large_free;
+  std::set<Block*, BlockLess> small_free, large_free;  // free mapped blocks
+  std::set<Block*, UnmappedLess> unmapped;  // the unmapped blocks of expandable segments
   std::map<uintptr_t, Block*> segments;  // first block of each segment by base address
   std::unordered_set<Adopted*> adopted;
   DeviceStats stats;
@@ -217,8 +248,9 @@ void count_adopted(DeviceCache& c, size_t nbytes, int sign) {
 // A free block inside a segment that holds other blocks is an "inactive split" (CUDA's
 // fragmentation counters). Call with sign -1 before a free block leaves its pool or changes
 // size, +1 after it enters; the block's neighbour links must be the current ones.
+// Not for expandable segments' blocks (CUDA's rule: their whole free chunks can be returned).
 void count_free_split(DeviceCache& c, const Block* b, int sign) {
-  if (b->prev == nullptr && b->next == nullptr) return;
+  if (b->es != nullptr || (b->prev == nullptr && b->next == nullptr)) return;
   stat_add(c.stats.inactive_split, b->is_large, sign);
   stat_add(c.stats.inactive_split_bytes, b->is_large, sign * static_cast<int64_t>(b->size));
 }
@@ -237,8 +269,51 @@ std::string format_size(size_t bytes) {
 using Graveyard = std::vector<std::unique_ptr<Adopted>>;
 void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead);
 
-// A segment that is one free block, returnable to the runtime.
-bool idle_segment(const Block* head) { return !head->allocated && !head->pending && head->next == nullptr; }
+// An ordinary segment that is one free block, returnable to the runtime.
+bool idle_segment(const Block* head) {
+  return head->es == nullptr && !head->allocated && !head->pending && head->next == nullptr;
+}
+
+bool expandable_on() { return Config::use_expandable_segments(); }
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Point the segment map at `b` if it is its segment's first block. Caller holds c.mu.
+void note_head(DeviceCache& c, Block* b) {
+  if (b->prev == nullptr) c.segments[reinterpret_cast<uintptr_t>(b->ptr)] = b;
+}
+
+// Put `b` between `before` and `after` (either may be null).
+void splice(Block* b, Block* before, Block* after) {
+  b->prev = before;
+  b->next = after;
+  if (before) before->next = b;
+  if (after) after->prev = b;
+}
+
+// A piece of `from` (same segment, stream and pool) at [ptr, ptr + size).
+Block* piece_of(const Block* from, char* ptr, size_t size) {
+  Block* b = new Block(from->device, from->stream, size, ptr, from->is_large);
+  b->es = from->es;
+  b->mapped = from->mapped;
+  b->freed_at = from->freed_at;
+  b->free_tick = from->free_tick;
+  return b;
+}
+
+// Merge unmapped neighbour `n` of unmapped block `b` into it. Caller holds c.mu.
+void merge_unmapped(DeviceCache& c, Block* b, Block* n) {
+  if (n == nullptr || n->mapped) return;
+  c.unmapped.erase(n);
+  if (n == b->prev) {
+    b->ptr = n->ptr;
+    splice(b, n->prev, b->next);
+  } else {
+    splice(b, b->prev, n->next);
+  }
+  b->size += n->size;
+  delete n;
+}
 
 // Return idle segment `head` to the runtime; the caller erases it from c.segments. Caller
 // holds c.mu.
@@ -252,11 +327,62 @@ void free_segment_locked(DeviceCache& c, int device, Block* head) {
   delete head;
 }
 
-// Return every fully free segment to the runtime. Caller holds c.mu.
+// Unmap the whole chunks inside free block `b` of an expandable segment (CUDA's unmap_block):
+// what is left of it on either side stays a free mapped block. Caller holds c.mu.
+void unmap_block_locked(DeviceCache& c, int device, Block* b) {
+  const Expandable& es = *b->es;
+  const size_t offset = static_cast<size_t>(b->ptr - es.base);
+  const size_t begin = round_up(offset, es.chunk), end = (offset + b->size) / es.chunk * es.chunk;
+  if (begin >= end) return;
+  auto& pool = b->is_large ? c.large_free : c.small_free;
+  pool.erase(b);
+  char* first = es.base + begin;
+  const size_t len = end - begin;
+  if (first > b->ptr) {
+    Block* before = piece_of(b, b->ptr, static_cast<size_t>(first - b->ptr));
+    splice(before, b->prev, b);
+    note_head(c, before);
+    pool.insert(before);
+    b->ptr = first;
+    b->size -= before->size;
+  }
+  if (b->size > len) {
+    Block* after = piece_of(b, first + len, b->size - len);
+    splice(after, b, b->next);
+    pool.insert(after);
+    b->size = len;
+  }
+  neuron::rt::unmap_pages(device, first, len);
+  b->mapped = false;
+  merge_unmapped(c, b, b->prev);
+  merge_unmapped(c, b, b->next);
+  note_head(c, b);
+  c.unmapped.insert(b);
+  stat_add(c.stats.reserved_bytes, b->is_large, -static_cast<int64_t>(len));
+  c.stats.num_device_free++;
+  history(AllocAction::SegmentUnmap, device, first, len, b->stream);
+}
+
+// Return every fully free segment to the runtime, and the free pages of expandable segments;
+// an expandable segment left without pages gives back its address space. Caller holds c.mu.
 void release_cached_locked(DeviceCache& c, int device) {
+  std::vector<Block*> expandable_free;
+  for (const auto* pool : {&c.large_free, &c.small_free}) {
+    for (Block* b : *pool) {
+      if (b->es != nullptr) expandable_free.push_back(b);
+    }
+  }
+  for (Block* b : expandable_free) unmap_block_locked(c, device, b);
   for (auto it = c.segments.begin(); it != c.segments.end();) {
-    if (idle_segment(it->second)) {
-      free_segment_locked(c, device, it->second);
+    Block* head = it->second;
+    if (idle_segment(head)) {
+      free_segment_locked(c, device, head);
+      it = c.segments.erase(it);
+    } else if (head->es != nullptr && !head->mapped && head->next == nullptr) {
+      c.unmapped.erase(head);
+      neuron::rt::release_address_space(device, head->es->base);
+      delete head->es;
+      delete head;
       it = c.segments.erase(it);
     } else {
       ++it;
@@ -284,13 +410,6 @@ void garbage_collect_locked(DeviceCache& c, int device, size_t incoming) {
   }
 }
 
-void warn_unsupported_settings() {
-  if (Config::use_expandable_segments()) {
-    TORCH_WARN_ONCE("neuron: PYTORCH_ALLOC_CONF's expandable_segments is not implemented by neuron's caching "
-                    "allocator and is ignored (segments keep their size; see docs/env-vars.md)");
-  }
-}
-
 [[noreturn]] void raise_oom(DeviceCache& c, int device, size_t requested) {
   c.stats.num_ooms++;
   history(AllocAction::Oom, device, nullptr, requested, neuron::rt::current_stream(device));
@@ -312,9 +431,13 @@ void warn_unsupported_settings() {
       format_size(cap > used ? cap - used : 0), " is free.", allowed, " Of the allocated memory ",
       format_size(allocated), " is allocated by PyTorch, and ",
       format_size(reserved > allocated ? reserved - allocated : 0),
-      " is reserved by PyTorch but unallocated. Free tensors you no longer need (del x), "
-      "reduce the batch size, or set TORCHNEURON_DEVICE_MEMORY to emulate a larger device "
-      "(see docs/env-vars.md).");
+      " is reserved by PyTorch but unallocated.",
+      reserved > allocated && !expandable_on()
+          ? " If reserved but unallocated memory is large, try PYTORCH_ALLOC_CONF=expandable_segments:True "
+            "to avoid fragmentation."
+          : "",
+      " Free tensors you no longer need (del x), reduce the batch size, or set "
+      "TORCHNEURON_DEVICE_MEMORY to emulate a larger device (see docs/env-vars.md).");
 }
 
 void delete_block(void* ctx);
@@ -347,6 +470,77 @@ bool mem_pool_no_split(uint64_t pool) {
   return it != g_mem_pools.end() && it->second;
 }
 
+void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n);
+
+// The lowest address of this stream's expandable segments (of the pool) where free and
+// unmapped space together fit `size`, starting at an unmapped block or the free block before
+// it (CUDA's find_expandable_block); a new segment if none has room. nullptr if the host has no
+// address space left. Caller holds c.mu.
+Block* find_expandable_locked(DeviceCache& c, int device, int64_t stream, bool large, size_t size) {
+  auto usable = [](const Block* b) { return b != nullptr && !b->allocated && !b->pending; };
+  Block key(device, stream, 0, nullptr, large);
+  for (auto it = c.unmapped.lower_bound(&key);
+       it != c.unmapped.end() && (*it)->stream == stream && (*it)->is_large == large; ++it) {
+    Block* start = usable((*it)->prev) ? (*it)->prev : *it;
+    size_t room = 0;
+    for (Block* b = start; b != nullptr && room < size && usable(b); b = b->next) room += b->size;
+    if (room >= size) return start;
+  }
+  const size_t chunk = large ? Config::large_segment_size() : kSmallBuffer;
+  const size_t cap = neuron::rt::capacity(device);
+  const size_t span = round_up(cap + cap / 8, chunk);
+  char* base = static_cast<char*>(neuron::rt::reserve_address_space(device, span));
+  if (base == nullptr) return nullptr;
+  Block* all = new Block(device, stream, span, base, large);
+  all->es = new Expandable{base, span, chunk};
+  all->mapped = false;
+  c.unmapped.insert(all);
+  c.segments.emplace(reinterpret_cast<uintptr_t>(base), all);
+  return all;
+}
+
+// Map the first `n` bytes (rounded up to chunks) of unmapped block `b`; the mapped part joins
+// its free neighbours, in the free pool. Returns that free block, or nullptr when the device
+// has no room for the pages. Caller holds c.mu.
+Block* map_block_locked(DeviceCache& c, int device, Block* b, size_t n,
+                        const std::shared_ptr<c10::GatheredContext>& ctx) {
+  const size_t len = std::min(round_up(n, b->es->chunk), b->size);
+  if (!neuron::rt::map_pages(device, b->ptr, len)) return nullptr;
+  c.unmapped.erase(b);
+  if (len < b->size) {
+    Block* rest = piece_of(b, b->ptr + len, b->size - len);
+    splice(rest, b, b->next);
+    c.unmapped.insert(rest);
+    b->size = len;
+  }
+  b->mapped = true;
+  stat_add(c.stats.reserved_bytes, b->is_large, static_cast<int64_t>(len));
+  c.stats.num_device_alloc++;
+  history(AllocAction::SegmentMap, device, b->ptr, len, b->stream, ctx);
+  auto& pool = b->is_large ? c.large_free : c.small_free;
+  try_merge(c, pool, b, b->prev);
+  try_merge(c, pool, b, b->next);
+  note_head(c, b);
+  pool.insert(b);
+  return b;
+}
+
+// A free block of at least `size` bytes from the stream's expandable segments, mapping what it
+// needs (CUDA's try_allocate_expandable_block), out of the free pool; nullptr when the device
+// is full (chunks mapped before the failure stay mapped and free). Caller holds c.mu.
+Block* alloc_expandable_locked(DeviceCache& c, int device, int64_t stream, bool large, size_t size,
+                               const std::shared_ptr<c10::GatheredContext>& ctx) {
+  Block* b = find_expandable_locked(c, device, stream, large, size);
+  if (b == nullptr) return nullptr;
+  if (!b->mapped) b = map_block_locked(c, device, b, std::min(b->size, size), ctx);
+  // Free, then unmapped blocks follow until there is room (find's guarantee).
+  while (b != nullptr && b->size < size) {
+    b = map_block_locked(c, device, b->next, std::min(size - b->size, b->next->size), ctx);
+  }
+  if (b != nullptr) (large ? c.large_free : c.small_free).erase(b);
+  return b;
+}
+
 Block* malloc_block(int device, size_t nbytes) {
   neuron::rt::lazy_init();
   auto& c = g_cache[device];
@@ -364,20 +558,50 @@ Block* malloc_block(int device, size_t nbytes) {
   Block key(device, stream, size, nullptr, large);
   key.mem_pool = mem_pool;
   auto it = pool.lower_bound(&key);
+  auto ours = [&](std::set<Block*, BlockLess>::iterator i) {
+    return i != pool.end() && (*i)->mem_pool == mem_pool && (*i)->stream == stream;
+  };
+  if (ours(it) && (*it)->es != nullptr) {
+    if (expandable_on()) {
+      // As CUDA: a free block that an unmapped block follows can grow; best fit counts it at
+      // that size, so a block of fixed size that fits is taken before it.
+      auto growable = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      for (auto next = std::next(it); (*it)->es != nullptr && ours(next) && growable(*next) < growable(*it); ++next) {
+        it = next;
+      }
+    } else {
+      // Expandable segments switched off at run time: only ordinary segments serve requests.
+      while (ours(it) && (*it)->es != nullptr) ++it;
+    }
+  }
   Block* block = nullptr;
   const size_t max_split = Config::max_split_size();
   // The smallest cached block of this stream that fits (best fit); it is split below. With
   // max_split_size_mb, as CUDA: a request below it does not take an oversize block (which
   // would not be split), and an oversize request takes one at most max_non_split_rounding_mb
   // larger than itself. (Larger blocks fail the same tests, so the smallest decides.)
-  if (it != pool.end() && (*it)->mem_pool == mem_pool && (*it)->stream == stream &&
+  if (ours(it) &&
       !(size < max_split && (*it)->size >= max_split) &&
       !(size >= max_split && (*it)->size >= size + Config::max_non_split_rounding_size())) {
     block = *it;
     pool.erase(it);
     count_free_split(c, block, -1);
+  } else if (expandable_on() && mem_pool == 0) {
+    block = alloc_expandable_locked(c, device, stream, large, size, ctx);
+    if (block == nullptr) {
+      c.stats.num_alloc_retries++;
+      lock.unlock();  // as below
+      ipc_collect();
+      neuron::rt::engine::drain_quietly();
+      lock.lock();
+      process_events_locked(c, /*sync=*/true, dead);
+      release_cached_locked(c, device);
+      block = alloc_expandable_locked(c, device, stream, large, size, ctx);
+      if (block == nullptr) raise_oom(c, device, nbytes);
+    }
   } else {
-    warn_unsupported_settings();
     const size_t seg = segment_size(size);
     if (large && Config::garbage_collection_threshold() > 0) garbage_collect_locked(c, device, seg);
     char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
@@ -407,16 +631,13 @@ Block* malloc_block(int device, size_t nbytes) {
   }
 
   // Split off the remainder when it is worth keeping as its own block (never an oversize
-  // request's: CUDA's should_split).
+  // request's: CUDA's should_split, which splits any remainder with expandable segments on).
   const size_t remaining = block->size - size;
-  if (!no_split && (large ? remaining > kSmallSize && size < max_split : remaining >= kMinBlock)) {
-    Block* rest = new Block(device, stream, remaining, block->ptr + size, large);
+  if (!no_split && (large && !expandable_on() ? remaining > kSmallSize && size < max_split
+                                               : remaining >= kMinBlock)) {
+    Block* rest = piece_of(block, block->ptr + size, remaining);
     rest->mem_pool = block->mem_pool;
-    rest->freed_at = block->freed_at;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next) rest->next->prev = rest;
-    block->next = rest;
+    splice(rest, block, block->next);
     block->size = size;
     pool.insert(rest);
     count_free_split(c, rest, +1);
@@ -438,7 +659,7 @@ Block* malloc_block(int device, size_t nbytes) {
 
 // Merge `b` with free neighbour `n` (n is b->prev or b->next). Caller holds the lock.
 void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n) {
-  if (!n || n->allocated || n->pending) return;
+  if (!n || n->allocated || n->pending || !n->mapped) return;
   pool.erase(n);
   count_free_split(c, n, -1);
   if (n == b->prev) {
@@ -871,18 +1092,28 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
     auto& c = g_cache[d];
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto& [base, head] : c.segments) {
-      SegmentRecord s{d, base, 0, 0, 0, 0, head->stream, head->is_large, {}, head->mem_pool};
-      for (Block* b = head; b; b = b->next) {
-        s.total_size += b->size;
-        if (b->allocated) s.allocated_size += b->size;
-        if (b->allocated || b->pending) {
-          s.active_size += b->size;
-          s.requested_size += b->requested;
+      // An expandable segment shows each run of mapped blocks as a segment, as CUDA's.
+      for (Block* first = head; first != nullptr;) {
+        if (!first->mapped) {
+          first = first->next;
+          continue;
         }
-        s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated,
-                            b->pending, b->allocated || b->pending ? b->context : nullptr});
+        SegmentRecord s{d, reinterpret_cast<size_t>(first->ptr), 0, 0, 0, 0, head->stream,
+                        head->is_large, {}, head->mem_pool, head->es != nullptr};
+        Block* b = first;
+        for (; b != nullptr && b->mapped; b = b->next) {
+          s.total_size += b->size;
+          if (b->allocated) s.allocated_size += b->size;
+          if (b->allocated || b->pending) {
+            s.active_size += b->size;
+            s.requested_size += b->requested;
+          }
+          s.blocks.push_back({reinterpret_cast<size_t>(b->ptr), b->size, b->requested, b->allocated,
+                              b->pending, b->allocated || b->pending ? b->context : nullptr});
+        }
+        out.push_back(std::move(s));
+        first = b;
       }
-      out.push_back(std::move(s));
     }
     for (Adopted* a : c.adopted) {
       auto addr = reinterpret_cast<size_t>(a->cpu.get());

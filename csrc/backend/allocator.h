@@ -25,6 +25,7 @@ struct SegmentRecord {
   bool is_large;
   std::vector<BlockRecord> blocks;
   uint64_t mem_pool = 0;  // its MemPool's id (0: the device's own pool)
+  bool is_expandable = false;  // a mapped run of an expandable segment
 };
 
 class NeuronAllocator : public c10::DeviceAllocator {
@@ -81,7 +82,9 @@ void release_mem_pool(uint64_t pool);
 
 // Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
 // allocation, free, segment change and OOM to one recorder while one is set.
-enum class AllocAction : uint8_t { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom };
+enum class AllocAction : uint8_t {
+  Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, SegmentMap, SegmentUnmap, Oom
+};
 class AllocatorRecorder {
  public:
   virtual ~AllocatorRecorder() = default;

@@ -42,6 +42,8 @@ const char* action_name(AllocAction a) {
     case AllocAction::FreeCompleted: return "free_completed";
     case AllocAction::SegmentAlloc: return "segment_alloc";
     case AllocAction::SegmentFree: return "segment_free";
+    case AllocAction::SegmentMap: return "segment_map";
+    case AllocAction::SegmentUnmap: return "segment_unmap";
     case AllocAction::Oom: return "oom";
   }
   return "alloc";
@@ -157,7 +159,7 @@ py::dict memory_snapshot_full() {
     seg["stream"] = s.stream;
     seg["segment_type"] = s.is_large ? "large" : "small";
     seg["segment_pool_id"] = py::make_tuple(0, s.mem_pool);  // (a MemPool's id is (0, n), as CUDA's)
-    seg["is_expandable"] = false;
+    seg["is_expandable"] = s.is_expandable;
     seg["frames"] = py::list();
     py::list blocks;
     for (size_t j = 0; j < s.blocks.size(); ++j) {

@@ -69,16 +69,10 @@ size_t round_pages(size_t n) { return (n + g_page - 1) / g_page * g_page; }
   throw std::runtime_error("neuron runtime: " + what + ": " + std::strerror(errno));
 }
 
-// Map `len` (page multiple) new bytes of the device's heap file; nullptr if the host is
-// out of memory. Caller holds h.mu.
-void* heap_map_locked(Heap& h, int device, size_t len) {
-  auto kept = h.retained.find(len);
-  if (kept != h.retained.end()) {
-    void* ptr = reinterpret_cast<void*>(kept->second);
-    h.retained_bytes -= len;
-    h.retained.erase(kept);
-    return ptr;
-  }
+// `len` (page multiple) bytes of the device's heap file mapped with `prot`: the first hole
+// that fits, else the file grows (sparse: a file range costs nothing until its pages are
+// touched). nullptr if the host is out of memory or address space. Caller holds h.mu.
+void* heap_map_range_locked(Heap& h, int device, size_t len, int prot) {
   if (h.fd < 0) {
     std::string name = "neuron-hbm-" + std::to_string(device);
     h.fd = memfd_create(name.c_str(), MFD_CLOEXEC);
@@ -97,13 +91,34 @@ void* heap_map_locked(Heap& h, int device, size_t len) {
   } else {
     return nullptr;
   }
-  void* ptr = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, h.fd, static_cast<off_t>(offset));
+  void* ptr = mmap(nullptr, len, prot, MAP_SHARED, h.fd, static_cast<off_t>(offset));
   if (ptr == MAP_FAILED) {
     h.holes.emplace(offset, len);  // the range stays free; the file keeps its size
     return nullptr;
   }
   h.maps.emplace(reinterpret_cast<uintptr_t>(ptr), std::make_pair(offset, len));
   return ptr;
+}
+
+// Map `len` (page multiple) new bytes of the device's heap file for a segment: a retained
+// range of that length if there is one (its pages already faulted in). Caller holds h.mu.
+void* heap_map_locked(Heap& h, int device, size_t len) {
+  auto kept = h.retained.find(len);
+  if (kept != h.retained.end()) {
+    void* ptr = reinterpret_cast<void*>(kept->second);
+    h.retained_bytes -= len;
+    h.retained.erase(kept);
+    return ptr;
+  }
+  return heap_map_range_locked(h, device, len, PROT_READ | PROT_WRITE);
+}
+
+// The mapping that holds `p`, or h.maps.end(). Caller holds h.mu.
+std::map<uintptr_t, std::pair<size_t, size_t>>::iterator heap_find_locked(Heap& h, uintptr_t p) {
+  auto it = h.maps.upper_bound(p);
+  if (it == h.maps.begin()) return h.maps.end();
+  --it;
+  return p < it->first + it->second.second ? it : h.maps.end();
 }
 
 // Unmap a segment and return its file range. Caller holds h.mu.
@@ -285,14 +300,51 @@ void free(int device, void* ptr, size_t nbytes) noexcept {
   release(device, nbytes);
 }
 
+void* reserve_address_space(int device, size_t nbytes) {
+  lazy_init();
+  Heap& h = g_heaps[device];
+  std::lock_guard<std::mutex> lock(h.mu);
+  return heap_map_range_locked(h, device, round_pages(nbytes), PROT_NONE);
+}
+
+bool map_pages(int device, void* ptr, size_t nbytes) noexcept {
+  if (!reserve(device, nbytes)) return false;
+  if (mprotect(ptr, nbytes, PROT_READ | PROT_WRITE) != 0) {
+    release(device, nbytes);
+    return false;
+  }
+  return true;
+}
+
+void unmap_pages(int device, void* ptr, size_t nbytes) noexcept {
+  mprotect(ptr, nbytes, PROT_NONE);
+  {
+    Heap& h = g_heaps[device];
+    std::lock_guard<std::mutex> lock(h.mu);
+    auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = heap_find_locked(h, p);
+    // The pages go back to the host (a forked child shares the file: it leaves them).
+    if (it != h.maps.end() && h.owner == getpid()) {
+      fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(it->second.first + (p - it->first)), static_cast<off_t>(nbytes));
+    }
+  }
+  release(device, nbytes);
+}
+
+void release_address_space(int device, void* ptr) noexcept {
+  Heap& h = g_heaps[device];
+  std::lock_guard<std::mutex> lock(h.mu);
+  auto it = h.maps.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it != h.maps.end()) heap_release_locked(h, it);
+}
+
 bool find_shared(int device, const void* ptr, SharedRange* out) {
   Heap& h = g_heaps[device];
   std::lock_guard<std::mutex> lock(h.mu);
   auto p = reinterpret_cast<uintptr_t>(ptr);
-  auto it = h.maps.upper_bound(p);
-  if (it == h.maps.begin()) return false;
-  --it;
-  if (p >= it->first + it->second.second) return false;
+  auto it = heap_find_locked(h, p);
+  if (it == h.maps.end()) return false;
   out->fd = h.fd;
   out->offset = it->second.first + (p - it->first);
   return true;

@@ -56,6 +56,18 @@ bool reserve(int device, size_t nbytes) noexcept;
 void release(int device, size_t nbytes) noexcept;
 size_t used(int device) noexcept;
 
+// Expandable segments (PYTORCH_ALLOC_CONF expandable_segments:True), CUDA's
+// cuMemAddressReserve / cuMemMap / cuMemUnmap: a range of address space backed, byte for byte,
+// by a range of the heap file whose pages are mapped and unmapped in place, so a segment grows
+// and shrinks without moving. Reserving takes no capacity; mapping takes capacity for what it
+// maps and fails (false) past the device's limit; unmapping drops the pages and returns their
+// capacity. Ranges are page multiples inside a reservation. reserve_address_space returns
+// nullptr when the host has no address space or file room left.
+void* reserve_address_space(int device, size_t nbytes);
+bool map_pages(int device, void* ptr, size_t nbytes) noexcept;
+void unmap_pages(int device, void* ptr, size_t nbytes) noexcept;
+void release_address_space(int device, void* ptr) noexcept;
+
 // --- interprocess sharing ----------------------------------------------------------------
 struct SharedRange {
   int fd;         // the device's heap file (owned by the runtime: dup it to pass it on)

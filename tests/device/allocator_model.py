@@ -13,7 +13,16 @@ blocking copy to the host); pending blocks are returned at the next allocation o
 and synchronized and returned before ``empty_cache`` or the OOM retry releases memory. Only the segment base addresses come from the real allocator (through
 ``memory_snapshot``), because the best-fit tie-break between equal blocks is by address.
 
-Run as a script (``python allocator_model.py SEED STEPS``) in a process whose devices are small
+With ``expandable=True`` the process runs with ``PYTORCH_ALLOC_CONF=expandable_segments:True``
+and the model follows the expandable-segment rules (docs/architecture.md): one segment per stream
+and pool reserving address space for 9/8 of the capacity, mapped in chunks (2 MiB small, 20 MiB
+large) at the lowest address where free and unmapped space fit a request; any remainder split
+off; mapped bytes in reserved_bytes but no segment counted; free blocks there are never inactive
+splits; empty_cache / the OOM retry unmap their whole free chunks, and a segment left without
+pages is released. The sequence also switches the setting off and on at run time (ordinary
+segments then serve requests; expandable ones keep their memory until released).
+
+Run as a script (``python allocator_model.py SEED STEPS [expandable]``) in a process whose devices are small
 (``TORCHNEURON_DEVICE_MEMORY``) so that OOMs are reachable; it exits non-zero on the first
 mismatch, printing the step and the differing counters.
 """
@@ -37,6 +46,7 @@ STATS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
          "active_bytes", "inactive_split_bytes", "requested_bytes")
 POOLS = ("all", "small_pool", "large_pool")
 FIELDS = ("current", "peak", "allocated", "freed")
+UNSEEN = 1 << 62  # placeholder addresses from here
 COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
 
 
@@ -78,8 +88,9 @@ class Stat:
 
 
 class Block:
-    def __init__(self, seg: "Segment", offset: int, size: int) -> None:
+    def __init__(self, seg: "Segment", offset: int, size: int, mapped: bool = True) -> None:
         self.seg, self.offset, self.size = seg, offset, size
+        self.mapped = mapped  # False: unmapped address space of an expandable segment
         self.allocated = False
         self.requested = 0
         self.pending: set[int] | None = None  # streams still to be observed after the free
@@ -90,17 +101,35 @@ class Block:
         return self.allocated or self.pending is not None
 
     @property
+    def free(self) -> bool:
+        """In the free pool: mapped and not busy."""
+        return self.mapped and not self.busy
+
+    @property
     def address(self) -> int:
         return self.seg.address + self.offset
 
 
 class Segment:
-    def __init__(self, address: int, size: int, stream: int, large: bool) -> None:
+    def __init__(self, address: int, size: int, stream: int, large: bool, chunk: int = 0) -> None:
         self.address, self.size, self.stream, self.large = address, size, stream, large
-        self.blocks = [Block(self, 0, size)]
+        self.chunk = chunk  # expandable segments: the mapping granularity (0: an ordinary one)
+        self.blocks = [Block(self, 0, size, mapped=not chunk)]
 
     def split(self) -> bool:
         return len(self.blocks) > 1
+
+    @property
+    def expandable(self) -> bool:
+        return self.chunk > 0
+
+    def mapped_bytes(self) -> int:
+        return sum(b.size for b in self.blocks if b.mapped)
+
+    def neighbours(self, b: Block) -> tuple[Block | None, Block | None]:
+        i = self.blocks.index(b)
+        return (self.blocks[i - 1] if i > 0 else None,
+                self.blocks[i + 1] if i + 1 < len(self.blocks) else None)
 
 
 class OutOfMemory(Exception):
@@ -110,8 +139,9 @@ class OutOfMemory(Exception):
 class DeviceModel:
     """One device's cache and stats."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, expandable: bool = False) -> None:
         self.capacity = capacity
+        self.expandable = expandable  # the expandable_segments setting, now
         self.segments: list[Segment] = []
         self.stats = {(s, p): Stat() for s in STATS for p in POOLS}
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -124,21 +154,121 @@ class DeviceModel:
 
     def _free_block_counts(self, b: Block, sign: int) -> None:
         """A free block counts as an inactive split when its segment holds other blocks."""
-        if b.seg.split():
+        if b.seg.split() and not b.seg.expandable:
             self._add("inactive_split", b.seg.large, sign)
             self._add("inactive_split_bytes", b.seg.large, sign * b.size)
 
     def used(self) -> int:
-        return sum(s.size for s in self.segments)
+        return sum(s.mapped_bytes() for s in self.segments)
 
     # -- operations ----------------------------------------------------------------------
+    @staticmethod
+    def _growable(b: Block) -> int:
+        """A free block's size plus the unmapped space right after it."""
+        _, nxt = b.seg.neighbours(b)
+        return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
     def _best_fit(self, size: int, large: bool, stream: int) -> Block | None:
-        cands = [b for s in self.segments if s.large == large and s.stream == stream
-                 for b in s.blocks if not b.busy and b.size >= size]
-        return min(cands, key=lambda b: (b.size, b.address), default=None)
+        cands = sorted((b for s in self.segments if s.large == large and s.stream == stream
+                        for b in s.blocks if b.free and b.size >= size),
+                       key=lambda b: (b.size, b.address))
+        if not self.expandable:
+            return next((b for b in cands if not b.seg.expandable), None)
+        # The smallest that fits; but one that can grow yields to the next if that can grow
+        # less (or not at all).
+        i = 0
+        while (i + 1 < len(cands) and cands[i].seg.expandable
+               and self._growable(cands[i + 1]) < self._growable(cands[i])):
+            i += 1
+        return cands[i] if cands else None
+
+    def _merge_into(self, b: Block, n: Block | None, mapped: bool) -> None:
+        """Absorb neighbour ``n`` of ``b`` if it is free (mapped) or unmapped, as ``b`` is."""
+        if n is None or n.mapped != mapped or (mapped and n.busy):
+            return
+        if mapped:
+            self._free_block_counts(n, -1)
+        b.seg.blocks.remove(n)
+        b.offset = min(b.offset, n.offset)
+        b.size += n.size
+
+    def _map(self, b: Block, n: int) -> Block | None:
+        """Map the first ``n`` bytes (in chunks) of unmapped ``b``; None past the capacity."""
+        seg = b.seg
+        length = min(-(-n // seg.chunk) * seg.chunk, b.size)
+        if self.used() + length > self.capacity:
+            return None
+        if seg.address >= UNSEEN:  # its address shows once it has pages
+            seg.address = self.find_address(seg.size)
+        if length < b.size:
+            seg.blocks.insert(seg.blocks.index(b) + 1,
+                              Block(seg, b.offset + length, b.size - length, mapped=False))
+            b.size = length
+        b.mapped = True
+        self._add("reserved_bytes", seg.large, length)
+        self.counters["num_device_alloc"] += 1
+        for n_ in seg.neighbours(b):
+            self._merge_into(b, n_, mapped=True)
+        return b
+
+    def _alloc_expandable(self, size: int, large: bool, stream: int, new_segment_address) -> Block | None:
+        start = None
+        unmapped = sorted((b for s in self.segments if s.expandable and s.large == large
+                           and s.stream == stream for b in s.blocks if not b.mapped),
+                          key=lambda b: b.address)
+        for u in unmapped:
+            prev, _ = u.seg.neighbours(u)
+            cand = prev if prev is not None and not prev.busy else u
+            blocks = u.seg.blocks[u.seg.blocks.index(cand):]
+            room = 0
+            for b in blocks:
+                if room >= size or b.busy:
+                    break
+                room += b.size
+            if room >= size:
+                start = cand
+                break
+        if start is None:
+            chunk = LARGE_SEGMENT if large else SMALL_SEGMENT
+            span = -(-(self.capacity + self.capacity // 8) // chunk) * chunk
+            self.find_address = new_segment_address
+            seg = Segment(new_segment_address(span), span, stream, large, chunk)
+            self.segments.append(seg)
+            start = seg.blocks[0]
+        b = start if start.mapped else self._map(start, min(start.size, size))
+        while b is not None and b.size < size:
+            _, nxt = b.seg.neighbours(b)
+            b = self._map(nxt, min(size - b.size, nxt.size))
+        return b
+
+    def _unmap(self, b: Block) -> None:
+        """Unmap the whole chunks inside free block ``b`` of an expandable segment."""
+        seg, c = b.seg, b.seg.chunk
+        begin, end = -(-b.offset // c) * c, (b.offset + b.size) // c * c
+        if begin >= end:
+            return
+        i = seg.blocks.index(b)
+        pieces = []
+        if begin > b.offset:
+            pieces.append(Block(seg, b.offset, begin - b.offset))
+        middle = Block(seg, begin, end - begin, mapped=False)
+        pieces.append(middle)
+        if b.offset + b.size > end:
+            pieces.append(Block(seg, end, b.offset + b.size - end))
+        seg.blocks[i:i + 1] = pieces
+        for n in seg.neighbours(middle):
+            self._merge_into(middle, n, mapped=False)
+        self._add("reserved_bytes", seg.large, -(end - begin))
+        self.counters["num_device_free"] += 1
 
     def release_cached(self) -> None:
-        for s in [s for s in self.segments if not s.split() and not s.blocks[0].busy]:
+        for seg in [s for s in self.segments if s.expandable]:
+            for b in [b for b in seg.blocks if b.free]:
+                self._unmap(b)
+            if len(seg.blocks) == 1:  # no pages left: the address space goes back
+                self.segments.remove(seg)
+        for s in [s for s in self.segments
+                  if not s.expandable and not s.split() and not s.blocks[0].busy]:
             self.segments.remove(s)
             self._add("reserved_bytes", s.large, -s.size)
             self._add("segment", s.large, -1)
@@ -166,6 +296,16 @@ class DeviceModel:
         block = self._best_fit(size, large, stream)
         if block is not None:
             self._free_block_counts(block, -1)
+        elif self.expandable:
+            block = self._alloc_expandable(size, large, stream, new_segment_address)
+            if block is None:
+                self.counters["num_alloc_retries"] += 1
+                self.process_events(sync=True)
+                self.release_cached()
+                block = self._alloc_expandable(size, large, stream, new_segment_address)
+                if block is None:
+                    self.counters["num_ooms"] += 1
+                    raise OutOfMemory(nbytes)
         else:
             seg_bytes = segment_size(size)
             if self.used() + seg_bytes > self.capacity:
@@ -182,7 +322,7 @@ class DeviceModel:
             self._add("reserved_bytes", large, seg_bytes)
             block = seg.blocks[0]
         remaining = block.size - size
-        if (remaining > SMALL_SIZE) if large else (remaining >= MIN_BLOCK):
+        if (remaining > SMALL_SIZE) if large and not self.expandable else (remaining >= MIN_BLOCK):
             seg = block.seg
             rest = Block(seg, block.offset + size, remaining)
             seg.blocks.insert(seg.blocks.index(block) + 1, rest)
@@ -217,14 +357,9 @@ class DeviceModel:
         if block.pending is not None:
             self.pending_order.remove(block)
         block.requested, block.pending = 0, None
-        i = seg.blocks.index(block)
-        for j in (i + 1, i - 1):  # merge with free neighbours
-            if 0 <= j < len(seg.blocks) and not seg.blocks[j].busy:
-                n = seg.blocks[j]
-                self._free_block_counts(n, -1)
-                seg.blocks.remove(n)
-                block.offset = min(block.offset, n.offset)
-                block.size += n.size
+        prev, nxt = seg.neighbours(block)
+        for n in (nxt, prev):  # merge with free neighbours
+            self._merge_into(block, n, mapped=True)
         self._free_block_counts(block, +1)
 
     def reset_peak(self) -> None:
@@ -247,10 +382,12 @@ def compare(real: dict, model: dict) -> list[str]:
             if real.get(k, 0) != v]
 
 
-def replay(seed: int, steps: int) -> None:
+def replay(seed: int, steps: int, expandable: bool = False) -> None:
     """Random alloc / free / record_stream / synchronization / empty_cache / OOM / reset
     sequence on every device and two streams per device, checked against the model after every
-    step (also the blocks' addresses and their snapshot states)."""
+    step (also the blocks' addresses and their snapshot states). ``expandable``: with
+    expandable segments (the process must start with them on), switched off and on again now
+    and then."""
     import torch
 
     rng = random.Random(seed)
@@ -262,7 +399,7 @@ def replay(seed: int, steps: int) -> None:
         torch.neuron.reset_peak_memory_stats(d)
         torch.neuron.reset_accumulated_memory_stats(d)
         assert torch.neuron.memory_reserved(d) == 0, "a fresh process holds no device memory"
-    models = [DeviceModel(capacity) for _ in range(ndev)]
+    models = [DeviceModel(capacity, expandable) for _ in range(ndev)]
     streams = [[torch.neuron.default_stream(d), torch.neuron.Stream(device=d)] for d in range(ndev)]
     # (device, tensor, model block, streams it was recorded on)
     live: list[tuple[int, "torch.Tensor", Block, set[int]]] = []
@@ -270,8 +407,21 @@ def replay(seed: int, steps: int) -> None:
     def known_segments(d: int) -> set[int]:
         return {s.address for s in models[d].segments}
 
+    def inside_known(d: int, address: int) -> bool:
+        return any(s.address <= address < s.address + s.size for s in models[d].segments)
+
+    unseen = [UNSEEN]  # addresses for expandable segments that have no pages yet
+
     def new_address(d: int):
         def find(seg_bytes: int) -> int:
+            if models[d].expandable:
+                # Its first mapped run starts at its base. Until it has one (its first mapping
+                # failed), it gets a placeholder, replaced when it is mapped.
+                fresh = [s["address"] for s in torch.neuron.memory_snapshot()
+                         if s["device"] == d and s["is_expandable"] and not inside_known(d, s["address"])]
+                assert len(fresh) <= 1, fresh
+                unseen[0] += seg_bytes
+                return fresh[0] if fresh else unseen[0]
             fresh = [s for s in torch.neuron.memory_snapshot()
                      if s["device"] == d and s["address"] not in known_segments(d)]
             assert len(fresh) == 1 and fresh[0]["total_size"] == seg_bytes, (
@@ -290,7 +440,7 @@ def replay(seed: int, steps: int) -> None:
         want = {}
         for dd, m in enumerate(models):
             for seg in m.segments:
-                for b in seg.blocks:
+                for b in (b for b in seg.blocks if b.mapped):
                     state = ("active_allocated" if b.allocated else
                              "active_pending_free" if b.pending is not None else "inactive")
                     want[(dd, b.address)] = (b.size, state)
@@ -302,8 +452,8 @@ def replay(seed: int, steps: int) -> None:
     for step in range(steps):
         d = rng.randrange(ndev)
         op = rng.choices(["alloc", "free", "empty_cache", "reset_peak", "reset_acc",
-                          "record_stream", "sync", "wait_stream"],
-                         weights=[50, 40, 4, 3, 3, 15, 10, 3])[0]
+                          "record_stream", "sync", "wait_stream", "toggle"],
+                         weights=[50, 40, 4, 3, 3, 15, 10, 3, 2 if expandable else 0])[0]
         if op == "alloc":
             nbytes = rng.choice(sizes) + rng.choice([0, 0, 0, rng.randrange(1, 4096)])
             sidx = rng.randrange(2)
@@ -355,6 +505,11 @@ def replay(seed: int, steps: int) -> None:
                 del mine  # holds the tensors: a later free must free them
             for ss in (streams[d] if how == "device" else [s]):
                 models[d].observe(ss.stream_id)
+        elif op == "toggle":  # process-wide, as the setting
+            on = not models[0].expandable
+            torch._C._accelerator_setAllocatorSettings(f"expandable_segments:{on}")
+            for m in models:
+                m.expandable = on
         elif op == "wait_stream":  # orders streams on the device; the host observes nothing
             streams[d][0].wait_stream(streams[d][1])
         elif op == "empty_cache":
@@ -387,4 +542,4 @@ def replay(seed: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    replay(int(sys.argv[1]), int(sys.argv[2]))
+    replay(int(sys.argv[1]), int(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "expandable")

@@ -96,6 +96,8 @@ def test_settings_given_at_run_time_apply_to_later_allocations():
 
 
 @pytest.mark.parametrize("variable", ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
-def test_expandable_segments_is_refused_with_a_warning(variable):
-    _, err = probe(["alloc('x', 1)", "alloc('y', 30)"], env={variable: "expandable_segments:True"})
-    assert err.count("expandable_segments is not implemented") == 1
+def test_expandable_segments_grow_one_segment(variable):
+    # (the behaviour itself: test_expandable_segments.py)
+    out, err = probe(["alloc('x', 2)", "alloc('y', 30)"], env={variable: "expandable_segments:True"})
+    assert out[-1]["segment.all.current"] == 0 and len(out[-1]["segments"]) == 1
+    assert out[-1]["reserved_bytes.all.current"] == 40 * MiB and "expandable" not in err
