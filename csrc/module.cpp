@@ -90,6 +90,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_graph_pool_handle", []() { return std::make_tuple(torchneuron::new_graph_pool_id(), uint64_t{0}); },
         "A fresh graph memory pool id, (id, 0), for captures to share (allocator.h).");
   m.def("_mem_pool_create", &torchneuron::create_mem_pool, py::arg("no_split"));
+  m.def("_caching_allocator_enable", &torchneuron::set_caching_enabled, py::arg("value"));
+  m.def("_caching_allocator_is_enabled", &torchneuron::caching_enabled);
   m.def("_mem_pool_begin", &torchneuron::begin_mem_pool, py::arg("device"), py::arg("pool"));
   m.def("_mem_pool_end", &torchneuron::end_mem_pool, py::arg("device"), py::arg("pool"));
   m.def("_mem_pool_release", &torchneuron::release_mem_pool, py::arg("pool"));

@@ -27,6 +27,9 @@
 //     segments, and the snapshot shows each mapped run as a segment (is_expandable). The
 //     runtime's heap file makes it real: reserved address space backed by a sparse file range,
 //     pages mapped and unmapped in place (runtime.h, map_pages / unmap_pages).
+//   * caching off (PYTORCH_NO_CUDA_MEMORY_CACHING set, or caching_allocator_enable(False)), as
+//     CUDA's: each allocation is its own runtime allocation, freed at once, outside the cache
+//     and its statistics (a debugging aid: nothing hides a use after free in cached memory).
 // Stats follow c10::CachingDeviceAllocator::DeviceStats so torch.accelerator.* and
 // torch.neuron.memory_* report them.
 #include "allocator.h"
@@ -40,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -829,7 +833,61 @@ void delete_adopted(void* ctx) {
   neuron::rt::engine::after_queue([a] { delete a; });
 }
 
+// --- caching off ---------------------------------------------------------------------------
+// CUDA's rule: the variable's presence turns caching off for the process.
+const bool g_no_caching_env = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr;
+std::atomic<bool> g_caching_enabled{true};  // caching_allocator_enable
+
+struct Uncached {
+  int device;
+  void* ptr;
+  size_t nbytes;
+};
+std::mutex g_uncached_mu;
+std::map<uintptr_t, Uncached*> g_uncached;  // live uncached allocations by address (device_of)
+
+void delete_uncached(void* ctx) {
+  auto* u = static_cast<Uncached*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    g_uncached.erase(reinterpret_cast<uintptr_t>(u->ptr));
+  }
+  gpu_trace::memory_deallocation(u->ptr, u->device, u->nbytes);
+  neuron::rt::free(u->device, u->ptr, u->nbytes);
+  delete u;
+}
+
+c10::DataPtr allocate_uncached(int device, size_t nbytes) {
+  TORCH_CHECK(g_capturing_graph.load(std::memory_order_acquire) == 0,
+              "neuron: the caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING or "
+              "torch.neuron.memory.caching_allocator_enable(False)), and a graph capture needs it to "
+              "keep the graph's memory: turn caching on around the capture");
+  void* ptr = neuron::rt::malloc(device, nbytes);
+  if (ptr == nullptr) {
+    // Memory the cache holds, IPC limbo and queued kernels are released first, as for a block.
+    ipc_collect();
+    neuron::rt::engine::drain_quietly();
+    device_allocator()->emptyCache();
+    ptr = neuron::rt::malloc(device, nbytes);
+    if (ptr == nullptr) {
+      auto& c = g_cache[device];
+      std::lock_guard<std::mutex> lock(c.mu);
+      raise_oom(c, device, nbytes);
+    }
+  }
+  auto* u = new Uncached{device, ptr, nbytes};
+  {
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    g_uncached[reinterpret_cast<uintptr_t>(ptr)] = u;
+  }
+  gpu_trace::memory_allocation(ptr, device, nbytes);
+  return c10::DataPtr(ptr, u, &delete_uncached, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+}
+
 }  // namespace
+
+void set_caching_enabled(bool enabled) { g_caching_enabled.store(enabled); }
+bool caching_enabled() { return g_caching_enabled.load() && !g_no_caching_env; }
 
 c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
   neuron::rt::check_device(device);
@@ -838,6 +896,7 @@ c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
     neuron::rt::lazy_init();
     return c10::DataPtr(nullptr, nullptr, nullptr, dev);
   }
+  if (C10_UNLIKELY(!caching_enabled())) return allocate_uncached(device, nbytes);
   Block* b = malloc_block(device, nbytes);
   if (C10_UNLIKELY(g_capturing_graph.load(std::memory_order_acquire) != 0)) {
     std::lock_guard<std::mutex> lock(g_cache[device].mu);
@@ -1064,6 +1123,11 @@ int NeuronAllocator::device_of(const void* ptr) {
       auto base = reinterpret_cast<uintptr_t>(a->cpu.get());
       if (p >= base && p < base + a->nbytes) return d;
     }
+  }
+  std::lock_guard<std::mutex> lock(g_uncached_mu);
+  auto it = g_uncached.upper_bound(p);
+  if (it != g_uncached.begin() && p < std::prev(it)->first + std::prev(it)->second->nbytes) {
+    return std::prev(it)->second->device;
   }
   return -1;
 }

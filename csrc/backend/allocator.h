@@ -80,6 +80,12 @@ void begin_mem_pool(int device, uint64_t pool);
 void end_mem_pool(int device, uint64_t pool);
 void release_mem_pool(uint64_t pool);
 
+// Whether allocations go through the cache (torch.neuron.memory.caching_allocator_enable; off
+// for the whole process while PYTORCH_NO_CUDA_MEMORY_CACHING is set). Off, each allocation is
+// a runtime allocation of its own, freed when its tensor is, outside the statistics (CUDA's).
+void set_caching_enabled(bool enabled);
+bool caching_enabled();
+
 // Memory history (torch.neuron.memory._record_memory_history): the allocator reports every
 // allocation, free, segment change and OOM to one recorder while one is set.
 enum class AllocAction : uint8_t {

@@ -27,7 +27,8 @@ __all__ = [
     "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats", "list_gpu_processes",
     "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
-    "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
+    "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_enable",
+    "caching_allocator_disabled", "get_allocator_backend",
     "device_memory_used", "MemPool", "use_mem_pool",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
@@ -161,6 +162,26 @@ def caching_allocator_delete(mem_ptr: int) -> None:
         raise RuntimeError(f"invalid device pointer: {mem_ptr:#x} was not allocated by "
                            "torch.neuron.caching_allocator_alloc (or was freed already)")
     del block
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turn the neuron caching allocator on or off (on by default), as
+    ``torch.cuda.memory.caching_allocator_enable``. Off, each allocation is a device allocation of
+    its own, returned to the device when its tensor is freed, and outside ``memory_stats``
+    (CUDA's uncached path). ``PYTORCH_NO_CUDA_MEMORY_CACHING`` keeps it off for the process."""
+    _C._caching_allocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled() -> Iterator[None]:
+    """Context manager that turns the caching allocator off inside it, as
+    ``torch.cuda.memory.caching_allocator_disabled``."""
+    prev = _C._caching_allocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(prev)
 
 
 def get_allocator_backend() -> str:
