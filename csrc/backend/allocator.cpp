@@ -135,6 +135,7 @@ struct Block {
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
   uint64_t graph = 0;  // allocated during a capture: its graph pool's until the pool is released
   struct Expandable* es = nullptr;  // the expandable segment it lies in, if any
+  MemPoolOptions::FreeFn raw_free = nullptr;  // a MemPool allocator's free, for its segments
   bool mapped = true;  // false: address space of an expandable segment with no pages behind it
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
@@ -278,6 +279,10 @@ bool idle_segment(const Block* head) {
   return head->es == nullptr && !head->allocated && !head->pending && head->next == nullptr;
 }
 
+// ... and not a live MemPool's: as CUDA's, a pool keeps its cached memory until it is released
+// (empty_cache and the OOM retry leave it; use_on_oom lends it).
+bool releasable_segment(const Block* head) { return head->mem_pool == 0 && idle_segment(head); }
+
 bool expandable_on() { return Config::use_expandable_segments(); }
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
@@ -299,6 +304,7 @@ void splice(Block* b, Block* before, Block* after) {
 Block* piece_of(const Block* from, char* ptr, size_t size) {
   Block* b = new Block(from->device, from->stream, size, ptr, from->is_large);
   b->es = from->es;
+  b->raw_free = from->raw_free;
   b->mapped = from->mapped;
   b->freed_at = from->freed_at;
   b->free_tick = from->free_tick;
@@ -327,7 +333,12 @@ void free_segment_locked(DeviceCache& c, int device, Block* head) {
   stat_add(c.stats.segment, head->is_large, -1);
   c.stats.num_device_free++;
   history(AllocAction::SegmentFree, device, head->ptr, head->size, head->stream);
-  neuron::rt::free(device, head->ptr, head->size);
+  if (head->raw_free != nullptr) {
+    head->raw_free(head->ptr, head->size, device, reinterpret_cast<void*>(head->stream));
+    neuron::rt::release(device, head->size);
+  } else {
+    neuron::rt::free(device, head->ptr, head->size);
+  }
   delete head;
 }
 
@@ -379,7 +390,7 @@ void release_cached_locked(DeviceCache& c, int device) {
   for (Block* b : expandable_free) unmap_block_locked(c, device, b);
   for (auto it = c.segments.begin(); it != c.segments.end();) {
     Block* head = it->second;
-    if (idle_segment(head)) {
+    if (releasable_segment(head)) {
       free_segment_locked(c, device, head);
       it = c.segments.erase(it);
     } else if (head->es != nullptr && !head->mapped && head->next == nullptr) {
@@ -404,7 +415,7 @@ void garbage_collect_locked(DeviceCache& c, int device, size_t incoming) {
   if (reserved() <= target) return;
   std::vector<Block*> idle;
   for (const auto& [addr, head] : c.segments) {
-    if (head->is_large && idle_segment(head)) idle.push_back(head);
+    if (head->is_large && releasable_segment(head)) idle.push_back(head);
   }
   std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->free_tick < b->free_tick; });
   for (Block* head : idle) {
@@ -456,7 +467,7 @@ void report_usage(DeviceCache& c, int device, void* ptr, int64_t delta) {
 
 // MemPools (torch.neuron.MemPool): ids from the graph pools' sequence, so no id means both.
 std::mutex g_mem_pools_mu;
-std::unordered_map<uint64_t, bool> g_mem_pools;  // live pools -> no_split
+std::unordered_map<uint64_t, MemPoolOptions> g_mem_pools;  // live pools
 // use_mem_pool on this thread: (device, pool), innermost last.
 thread_local std::vector<std::pair<int, uint64_t>> t_mem_pools;
 
@@ -467,11 +478,72 @@ uint64_t current_mem_pool(int device) {
   return 0;
 }
 
-bool mem_pool_no_split(uint64_t pool) {
-  if (pool == 0) return false;
+MemPoolOptions mem_pool_options(uint64_t pool) {
+  if (pool == 0) return {};
   std::lock_guard<std::mutex> lock(g_mem_pools_mu);
   auto it = g_mem_pools.find(pool);
-  return it != g_mem_pools.end() && it->second;
+  return it != g_mem_pools.end() ? it->second : MemPoolOptions{};
+}
+
+// The pools an allocation outside any pool may take free blocks of when the device is full
+// (use_on_oom), oldest first.
+std::vector<uint64_t> oom_pools() {
+  std::vector<uint64_t> ids;
+  std::lock_guard<std::mutex> lock(g_mem_pools_mu);
+  for (const auto& [id, options] : g_mem_pools) {
+    if (options.use_on_oom) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// The smallest cached block of pool `mem_pool` and this stream that fits (best fit), out of
+// the free pool; nullptr if none. With max_split_size_mb, as CUDA: a request below it does not
+// take an oversize block (which would not be split), and an oversize request takes one at most
+// max_non_split_rounding_mb larger than itself. (Larger blocks fail the same tests, so the
+// smallest decides.) Caller holds c.mu.
+Block* take_cached_locked(DeviceCache& c, int device, bool large, uint64_t mem_pool, int64_t stream, size_t size) {
+  auto& pool = large ? c.large_free : c.small_free;
+  Block key(device, stream, size, nullptr, large);
+  key.mem_pool = mem_pool;
+  auto it = pool.lower_bound(&key);
+  auto ours = [&](std::set<Block*, BlockLess>::iterator i) {
+    return i != pool.end() && (*i)->mem_pool == mem_pool && (*i)->stream == stream;
+  };
+  if (ours(it) && (*it)->es != nullptr) {
+    if (expandable_on()) {
+      // As CUDA: a free block that an unmapped block follows can grow; best fit counts it at
+      // that size, so a block of fixed size that fits is taken before it.
+      auto growable = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      for (auto next = std::next(it); (*it)->es != nullptr && ours(next) && growable(*next) < growable(*it); ++next) {
+        it = next;
+      }
+    } else {
+      // Expandable segments switched off at run time: only ordinary segments serve requests.
+      while (ours(it) && (*it)->es != nullptr) ++it;
+    }
+  }
+  const size_t max_split = Config::max_split_size();
+  if (!ours(it) || (size < max_split && (*it)->size >= max_split) ||
+      (size >= max_split && (*it)->size >= size + Config::max_non_split_rounding_size())) {
+    return nullptr;
+  }
+  Block* block = *it;
+  pool.erase(it);
+  count_free_split(c, block, -1);
+  return block;
+}
+
+// A new segment of `seg` bytes from the runtime, or from the pool's own allocator (a MemPool
+// made with one: its capacity still counted). nullptr when the device is full.
+char* segment_memory(int device, size_t seg, int64_t stream, const MemPoolOptions& options) {
+  if (options.alloc_fn == nullptr) return static_cast<char*>(neuron::rt::malloc(device, seg));
+  if (!neuron::rt::reserve(device, seg)) return nullptr;
+  void* ptr = options.alloc_fn(seg, device, reinterpret_cast<void*>(stream));
+  if (ptr == nullptr) neuron::rt::release(device, seg);
+  return static_cast<char*>(ptr);
 }
 
 void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n);
@@ -552,87 +624,61 @@ Block* malloc_block(int device, size_t nbytes) {
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
   const uint64_t mem_pool = t_mem_pools.empty() ? 0 : current_mem_pool(device);
-  const bool no_split = mem_pool_no_split(mem_pool);
+  const MemPoolOptions options = mem_pool_options(mem_pool);
   auto ctx = history_context();
   Graveyard dead;
   std::unique_lock<std::mutex> lock(c.mu);
   if (!c.outstanding.empty()) process_events_locked(c, /*sync=*/false, dead);
   auto& pool = large ? c.large_free : c.small_free;
-
-  Block key(device, stream, size, nullptr, large);
-  key.mem_pool = mem_pool;
-  auto it = pool.lower_bound(&key);
-  auto ours = [&](std::set<Block*, BlockLess>::iterator i) {
-    return i != pool.end() && (*i)->mem_pool == mem_pool && (*i)->stream == stream;
-  };
-  if (ours(it) && (*it)->es != nullptr) {
-    if (expandable_on()) {
-      // As CUDA: a free block that an unmapped block follows can grow; best fit counts it at
-      // that size, so a block of fixed size that fits is taken before it.
-      auto growable = [](const Block* b) {
-        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
-      };
-      for (auto next = std::next(it); (*it)->es != nullptr && ours(next) && growable(*next) < growable(*it); ++next) {
-        it = next;
-      }
-    } else {
-      // Expandable segments switched off at run time: only ordinary segments serve requests.
-      while (ours(it) && (*it)->es != nullptr) ++it;
-    }
-  }
-  Block* block = nullptr;
   const size_t max_split = Config::max_split_size();
-  // The smallest cached block of this stream that fits (best fit); it is split below. With
-  // max_split_size_mb, as CUDA: a request below it does not take an oversize block (which
-  // would not be split), and an oversize request takes one at most max_non_split_rounding_mb
-  // larger than itself. (Larger blocks fail the same tests, so the smallest decides.)
-  if (ours(it) &&
-      !(size < max_split && (*it)->size >= max_split) &&
-      !(size >= max_split && (*it)->size >= size + Config::max_non_split_rounding_size())) {
-    block = *it;
-    pool.erase(it);
-    count_free_split(c, block, -1);
-  } else if (expandable_on() && mem_pool == 0) {
+  // Free memory before the OOM retry: blocks shared with other processes that those have
+  // released wait in the IPC limbo (ipc.h), and queued kernels (runtime/engine.h) hold the
+  // memory of tensors dropped since the call. Unlocked: freeing a block takes this lock.
+  auto release_for_retry = [&] {
+    c.stats.num_alloc_retries++;
+    lock.unlock();
+    ipc_collect();
+    neuron::rt::engine::drain_quietly();
+    lock.lock();
+    process_events_locked(c, /*sync=*/true, dead);
+    release_cached_locked(c, device);
+  };
+
+  Block* block = take_cached_locked(c, device, large, mem_pool, stream, size);
+  if (block == nullptr && expandable_on() && mem_pool == 0) {
     block = alloc_expandable_locked(c, device, stream, large, size, ctx);
     if (block == nullptr) {
-      c.stats.num_alloc_retries++;
-      lock.unlock();  // as below
-      ipc_collect();
-      neuron::rt::engine::drain_quietly();
-      lock.lock();
-      process_events_locked(c, /*sync=*/true, dead);
-      release_cached_locked(c, device);
+      release_for_retry();
       block = alloc_expandable_locked(c, device, stream, large, size, ctx);
-      if (block == nullptr) raise_oom(c, device, nbytes);
     }
-  } else {
+  } else if (block == nullptr) {
     const size_t seg = segment_size(size);
     if (large && Config::garbage_collection_threshold() > 0) garbage_collect_locked(c, device, seg);
-    char* ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
+    char* ptr = segment_memory(device, seg, stream, options);
     if (ptr == nullptr) {
-      c.stats.num_alloc_retries++;
-      // Blocks shared with other processes that those have released wait in the IPC limbo
-      // (ipc.h); free them first. Unlocked: freeing a block takes this lock.
-      // Queued kernels (runtime/engine.h) hold the memory of tensors dropped since the call:
-      // run them too.
-      lock.unlock();
-      ipc_collect();
-      neuron::rt::engine::drain_quietly();
-      lock.lock();
-      process_events_locked(c, /*sync=*/true, dead);
-      release_cached_locked(c, device);
-      ptr = static_cast<char*>(neuron::rt::malloc(device, seg));
-      if (ptr == nullptr) raise_oom(c, device, nbytes);
+      release_for_retry();
+      ptr = segment_memory(device, seg, stream, options);
     }
-    c.stats.num_device_alloc++;
-    history(AllocAction::SegmentAlloc, device, ptr, seg, stream, ctx);
-    block = new Block(device, stream, seg, ptr, large);
-    block->mem_pool = mem_pool;
-    c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
-    stat_add(c.stats.segment, large, 1);
-    stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
-    if (size >= max_split) c.stats.oversize_segments.increase(1);
+    if (ptr != nullptr) {
+      c.stats.num_device_alloc++;
+      history(AllocAction::SegmentAlloc, device, ptr, seg, stream, ctx);
+      block = new Block(device, stream, seg, ptr, large);
+      block->mem_pool = mem_pool;
+      block->raw_free = options.free_fn;
+      c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
+      stat_add(c.stats.segment, large, 1);
+      stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
+      if (size >= max_split) c.stats.oversize_segments.increase(1);
+    }
   }
+  // Out of memory: as a last resort, free blocks of the pools made with use_on_oom (CUDA's).
+  if (block == nullptr && mem_pool == 0) {
+    for (uint64_t id : oom_pools()) {
+      if ((block = take_cached_locked(c, device, large, id, stream, size)) != nullptr) break;
+    }
+  }
+  if (block == nullptr) raise_oom(c, device, nbytes);
+  const bool no_split = mem_pool_options(block->mem_pool).no_split;
 
   // Split off the remainder when it is worth keeping as its own block (never an oversize
   // request's: CUDA's should_split, which splits any remainder with expandable segments on).
@@ -947,10 +993,12 @@ void release_graph_pool(uint64_t pool) {
   }
 }
 
-uint64_t create_mem_pool(bool no_split) {
+uint64_t create_mem_pool(const MemPoolOptions& options) {
+  TORCH_CHECK((options.alloc_fn == nullptr) == (options.free_fn == nullptr),
+              "neuron: a memory pool's allocator needs both an allocation and a free function");
   const uint64_t id = new_graph_pool_id();
   std::lock_guard<std::mutex> lock(g_mem_pools_mu);
-  g_mem_pools.emplace(id, no_split);
+  g_mem_pools.emplace(id, options);
   return id;
 }
 

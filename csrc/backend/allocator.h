@@ -70,12 +70,25 @@ void release_graph_pool(uint64_t pool);
 void begin_graph_allocations(uint64_t pool);
 void end_graph_allocations();
 
-// Memory pools (torch.neuron.MemPool, use_mem_pool; CUDA's MemPool without custom allocators).
+// Memory pools (torch.neuron.MemPool, use_mem_pool; CUDA's MemPool).
 // Between begin_mem_pool(device, pool) and end_mem_pool on a thread, that thread's allocations
 // on `device` come from the pool's own segments, and freed blocks of those segments serve only
 // the pool's later allocations. Releasing the pool returns its idle segments to the runtime;
-// segments still in use join the device's own pool. `no_split`: the pool's blocks are never split.
-uint64_t create_mem_pool(bool no_split);
+// segments still in use join the device's own pool.
+struct MemPoolOptions {
+  // A pluggable allocator's functions (torch.neuron.memory.NeuronPluggableAllocator): the pool's
+  // segments come from alloc_fn(size, device, stream) and go back through free_fn(ptr, size,
+  // device, stream) (stream: the neuron stream id, as a pointer), still within the device's
+  // capacity. Both null: the runtime's memory.
+  using AllocFn = void* (*)(size_t, int, void*);
+  using FreeFn = void (*)(void*, size_t, int, void*);
+  AllocFn alloc_fn = nullptr;
+  FreeFn free_fn = nullptr;
+  bool no_split = false;    // the pool's blocks are never split
+  bool use_on_oom = false;  // an allocation outside any pool that finds the device full may
+                            // take the pool's free blocks (CUDA's last resort)
+};
+uint64_t create_mem_pool(const MemPoolOptions& options);
 void begin_mem_pool(int device, uint64_t pool);
 void end_mem_pool(int device, uint64_t pool);
 void release_mem_pool(uint64_t pool);

@@ -106,15 +106,137 @@ def test_no_split_gives_each_allocation_its_whole_block():
         del t
 
 
+def test_empty_cache_keeps_a_live_pools_cached_memory():
+    gc.collect()
+    pool = torch.neuron.MemPool()
+    with torch.neuron.use_mem_pool(pool):
+        t = big(30)
+    addr = t.data_ptr()
+    del t
+    torch.neuron.empty_cache()  # as CUDA's: a pool's memory is its own until it is released
+    assert [s["address"] for s in pool.snapshot()] == [addr]
+    with torch.neuron.use_mem_pool(pool):
+        assert big(30).data_ptr() == addr
+
+
+USE_ON_OOM = """
+import torch
+MiB = 1 << 20
+def big(n):
+    return torch.empty(n * MiB, dtype=torch.uint8, device="neuron")
+pool = torch.neuron.MemPool(use_on_oom={use_on_oom})
+with torch.neuron.use_mem_pool(pool):
+    lent = big(60)
+lent_at = lent.data_ptr()
+del lent  # 60 MiB cached in the pool
+b = big(60)  # the device's other 68 MiB
+try:
+    c = big(60)
+    print("from the pool" if c.data_ptr() == lent_at else "elsewhere")
+except torch.OutOfMemoryError:
+    print("OOM")
+"""
+
+
+@pytest.mark.parametrize("use_on_oom, expected", [(True, "from the pool"), (False, "OOM")])
+def test_use_on_oom_lends_the_pools_free_blocks_when_the_device_is_full(use_on_oom, expected):
+    from support import run_python
+
+    r = run_python(USE_ON_OOM.format(use_on_oom=use_on_oom), env={"TORCHNEURON_DEVICE_MEMORY": "128MiB"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == expected
+
+
+ALLOCATOR_SOURCE = r"""
+#include <stdlib.h>
+#include <string.h>
+long allocs = 0, frees = 0, last_size = 0, last_device = -1, fail = 0;
+void* last_ptr = 0;
+void* pool_alloc(size_t size, int device, void* stream) {
+  if (fail) return NULL;
+  allocs++; last_size = (long)size; last_device = device;
+  last_ptr = aligned_alloc(4096, size);
+  return last_ptr;
+}
+void pool_free(void* ptr, size_t size, int device, void* stream) {
+  if (ptr == last_ptr && (long)size == last_size) frees++;
+  free(ptr);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def allocator_library(tmp_path_factory):
+    import subprocess
+
+    d = tmp_path_factory.mktemp("pluggable")
+    (d / "pool_alloc.c").write_text(ALLOCATOR_SOURCE)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(d / "libpool.so"), str(d / "pool_alloc.c")],
+                   check=True)
+    return str(d / "libpool.so")
+
+
+def counters(path):
+    import ctypes
+
+    lib = ctypes.CDLL(path)  # the same loaded library as the allocator's
+    return lib, {k: ctypes.c_long.in_dll(lib, k).value for k in ("allocs", "frees", "last_size", "last_device")}
+
+
+def test_a_pluggable_allocator_provides_the_pools_segments(allocator_library):
+    gc.collect()
+    allocator = torch.neuron.memory.NeuronPluggableAllocator(allocator_library, "pool_alloc", "pool_free")
+    pool = torch.neuron.MemPool(allocator=allocator)
+    assert pool.allocator is allocator
+    _, before = counters(allocator_library)
+    free_before = torch.neuron.mem_get_info()[0]
+    with torch.neuron.use_mem_pool(pool):
+        x = torch.empty(MiB, device="neuron")  # 4 MiB: a 20 MiB segment, y too
+        y = torch.empty(MiB, device="neuron")
+    x.copy_(torch.arange(MiB, dtype=torch.float32))
+    torch.mul(x, 2, out=y)
+    _, now = counters(allocator_library)
+    assert now["allocs"] - before["allocs"] == 1 and now["last_size"] == 20 * MiB and now["last_device"] == 0
+    (seg,) = pool.snapshot()
+    assert seg["address"] <= y.data_ptr() < seg["address"] + seg["total_size"]
+    assert free_before - torch.neuron.mem_get_info()[0] == 20 * MiB  # within the device's capacity
+    torch.testing.assert_close(y.cpu(), torch.arange(MiB, dtype=torch.float32) * 2)
+    del x, y
+    torch.neuron.synchronize()
+    del pool
+    gc.collect()  # the released pool's idle segment goes back through the library's free
+    _, after = counters(allocator_library)
+    assert after["frees"] - now["frees"] == 1
+    assert torch.neuron.mem_get_info()[0] == free_before
+
+
+def test_a_pluggable_allocator_without_memory_raises_out_of_memory(allocator_library):
+    import ctypes
+
+    allocator = torch.neuron.memory.NeuronPluggableAllocator(allocator_library, "pool_alloc", "pool_free")
+    pool = torch.neuron.MemPool(allocator=allocator)
+    lib, _ = counters(allocator_library)
+    ctypes.c_long.in_dll(lib, "fail").value = 1
+    try:
+        with torch.neuron.use_mem_pool(pool):
+            with pytest.raises(torch.OutOfMemoryError, match="neuron out of memory"):
+                big(8)
+    finally:
+        ctypes.c_long.in_dll(lib, "fail").value = 0
+    with torch.neuron.use_mem_pool(pool):
+        assert big(8).numel() == 8 * MiB  # and it works again
+
+
+def test_a_missing_function_is_named(allocator_library):
+    with pytest.raises(AttributeError, match="has no function pool_malloc"):
+        torch.neuron.memory.NeuronPluggableAllocator(allocator_library, "pool_malloc", "pool_free")
+
+
 def test_what_is_not_implemented_raises_naming_it():
-    with pytest.raises(NotImplementedError) as e:
+    with pytest.raises(NotImplementedError, match="change_current_allocator is not implemented.*MemPool"):
+        torch.neuron.memory.change_current_allocator(None)
+    with pytest.raises(TypeError, match="allocator must be a torch.neuron.memory.NeuronPluggableAllocator"):
         torch.neuron.MemPool(allocator=object())
-    assert str(e.value) == ("torch.neuron.MemPool: custom allocators are not implemented (neuron has no "
-                            "pluggable allocator); create the pool without one")
-    with pytest.raises(NotImplementedError) as e:
-        torch.neuron.MemPool(use_on_oom=True)
-    assert str(e.value) == ("torch.neuron.MemPool: use_on_oom is not implemented (an allocation outside "
-                            "the pool does not fall back to its free memory)")
     with pytest.raises(TypeError, match="expects a torch.neuron.MemPool"):
         with torch.neuron.use_mem_pool((0, 1)):
             pass

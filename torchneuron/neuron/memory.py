@@ -29,7 +29,7 @@ __all__ = [
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_enable",
     "caching_allocator_disabled", "get_allocator_backend",
-    "device_memory_used", "MemPool", "use_mem_pool",
+    "device_memory_used", "MemPool", "use_mem_pool", "NeuronPluggableAllocator", "change_current_allocator",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
@@ -345,25 +345,66 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
         pickle.dump(_snapshot(), f)
 
 
+class NeuronPluggableAllocator:
+    """Device memory from functions of a shared library, as
+    ``torch.cuda.memory.CUDAPluggableAllocator``, for a :class:`MemPool`'s segments:
+
+    ``void* alloc_fn(size_t size, int device, void* stream)`` returns ``size`` bytes (NULL when
+    it has none) and ``void free_fn(void* ptr, size_t size, int device, void* stream)`` takes
+    them back; ``stream`` is the neuron stream id. The emulated device's memory is host memory,
+    so any host allocation will do; what the functions hand out still counts against the
+    device's capacity. The caching allocator keeps their blocks as it keeps its own segments'
+    (reuse, splitting, statistics), returning a segment through ``free_fn`` when it is released.
+    """
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str) -> None:
+        import ctypes
+
+        self._library = ctypes.CDLL(path_to_so_file)  # kept loaded for as long as this object
+        try:
+            self._alloc_fn = ctypes.cast(getattr(self._library, alloc_fn_name), ctypes.c_void_p).value
+            self._free_fn = ctypes.cast(getattr(self._library, free_fn_name), ctypes.c_void_p).value
+        except AttributeError as e:
+            raise AttributeError(f"NeuronPluggableAllocator: {path_to_so_file} has no function "
+                                 f"{e.args[0].split(':')[-1].strip()}") from None
+
+
+def change_current_allocator(allocator: NeuronPluggableAllocator) -> None:
+    """Not implemented: neuron's caching allocator cannot be replaced for the whole device (the
+    execution engine, graph capture and interprocess sharing rely on its blocks). Give the
+    allocator to a pool instead: ``MemPool(allocator=...)`` and :func:`use_mem_pool`."""
+    raise NotImplementedError(
+        "torch.neuron.memory.change_current_allocator is not implemented: neuron's caching allocator "
+        "cannot be replaced (the execution engine, graph capture and IPC rely on its blocks); use "
+        "torch.neuron.MemPool(allocator=...) with torch.neuron.use_mem_pool(pool) instead")
+
+
 class MemPool:
     """A pool of device memory in the caching allocator, as ``torch.cuda.MemPool``: allocations
     made inside :func:`use_mem_pool` come from the pool's own segments, and memory they free
     serves only the pool's later allocations. When the pool is garbage collected its idle
     segments return to the device; segments still holding tensors join the device's own pool.
 
-    ``no_split=True``: the pool's blocks are never split (each allocation keeps its segment's
-    rounded block). Custom allocators (CUDA's ``CUDAPluggableAllocator``) and ``use_on_oom``
-    are not implemented and raise."""
+    ``allocator``: a :class:`NeuronPluggableAllocator` that provides the pool's segments.
+    ``use_on_oom=True``: an allocation outside any pool that finds the device full takes a free
+    block of this pool as a last resort (CUDA's). ``no_split=True``: the pool's blocks are never
+    split (each allocation keeps its segment's rounded block)."""
 
-    def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False) -> None:
-        if allocator is not None:
-            raise NotImplementedError("torch.neuron.MemPool: custom allocators are not implemented (neuron has "
-                                      "no pluggable allocator); create the pool without one")
-        if use_on_oom:
-            raise NotImplementedError("torch.neuron.MemPool: use_on_oom is not implemented (an allocation "
-                                      "outside the pool does not fall back to its free memory)")
-        self._id = _C._mem_pool_create(bool(no_split))
+    def __init__(self, allocator: Optional[NeuronPluggableAllocator] = None, use_on_oom: bool = False,
+                 no_split: bool = False) -> None:
+        if allocator is not None and not isinstance(allocator, NeuronPluggableAllocator):
+            raise TypeError("torch.neuron.MemPool: allocator must be a "
+                            f"torch.neuron.memory.NeuronPluggableAllocator, got {type(allocator).__name__}")
+        self._allocator = allocator  # (keeps its library loaded while the pool lives)
+        self._id = _C._mem_pool_create(bool(no_split), bool(use_on_oom),
+                                       allocator._alloc_fn if allocator else 0,
+                                       allocator._free_fn if allocator else 0)
         self._uses = 0
+
+    @property
+    def allocator(self) -> Optional[NeuronPluggableAllocator]:
+        """The pool's allocator, or None for the device's own memory."""
+        return self._allocator
 
     @property
     def id(self) -> tuple[int, int]:
