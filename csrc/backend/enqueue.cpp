@@ -145,6 +145,12 @@ Stack interned_stack() { return gather(); }
 
 }  // namespace
 
+// A kernel that failed asynchronously is a device error, as CUDA's at a synchronization:
+// torch.AcceleratorError (a RuntimeError), code 1 (the Neuron runtime's NRT_FAILURE).
+[[noreturn]] void raise_device_error(const std::string& message) {
+  throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 1, message);
+}
+
 std::string error_text(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
   return e.what();
@@ -155,6 +161,7 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
                                  neuron::rt::engine::set_blocking_wait(&wait_without_gil),
                                  neuron::rt::engine::set_error_text(&error_text),
                                  neuron::rt::engine::set_describe(&describe),
+                                 neuron::rt::engine::set_raise(&raise_device_error),
                                  neuron::rt::engine::set_current_where([]() -> neuron::rt::engine::Where {
                                    return interned_stack();
                                  }),

@@ -136,6 +136,7 @@ struct Capture {
 Capture g_capture;
 
 std::atomic<Describe> g_describe{nullptr};
+std::atomic<Raise> g_raise{nullptr};
 std::atomic<CurrentWhere> g_current_where{nullptr};
 
 // The violation names where the program made it: code between capture_begin and capture_end
@@ -475,6 +476,7 @@ void report(Engine& e) {
     } catch (...) {
     }
   }
+  if (const Raise raise = g_raise.load(std::memory_order_acquire)) raise(msg);
   throw std::runtime_error(msg);
 }
 
@@ -684,6 +686,7 @@ void set_blocking_wait(BlockingWait wrapper) noexcept { g_blocking_wait.store(wr
 void set_error_text(ErrorText text) noexcept { g_error_text.store(text, std::memory_order_release); }
 
 void set_describe(Describe describe) noexcept { g_describe.store(describe, std::memory_order_release); }
+void set_raise(Raise raise) noexcept { g_raise.store(raise, std::memory_order_release); }
 
 Stats stats() noexcept {
   Engine& e = engine();

@@ -145,6 +145,11 @@ void set_error_text(ErrorText text) noexcept;
 // The text of a failed kernel's Where (the enqueueing stack). Default: none.
 using Describe = std::string (*)(const void* where);
 void set_describe(Describe describe) noexcept;
+// How a kernel's failure is raised at the synchronization that reports it: the layer above
+// throws its own exception type (PyTorch's AcceleratorError, as CUDA's device errors).
+// Default: std::runtime_error. Must throw.
+using Raise = void (*)(const std::string& message);
+void set_raise(Raise raise) noexcept;
 // The calling thread's stack as a Where (for a graph capture's violation report). Default: none.
 using CurrentWhere = Where (*)();
 void set_current_where(CurrentWhere current) noexcept;

@@ -441,8 +441,9 @@ def test_an_asynchronous_error_surfaces_at_the_next_synchronization_with_its_sta
     zero = torch.tensor([1, 2, 0, 3], device="neuron")
     w.remainder_(zero)  # integer division by zero: only the kernel sees the data
     line = sys._getframe().f_lineno - 1
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(torch.AcceleratorError) as err:  # a device error, as CUDA's (a RuntimeError)
         torch.neuron.synchronize()
+    assert err.value.error_code == 1  # the Neuron runtime's NRT_FAILURE
     msg = str(err.value)
     assert "remainder" in msg and "ZeroDivisionError" in msg
     assert f'{__file__}", line {line}' in msg
