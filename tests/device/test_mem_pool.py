@@ -115,6 +115,7 @@ def test_empty_cache_keeps_a_live_pools_cached_memory():
     del t
     torch.neuron.empty_cache()  # as CUDA's: a pool's memory is its own until it is released
     assert [s["address"] for s in pool.snapshot()] == [addr]
+    assert torch.neuron.memory_snapshot(pool.id) == pool.snapshot()  # (CUDA's signature)
     with torch.neuron.use_mem_pool(pool):
         assert big(30).data_ptr() == addr
 

@@ -245,9 +245,14 @@ def reset_accumulated_host_memory_stats() -> None:
     _C._host_reset_accumulated_stats()
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """Every segment of every device with its blocks, in ``torch.cuda.memory_snapshot`` form."""
-    return _snapshot()["segments"]
+def memory_snapshot(mempool_id: Optional[tuple[int, int]] = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """Every segment of every device with its blocks, in ``torch.cuda.memory_snapshot`` form;
+    with ``mempool_id`` (a :class:`MemPool`'s ``id``), that pool's segments only.
+    (``include_traces`` is accepted for CUDA's signature: segments carry no traces.)"""
+    segments = _snapshot()["segments"]
+    if mempool_id is None:
+        return segments
+    return [s for s in segments if tuple(s["segment_pool_id"]) == tuple(mempool_id)]
 
 
 def _fmt(n: float) -> str:
@@ -417,8 +422,7 @@ class MemPool:
 
     def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
         """:func:`memory_snapshot`'s segments that belong to this pool."""
-        segments = _snapshot()["segments"]
-        return [s for s in segments if tuple(s["segment_pool_id"]) == self.id]
+        return memory_snapshot(self.id, include_traces)
 
     def __del__(self) -> None:
         if getattr(self, "_id", None) is not None and _C is not None:
