@@ -89,15 +89,20 @@ PYBIND11_MODULE(_C, m) {
         "Set the visible devices' HBM capacities (bytes); a non-empty error is raised on use.");
   m.def("_graph_pool_handle", []() { return std::make_tuple(torchneuron::new_graph_pool_id(), uint64_t{0}); },
         "A fresh graph memory pool id, (id, 0), for captures to share (allocator.h).");
-  m.def("_mem_pool_create", [](bool no_split, bool use_on_oom, uintptr_t alloc_fn, uintptr_t free_fn) {
+  m.def("_mem_pool_create", [](bool no_split, bool use_on_oom, uintptr_t alloc_fn, uintptr_t free_fn,
+                               bool remappable) {
     torchneuron::MemPoolOptions options;
     options.no_split = no_split;
     options.use_on_oom = use_on_oom;
+    options.remappable = remappable;
     options.alloc_fn = reinterpret_cast<torchneuron::MemPoolOptions::AllocFn>(alloc_fn);
     options.free_fn = reinterpret_cast<torchneuron::MemPoolOptions::FreeFn>(free_fn);
     return torchneuron::create_mem_pool(options);
   }, py::arg("no_split"), py::arg("use_on_oom") = false, py::arg("alloc_fn") = 0, py::arg("free_fn") = 0,
+     py::arg("remappable") = false,
      "A MemPool's id (allocator.h, MemPoolOptions; the functions as addresses, 0 for none).");
+  m.def("_mem_pool_sleep", &torchneuron::sleep_mem_pool, py::arg("pool"), py::arg("offload"));
+  m.def("_mem_pool_wake", &torchneuron::wake_mem_pool, py::arg("pool"));
   m.def("_caching_allocator_enable", &torchneuron::set_caching_enabled, py::arg("value"));
   m.def("_caching_allocator_is_enabled", &torchneuron::caching_enabled);
   m.def("_mem_pool_begin", &torchneuron::begin_mem_pool, py::arg("device"), py::arg("pool"));

@@ -136,6 +136,7 @@ struct Block {
   uint64_t graph = 0;  // allocated during a capture: its graph pool's until the pool is released
   struct Expandable* es = nullptr;  // the expandable segment it lies in, if any
   MemPoolOptions::FreeFn raw_free = nullptr;  // a MemPool allocator's free, for its segments
+  bool remap = false;  // its segment is reserved address space with pages mapped (a remappable pool's)
   bool mapped = true;  // false: address space of an expandable segment with no pages behind it
   Block(int d, int64_t s, size_t sz, char* p, bool large)
       : device(d), stream(s), size(sz), ptr(p), is_large(large) {}
@@ -197,6 +198,10 @@ struct DeviceCache {
   std::set<Block*, UnmappedLess> unmapped;  // the unmapped blocks of expandable segments
   std::map<uintptr_t, Block*> segments;  // first block of each segment by base address
   std::unordered_set<Adopted*> adopted;
+  // Segments of remappable pools whose pages are unmapped (sleep_mem_pool), by base address,
+  // with the copy of their bytes when they were offloaded; and how many each pool has.
+  std::map<uintptr_t, std::unique_ptr<char[]>> asleep;
+  std::unordered_map<uint64_t, int> sleeping_pools;
   DeviceStats stats;
   uint64_t free_ticks = 0;  // frees so far (Block::free_tick)
 };
@@ -274,6 +279,13 @@ std::string format_size(size_t bytes) {
 using Graveyard = std::vector<std::unique_ptr<Adopted>>;
 void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead);
 
+// The bytes of the segment whose first block is `head`.
+size_t segment_bytes(const Block* head) {
+  size_t n = 0;
+  for (const Block* b = head; b != nullptr; b = b->next) n += b->size;
+  return n;
+}
+
 // An ordinary segment that is one free block, returnable to the runtime.
 bool idle_segment(const Block* head) {
   return head->es == nullptr && !head->allocated && !head->pending && head->next == nullptr;
@@ -305,6 +317,7 @@ Block* piece_of(const Block* from, char* ptr, size_t size) {
   Block* b = new Block(from->device, from->stream, size, ptr, from->is_large);
   b->es = from->es;
   b->raw_free = from->raw_free;
+  b->remap = from->remap;
   b->mapped = from->mapped;
   b->freed_at = from->freed_at;
   b->free_tick = from->free_tick;
@@ -333,7 +346,16 @@ void free_segment_locked(DeviceCache& c, int device, Block* head) {
   stat_add(c.stats.segment, head->is_large, -1);
   c.stats.num_device_free++;
   history(AllocAction::SegmentFree, device, head->ptr, head->size, head->stream);
-  if (head->raw_free != nullptr) {
+  if (head->remap) {  // (an idle segment: head->size is the segment's)
+    auto asleep = c.asleep.find(reinterpret_cast<uintptr_t>(head->ptr));
+    if (asleep != c.asleep.end()) {  // its pages (and capacity) are already gone
+      if (--c.sleeping_pools[head->mem_pool] == 0) c.sleeping_pools.erase(head->mem_pool);
+      c.asleep.erase(asleep);
+    } else {
+      neuron::rt::unmap_pages(device, head->ptr, head->size);
+    }
+    neuron::rt::release_address_space(device, head->ptr);
+  } else if (head->raw_free != nullptr) {
     head->raw_free(head->ptr, head->size, device, reinterpret_cast<void*>(head->stream));
     neuron::rt::release(device, head->size);
   } else {
@@ -539,6 +561,14 @@ Block* take_cached_locked(DeviceCache& c, int device, bool large, uint64_t mem_p
 // A new segment of `seg` bytes from the runtime, or from the pool's own allocator (a MemPool
 // made with one: its capacity still counted). nullptr when the device is full.
 char* segment_memory(int device, size_t seg, int64_t stream, const MemPoolOptions& options) {
+  if (options.remappable) {  // pages that can leave and come back at the same address
+    void* ptr = neuron::rt::reserve_address_space(device, seg);
+    if (ptr != nullptr && !neuron::rt::map_pages(device, ptr, seg)) {
+      neuron::rt::release_address_space(device, ptr);
+      ptr = nullptr;
+    }
+    return static_cast<char*>(ptr);
+  }
   if (options.alloc_fn == nullptr) return static_cast<char*>(neuron::rt::malloc(device, seg));
   if (!neuron::rt::reserve(device, seg)) return nullptr;
   void* ptr = options.alloc_fn(seg, device, reinterpret_cast<void*>(stream));
@@ -629,6 +659,9 @@ Block* malloc_block(int device, size_t nbytes) {
   Graveyard dead;
   std::unique_lock<std::mutex> lock(c.mu);
   if (!c.outstanding.empty()) process_events_locked(c, /*sync=*/false, dead);
+  TORCH_CHECK(c.sleeping_pools.empty() || c.sleeping_pools.count(mem_pool) == 0 || mem_pool == 0,
+              "neuron: allocation in memory pool ", mem_pool, " while its memory is asleep on neuron:",
+              device, " (sleep_mem_pool): wake it first");
   auto& pool = large ? c.large_free : c.small_free;
   const size_t max_split = Config::max_split_size();
   // Free memory before the OOM retry: blocks shared with other processes that those have
@@ -665,6 +698,7 @@ Block* malloc_block(int device, size_t nbytes) {
       block = new Block(device, stream, seg, ptr, large);
       block->mem_pool = mem_pool;
       block->raw_free = options.free_fn;
+      block->remap = options.remappable;
       c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
       stat_add(c.stats.segment, large, 1);
       stat_add(c.stats.reserved_bytes, large, static_cast<int64_t>(seg));
@@ -674,6 +708,7 @@ Block* malloc_block(int device, size_t nbytes) {
   // Out of memory: as a last resort, free blocks of the pools made with use_on_oom (CUDA's).
   if (block == nullptr && mem_pool == 0) {
     for (uint64_t id : oom_pools()) {
+      if (c.sleeping_pools.count(id) != 0) continue;
       if ((block = take_cached_locked(c, device, large, id, stream, size)) != nullptr) break;
     }
   }
@@ -1042,6 +1077,19 @@ void release_mem_pool(uint64_t pool) {
         it = c.segments.erase(it);
         continue;
       }
+      auto asleep = c.asleep.find(it->first);
+      if (asleep != c.asleep.end()) {  // tensors still use it: its pages come back first
+        if (neuron::rt::map_pages(d, head->ptr, segment_bytes(head))) {
+          if (asleep->second) std::memcpy(head->ptr, asleep->second.get(), segment_bytes(head));
+          if (--c.sleeping_pools[pool] == 0) c.sleeping_pools.erase(pool);
+          c.asleep.erase(asleep);
+        } else {
+          TORCH_WARN("neuron: a released memory pool's segment still used by tensors could not get its "
+                     "pages back (the device is full); it stays unmapped");
+          ++it;
+          continue;
+        }
+      }
       for (Block* b = head; b; b = b->next) {
         auto& free_set = b->is_large ? c.large_free : c.small_free;
         const bool cached = !b->allocated && !b->pending && free_set.erase(b) != 0;
@@ -1049,6 +1097,51 @@ void release_mem_pool(uint64_t pool) {
         if (cached) free_set.insert(b);
       }
       ++it;
+    }
+  }
+}
+
+void sleep_mem_pool(uint64_t pool, bool offload) {
+  neuron::rt::engine::drain();  // queued kernels may still use the memory
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [base, head] : c.segments) {
+      if (head->mem_pool != pool || c.asleep.count(base) != 0) continue;
+      TORCH_CHECK(head->remap, "neuron: memory pool ", pool, " is not remappable (create it with remappable=True)");
+      const size_t size = segment_bytes(head);
+      std::unique_ptr<char[]> copy;
+      if (offload) {
+        copy.reset(new char[size]);
+        std::memcpy(copy.get(), head->ptr, size);
+      }
+      neuron::rt::unmap_pages(d, head->ptr, size);
+      c.asleep.emplace(base, std::move(copy));
+      c.sleeping_pools[pool]++;
+    }
+  }
+}
+
+void wake_mem_pool(uint64_t pool) {
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto it = c.asleep.begin(); it != c.asleep.end();) {
+      auto seg = c.segments.find(it->first);
+      Block* head = seg->second;
+      if (head->mem_pool != pool) {
+        ++it;
+        continue;
+      }
+      const size_t size = segment_bytes(head);
+      if (!neuron::rt::map_pages(d, head->ptr, size)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron out of memory: waking memory pool ", pool,
+                         " needs ", format_size(size), " more on neuron:", d, " (", format_size(neuron::rt::used(d)),
+                         " of ", format_size(neuron::rt::memory_limit(d)), " in use); free memory and wake it again");
+      }
+      if (it->second) std::memcpy(head->ptr, it->second.get(), size);  // else: fresh pages, zeros
+      if (--c.sleeping_pools[pool] == 0) c.sleeping_pools.erase(pool);
+      it = c.asleep.erase(it);
     }
   }
 }

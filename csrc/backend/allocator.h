@@ -87,8 +87,18 @@ struct MemPoolOptions {
   bool no_split = false;    // the pool's blocks are never split
   bool use_on_oom = false;  // an allocation outside any pool that finds the device full may
                             // take the pool's free blocks (CUDA's last resort)
+  // Segments are reserved address space with pages mapped (runtime.h), so the pool can sleep:
+  // what vLLM's sleep mode builds on CUDA with CuMemAllocator.
+  bool remappable = false;
 };
 uint64_t create_mem_pool(const MemPoolOptions& options);
+// A remappable pool's segments give their pages back to the device (its capacity is free
+// again), after a copy to host memory with `offload`; the addresses stay reserved, so tensors
+// keep their data pointers. Until woken, the pool cannot allocate and its tensors must not be
+// used. Waking maps the pages again: the offloaded bytes are restored, the rest read as zeros.
+// Raises OutOfMemoryError if the device has no room for them.
+void sleep_mem_pool(uint64_t pool, bool offload);
+void wake_mem_pool(uint64_t pool);
 void begin_mem_pool(int device, uint64_t pool);
 void end_mem_pool(int device, uint64_t pool);
 void release_mem_pool(uint64_t pool);

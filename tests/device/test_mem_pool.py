@@ -241,3 +241,66 @@ def test_what_is_not_implemented_raises_naming_it():
     with pytest.raises(TypeError, match="expects a torch.neuron.MemPool"):
         with torch.neuron.use_mem_pool((0, 1)):
             pass
+
+
+# ---- remappable pools: the memory under vLLM's sleep mode (torchneuron/vllm/sleep.py) ---------
+
+class RemappablePool(torch.neuron.MemPool):
+    def __init__(self):
+        from torchneuron import _C
+
+        self._allocator, self._uses = None, 0
+        self._id = _C._mem_pool_create(False, False, 0, 0, True)
+
+
+def test_a_sleeping_pool_gives_its_pages_back_and_wakes_with_its_tensors_in_place():
+    from torchneuron import _C
+
+    pool = RemappablePool()
+    with torch.neuron.use_mem_pool(pool):
+        w = torch.arange(3 * MiB, dtype=torch.float32, device="neuron")  # 12 MiB
+    torch.neuron.synchronize()
+    ptr, awake = w.data_ptr(), torch.neuron.mem_get_info()[0]
+    _C._mem_pool_sleep(pool._id, True)  # offloaded to host memory
+    assert torch.neuron.mem_get_info()[0] - awake == 12 * MiB
+    with pytest.raises(RuntimeError, match="while its memory is asleep.*wake it first"):
+        with torch.neuron.use_mem_pool(pool):
+            big(1)
+    _C._mem_pool_wake(pool._id)
+    assert torch.neuron.mem_get_info()[0] == awake and w.data_ptr() == ptr
+    torch.testing.assert_close(w.cpu(), torch.arange(3 * MiB, dtype=torch.float32), rtol=0, atol=0)
+    _C._mem_pool_sleep(pool._id, False)  # discarded
+    _C._mem_pool_wake(pool._id)
+    assert w.abs().sum().item() == 0.0
+
+
+WAKE_OOM = """
+import torch
+from torchneuron import _C
+MiB = 1 << 20
+class Pool(torch.neuron.MemPool):
+    def __init__(self):
+        self._allocator, self._uses = None, 0
+        self._id = _C._mem_pool_create(False, False, 0, 0, True)
+pool = Pool()
+with torch.neuron.use_mem_pool(pool):
+    w = torch.full((60 * MiB,), 3, dtype=torch.uint8, device="neuron")
+_C._mem_pool_sleep(pool._id, True)
+other = torch.empty(100 * MiB, dtype=torch.uint8, device="neuron")  # the freed memory, taken
+try:
+    _C._mem_pool_wake(pool._id)
+except torch.OutOfMemoryError as e:
+    print("OOM", "waking memory pool" in str(e))
+del other
+torch.neuron.empty_cache()
+_C._mem_pool_wake(pool._id)
+print(int(w.sum().item()) == 3 * 60 * MiB)
+"""
+
+
+def test_waking_a_pool_without_room_raises_out_of_memory_and_can_be_retried():
+    from support import run_python
+
+    r = run_python(WAKE_OOM, env={"TORCHNEURON_DEVICE_MEMORY": "128MiB"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["OOM", "True", "True"]

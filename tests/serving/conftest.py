@@ -58,6 +58,7 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         dict(key="bad_backend", scenario="init_error", model=llama_dir,
              args=dict(ENGINE, attention_backend="FLASH_ATTN")),
         dict(key="llama", scenario="llm", model=llama_dir, args=ENGINE),
+        dict(key="sleep", scenario="sleep", model=llama_dir, args=ENGINE),
         dict(key="cpu_attn", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, attention_backend="CPU_ATTN")),
         dict(key="nki", scenario="greedy", model=llama_dir, args=ENGINE,

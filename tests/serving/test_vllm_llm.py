@@ -101,3 +101,29 @@ def test_unavailable_attention_backend_is_refused_by_name(engines):
     err = result_of(engines, "bad_backend")["error"]
     assert err is not None and "'FLASH_ATTN' is not available on the neuron platform" in err, err
     assert "NEURON_ATTN" in err and "CPU_ATTN" in err, err
+
+
+# ---- sleep mode (enable_sleep_mode=True): remappable memory pools, vLLM's tags ----------------
+
+@pytest.fixture(scope="module")
+def sleep_run(engines):
+    return result_of(engines, "sleep")
+
+
+def test_sleep_level_1_gives_weights_and_kv_cache_back_to_the_device(sleep_run):
+    # every tagged pool's pages: the weights (kept in host memory) and the KV cache
+    assert sleep_run["sleeping"]
+    assert sleep_run["freed_level1"] >= sleep_run["weights_bytes"] + sleep_run["kv_bytes"]
+
+
+def test_wake_up_restores_memory_addresses_and_tokens(sleep_run):
+    assert sleep_run["woken_free_delta"] == 0
+    assert sleep_run["pointers_after"] == sleep_run["pointers"]  # tensors never moved
+    assert sleep_run["after_level1"] == sleep_run["before"]
+
+
+def test_sleep_level_2_discards_the_weights_until_they_are_reloaded(sleep_run):
+    assert sleep_run["freed_level2"] >= sleep_run["weights_bytes"] + sleep_run["kv_bytes"]
+    assert sleep_run["weights_discarded"] == 0.0  # woken pages of discarded memory read as zeros
+    assert sleep_run["after_level2"] == sleep_run["before"]  # after reload_weights
+

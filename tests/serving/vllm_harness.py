@@ -179,7 +179,52 @@ def scenario_init_error(model: str, engine_args: dict) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "init_error": scenario_init_error}
+def _free_memory(worker) -> int:
+    import torch
+
+    torch.neuron.synchronize(worker.device)
+    return int(torch.neuron.mem_get_info(worker.device)[0])
+
+
+def _pointers(worker) -> list:
+    """Data pointers of the model's parameters and of the KV cache."""
+    runner = worker.model_runner
+    return ([p.data_ptr() for p in runner.get_model().parameters()]
+            + [t.data_ptr() for t in runner.kv_caches])
+
+
+def scenario_sleep(model: str, engine_args: dict) -> dict:
+    """Sleep mode: level 1 and back, level 2 with the weights reloaded, greedy tokens each time."""
+    from vllm import LLM
+
+    llm = LLM(model=model, enable_sleep_mode=True, **engine_args)
+    res: dict = {}
+    greedy = lambda: _ids(llm.generate(PROMPTS[:3], _greedy()))  # noqa: E731
+    res["before"] = greedy()
+    res["pointers"] = llm.collective_rpc(_pointers)[0]
+    awake = llm.collective_rpc(_free_memory)[0]
+    llm.sleep(level=1)
+    res["freed_level1"] = llm.collective_rpc(_free_memory)[0] - awake
+    res["sleeping"] = llm.llm_engine.is_sleeping()
+    llm.wake_up()
+    res["after_level1"] = greedy()
+    res["woken_free_delta"] = llm.collective_rpc(_free_memory)[0] - awake
+    res["pointers_after"] = llm.collective_rpc(_pointers)[0]
+    llm.sleep(level=2)
+    res["freed_level2"] = llm.collective_rpc(_free_memory)[0] - awake
+    llm.wake_up(tags=["weights"])
+    res["weights_discarded"] = llm.collective_rpc(
+        lambda w: float(sum(p.abs().sum().item() for p in w.model_runner.get_model().parameters())))[0]
+    llm.collective_rpc("reload_weights")
+    llm.wake_up(tags=["kv_cache"])
+    res["after_level2"] = greedy()
+    res.update(llm.collective_rpc(_worker_state)[0])
+    _shutdown(llm)
+    return res
+
+
+SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "init_error": scenario_init_error,
+             "sleep": scenario_sleep}
 
 def _cleanup() -> None:
     import gc

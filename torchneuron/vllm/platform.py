@@ -118,6 +118,10 @@ class NeuronPlatform(Platform):
             raise ValueError(f"neuron: model dtype {dtype} is not supported; use bfloat16, "
                              "float16 or float32")
 
+    def is_sleep_mode_available(self) -> bool:
+        # remappable memory pools (torchneuron/vllm/sleep.py)
+        return True
+
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         # host and device memory are the same memory: a pinned staging buffer buys nothing

@@ -9,7 +9,8 @@ and the profiled activation peak, as on a GPU. What differs here:
   backend, which binds the process to that core;
 * tensor parallelism through the ``neuron`` c10d backend (registered before vLLM creates its
   groups);
-* no CUDA sleep-mode memory pool and no CUDA allocator settings;
+* sleep mode through neuron's remappable memory pools (sleep.py) instead of CUDA's
+  CuMemAllocator, and no CUDA allocator settings;
 * the emulated HBM is host memory, so a KV cache that the device could hold but the host
   cannot is refused with an error naming the knobs, instead of swapping the machine to death.
 """
@@ -31,6 +32,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from vllm.v1.worker.utils import request_memory
 
 from .model_runner import NeuronModelRunner
+from .sleep import NeuronSleepModeBackend, sleep_allocator
 
 __all__ = ["NeuronWorker"]
 
@@ -76,9 +78,16 @@ class NeuronWorker(Worker):
         return NeuronModelRunner(self.vllm_config, self.device)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
+        # sleep mode: each tag's allocations in a pool that can give its pages back (sleep.py)
         if self.vllm_config.model_config.enable_sleep_mode:
-            raise NotImplementedError("neuron: sleep mode is not implemented")
+            return sleep_allocator().use_memory_pool(tag)
         return contextlib.nullcontext()
+
+    @property
+    def sleep_mode_backend(self) -> NeuronSleepModeBackend:
+        if self._sleep_mode_backend is None:
+            self._sleep_mode_backend = NeuronSleepModeBackend()
+        return self._sleep_mode_backend
 
     @contextlib.contextmanager
     def _scoped_allocator_max_split(self, max_split_size_mb: int):
