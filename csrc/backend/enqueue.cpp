@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 
 #include "../runtime/runtime.h"
 #include "enqueue.h"
@@ -145,6 +147,15 @@ Stack interned_stack() { return gather(); }
 
 }  // namespace
 
+// A queued kernel runs below autograd, as a kernel does inside its op: autograd already ran at
+// the call, and the thread that drains the queue may be in another mode than the caller was
+// (its CPU aliases of tensors made under inference_mode are inference tensors, which an
+// in-place CPU op outside inference_mode would refuse).
+void run_below_autograd(const neuron::rt::engine::Work& work) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  work();
+}
+
 // A kernel that failed asynchronously is a device error, as CUDA's at a synchronization:
 // torch.AcceleratorError (a RuntimeError), code 1 (the Neuron runtime's NRT_FAILURE).
 [[noreturn]] void raise_device_error(const std::string& message) {
@@ -162,6 +173,7 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
                                  neuron::rt::engine::set_error_text(&error_text),
                                  neuron::rt::engine::set_describe(&describe),
                                  neuron::rt::engine::set_raise(&raise_device_error),
+                                 neuron::rt::engine::set_run_work(&run_below_autograd),
                                  neuron::rt::engine::set_current_where([]() -> neuron::rt::engine::Where {
                                    return interned_stack();
                                  }),

@@ -137,6 +137,7 @@ Capture g_capture;
 
 std::atomic<Describe> g_describe{nullptr};
 std::atomic<Raise> g_raise{nullptr};
+std::atomic<RunWork> g_run_work{nullptr};
 std::atomic<CurrentWhere> g_current_where{nullptr};
 
 // The violation names where the program made it: code between capture_begin and capture_end
@@ -370,7 +371,11 @@ void run_until(Engine& e, uint64_t seq, bool all) {
     lock.unlock();
     std::string failure;
     try {
-      item.work();
+      if (const RunWork run = g_run_work.load(std::memory_order_acquire)) {
+        run(item.work);
+      } else {
+        item.work();
+      }
     } catch (const std::exception& ex) {
       ErrorText text = g_error_text.load(std::memory_order_acquire);
       failure = text != nullptr ? text(ex) : ex.what();
@@ -687,6 +692,7 @@ void set_error_text(ErrorText text) noexcept { g_error_text.store(text, std::mem
 
 void set_describe(Describe describe) noexcept { g_describe.store(describe, std::memory_order_release); }
 void set_raise(Raise raise) noexcept { g_raise.store(raise, std::memory_order_release); }
+void set_run_work(RunWork run) noexcept { g_run_work.store(run, std::memory_order_release); }
 
 Stats stats() noexcept {
   Engine& e = engine();

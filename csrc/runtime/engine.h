@@ -145,6 +145,10 @@ void set_error_text(ErrorText text) noexcept;
 // The text of a failed kernel's Where (the enqueueing stack). Default: none.
 using Describe = std::string (*)(const void* where);
 void set_describe(Describe describe) noexcept;
+// How a queued kernel runs: the layer above sets the thread's dispatch state the kernel expects
+// (PyTorch: below autograd, whatever mode the draining thread is in). Default: work() as is.
+using RunWork = void (*)(const Work& work);
+void set_run_work(RunWork run) noexcept;
 // How a kernel's failure is raised at the synchronization that reports it: the layer above
 // throws its own exception type (PyTorch's AcceleratorError, as CUDA's device errors).
 // Default: std::runtime_error. Must throw.

@@ -677,3 +677,14 @@ def test_a_stream_whose_only_pending_item_is_a_satisfied_wait_queries_idle():
     ev.synchronize()
     assert s1.query() and s2.query() and ev.query()
     assert torch.equal(b.cpu(), torch.full((64, 64), 64.0))
+
+
+def test_kernels_queued_under_inference_mode_run_after_it_ends():
+    # Their CPU aliases are inference tensors: the queue, drained outside inference_mode, runs
+    # them below autograd, as the op would have (vLLM's sampler warm-up casts this way).
+    with torch.inference_mode():
+        x = torch.empty(1000, device="neuron")
+        x.copy_(torch.ones(1000, dtype=torch.int32, device="neuron"))  # a queued cast
+        y = x * 2
+    torch.neuron.synchronize()
+    assert y.sum().item() == 2000.0
