@@ -286,6 +286,24 @@ size_t segment_bytes(const Block* head) {
   return n;
 }
 
+using Asleep = std::map<uintptr_t, std::unique_ptr<char[]>>::iterator;
+
+// The sleeping segment `asleep` (of pool `pool`) is awake again, or gone. Caller holds c.mu.
+void forget_asleep_locked(DeviceCache& c, Asleep asleep, uint64_t pool) {
+  if (--c.sleeping_pools[pool] == 0) c.sleeping_pools.erase(pool);
+  c.asleep.erase(asleep);
+}
+
+// Map the pages of sleeping segment `head` again and restore its offloaded bytes (else the fresh
+// pages read zeros); false, leaving it asleep, if the device has no room. Caller holds c.mu.
+bool wake_segment_locked(DeviceCache& c, int device, Asleep asleep, Block* head) {
+  const size_t size = segment_bytes(head);
+  if (!neuron::rt::map_pages(device, head->ptr, size)) return false;
+  if (asleep->second) std::memcpy(head->ptr, asleep->second.get(), size);
+  forget_asleep_locked(c, asleep, head->mem_pool);
+  return true;
+}
+
 // An ordinary segment that is one free block, returnable to the runtime.
 bool idle_segment(const Block* head) {
   return head->es == nullptr && !head->allocated && !head->pending && head->next == nullptr;
@@ -349,8 +367,7 @@ void free_segment_locked(DeviceCache& c, int device, Block* head) {
   if (head->remap) {  // (an idle segment: head->size is the segment's)
     auto asleep = c.asleep.find(reinterpret_cast<uintptr_t>(head->ptr));
     if (asleep != c.asleep.end()) {  // its pages (and capacity) are already gone
-      if (--c.sleeping_pools[head->mem_pool] == 0) c.sleeping_pools.erase(head->mem_pool);
-      c.asleep.erase(asleep);
+      forget_asleep_locked(c, asleep, head->mem_pool);
     } else {
       neuron::rt::unmap_pages(device, head->ptr, head->size);
     }
@@ -1078,17 +1095,12 @@ void release_mem_pool(uint64_t pool) {
         continue;
       }
       auto asleep = c.asleep.find(it->first);
-      if (asleep != c.asleep.end()) {  // tensors still use it: its pages come back first
-        if (neuron::rt::map_pages(d, head->ptr, segment_bytes(head))) {
-          if (asleep->second) std::memcpy(head->ptr, asleep->second.get(), segment_bytes(head));
-          if (--c.sleeping_pools[pool] == 0) c.sleeping_pools.erase(pool);
-          c.asleep.erase(asleep);
-        } else {
-          TORCH_WARN("neuron: a released memory pool's segment still used by tensors could not get its "
-                     "pages back (the device is full); it stays unmapped");
-          ++it;
-          continue;
-        }
+      // Tensors still use it: a sleeping segment's pages come back first.
+      if (asleep != c.asleep.end() && !wake_segment_locked(c, d, asleep, head)) {
+        TORCH_WARN("neuron: a released memory pool's segment still used by tensors could not get its "
+                   "pages back (the device is full); it stays unmapped");
+        ++it;
+        continue;
       }
       for (Block* b = head; b; b = b->next) {
         auto& free_set = b->is_large ? c.large_free : c.small_free;
@@ -1127,21 +1139,15 @@ void wake_mem_pool(uint64_t pool) {
     auto& c = g_cache[d];
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto it = c.asleep.begin(); it != c.asleep.end();) {
-      auto seg = c.segments.find(it->first);
-      Block* head = seg->second;
-      if (head->mem_pool != pool) {
-        ++it;
-        continue;
-      }
-      const size_t size = segment_bytes(head);
-      if (!neuron::rt::map_pages(d, head->ptr, size)) {
+      Block* head = c.segments.at(it->first);
+      auto next = std::next(it);
+      if (head->mem_pool == pool && !wake_segment_locked(c, d, it, head)) {
         TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron out of memory: waking memory pool ", pool,
-                         " needs ", format_size(size), " more on neuron:", d, " (", format_size(neuron::rt::used(d)),
-                         " of ", format_size(neuron::rt::memory_limit(d)), " in use); free memory and wake it again");
+                         " needs ", format_size(segment_bytes(head)), " more on neuron:", d, " (",
+                         format_size(neuron::rt::used(d)), " of ", format_size(neuron::rt::memory_limit(d)),
+                         " in use); free memory and wake it again");
       }
-      if (it->second) std::memcpy(head->ptr, it->second.get(), size);  // else: fresh pages, zeros
-      if (--c.sleeping_pools[pool] == 0) c.sleeping_pools.erase(pool);
-      it = c.asleep.erase(it);
+      it = next;
     }
   }
 }
