@@ -58,7 +58,6 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         dict(key="bad_backend", scenario="init_error", model=llama_dir,
              args=dict(ENGINE, attention_backend="FLASH_ATTN")),
         dict(key="llama", scenario="llm", model=llama_dir, args=ENGINE),
-        dict(key="sleep", scenario="sleep", model=llama_dir, args=ENGINE),
         dict(key="cpu_attn", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, attention_backend="CPU_ATTN")),
         dict(key="nki", scenario="greedy", model=llama_dir, args=ENGINE,
@@ -74,5 +73,7 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),
+        # sleep mode (last: attention call counters are the process's, compared across runs)
+        dict(key="sleep", scenario="sleep", model=llama_dir, args=ENGINE),
     ]
     return run_engines(runs, tmp_path_factory.mktemp("engines"))

@@ -127,3 +127,8 @@ def test_sleep_level_2_discards_the_weights_until_they_are_reloaded(sleep_run):
     assert sleep_run["weights_discarded"] == 0.0  # woken pages of discarded memory read as zeros
     assert sleep_run["after_level2"] == sleep_run["before"]  # after reload_weights
 
+
+def test_an_engine_in_sleep_mode_gives_its_memory_back_at_shutdown(sleep_run):
+    # the tags' pools are released with the worker: a later engine of the process gets it all
+    assert sleep_run["device_used_after_shutdown"] < 16 * MiB
+

@@ -220,6 +220,13 @@ def scenario_sleep(model: str, engine_args: dict) -> dict:
     res["after_level2"] = greedy()
     res.update(llm.collective_rpc(_worker_state)[0])
     _shutdown(llm)
+    del llm
+    _cleanup()
+    import torch
+
+    torch.neuron.empty_cache()
+    free, total = torch.neuron.mem_get_info(0)
+    res["device_used_after_shutdown"] = int(total - free)
     return res
 
 

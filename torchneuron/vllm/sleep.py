@@ -22,7 +22,7 @@ from vllm.logger import init_logger
 
 from .. import _C
 
-__all__ = ["NeuronSleepAllocator", "NeuronSleepModeBackend", "sleep_allocator"]
+__all__ = ["NeuronSleepAllocator", "NeuronSleepModeBackend", "release_sleep_allocator", "sleep_allocator"]
 
 logger = init_logger(__name__)
 
@@ -98,16 +98,32 @@ class NeuronSleepAllocator:
         """Bytes the pools hold (mapped or asleep)."""
         return sum(pool.bytes() for pool in self._pools.values())
 
+    def release(self) -> None:
+        """Let the pools go (the engine shut down): their idle memory returns to the device, and
+        blocks still held join the device's pool, freed with their tensors. A live pool keeps
+        its cached memory otherwise, so a later engine in the process would find it taken."""
+        self.wake_up()
+        self._pools.clear()
+        self._asleep.clear()
+
 
 _instance: NeuronSleepAllocator | None = None
 
 
 def sleep_allocator() -> NeuronSleepAllocator:
-    """This process's allocator (one engine per process, as CuMemAllocator)."""
+    """This process's allocator: the engine's (one at a time per process, as CuMemAllocator)."""
     global _instance
     if _instance is None:
         _instance = NeuronSleepAllocator()
     return _instance
+
+
+def release_sleep_allocator() -> None:
+    """Release this process's allocator, if any (the worker's shutdown)."""
+    global _instance
+    if _instance is not None:
+        _instance.release()
+        _instance = None
 
 
 class NeuronSleepModeBackend(SleepModeBackend):

@@ -32,7 +32,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from vllm.v1.worker.utils import request_memory
 
 from .model_runner import NeuronModelRunner
-from .sleep import NeuronSleepModeBackend, sleep_allocator
+from .sleep import NeuronSleepModeBackend, release_sleep_allocator, sleep_allocator
 
 __all__ = ["NeuronWorker"]
 
@@ -82,6 +82,11 @@ class NeuronWorker(Worker):
         if self.vllm_config.model_config.enable_sleep_mode:
             return sleep_allocator().use_memory_pool(tag)
         return contextlib.nullcontext()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.vllm_config.model_config.enable_sleep_mode:
+            release_sleep_allocator()  # a later engine of the process gets the memory back
 
     @property
     def sleep_mode_backend(self) -> NeuronSleepModeBackend:
