@@ -1157,6 +1157,13 @@ c10::DataPtr NeuronAllocator::allocate(size_t nbytes) {
 }
 
 c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nbytes) {
+  // Inside use_mem_pool the thread's allocations come from the pool: a CPU kernel's result is
+  // copied into a block of it instead (the pool, e.g. vLLM's sleep mode, must hold it).
+  if (C10_UNLIKELY(!t_mem_pools.empty()) && current_mem_pool(device) != 0) {
+    c10::DataPtr block = allocate_on(device, nbytes);
+    std::memcpy(block.get(), cpu_data.get(), nbytes);
+    return block;
+  }
   auto& c = g_cache[device];
   c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   void* ptr = cpu_data.get();

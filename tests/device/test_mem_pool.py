@@ -106,6 +106,23 @@ def test_no_split_gives_each_allocation_its_whole_block():
         del t
 
 
+def test_results_of_synchronous_kernels_inside_a_pool_come_from_it():
+    # (a CPU kernel's result is otherwise adopted as device memory as it is: outside any pool)
+    from torchneuron.neuron import engine
+
+    was = engine.is_enabled()
+    engine.set_enabled(False)
+    try:
+        pool = torch.neuron.MemPool()
+        with torch.neuron.use_mem_pool(pool):
+            y = torch.arange(MiB, dtype=torch.float32, device="neuron")
+    finally:
+        engine.set_enabled(was)
+    (seg,) = pool.snapshot()
+    assert seg["address"] <= y.data_ptr() < seg["address"] + seg["total_size"]
+    torch.testing.assert_close(y.cpu(), torch.arange(MiB, dtype=torch.float32))
+
+
 def test_empty_cache_keeps_a_live_pools_cached_memory():
     gc.collect()
     pool = torch.neuron.MemPool()
