@@ -22,7 +22,7 @@
 //     pool, large_segment_size_mb for the large); a request takes the lowest address where free
 //     and unmapped space fit it, so blocks of slightly different sizes tile one segment instead
 //     of leaving slivers at the ends of many. empty_cache and the OOM retry unmap every whole
-//     chunk of free blocks in them. As in CUDA: mapped bytes count in reserved_bytes (not in the
+//     chunk of free blocks in them (the address space stays reserved for the segment to regrow). As in CUDA: mapped bytes count in reserved_bytes (not in the
 //     segment counts), their free blocks are not inactive splits, MemPools keep ordinary
 //     segments, and the snapshot shows each mapped run as a segment (is_expandable). The
 //     runtime's heap file makes it real: reserved address space backed by a sparse file range,
@@ -406,7 +406,7 @@ void unmap_block_locked(DeviceCache& c, int device, Block* b) {
     pool.insert(after);
     b->size = len;
   }
-  neuron::rt::unmap_pages(device, first, len);
+  neuron::rt::unmap_pages(device, first, len, /*keep=*/true);  // (its next map is cheap)
   b->mapped = false;
   merge_unmapped(c, b, b->prev);
   merge_unmapped(c, b, b->next);
@@ -417,8 +417,10 @@ void unmap_block_locked(DeviceCache& c, int device, Block* b) {
   history(AllocAction::SegmentUnmap, device, first, len, b->stream);
 }
 
-// Return every fully free segment to the runtime, and the free pages of expandable segments;
-// an expandable segment left without pages gives back its address space. Caller holds c.mu.
+// Return every fully free segment to the runtime, and the free pages of expandable segments.
+// An expandable segment left without pages keeps its address space (it costs no memory): it
+// regrows in place, on the pages it unmapped last, which the runtime keeps (up to 64 MiB per
+// device) so that mapping them again costs no page faults. Caller holds c.mu.
 void release_cached_locked(DeviceCache& c, int device) {
   std::vector<Block*> expandable_free;
   for (const auto* pool : {&c.large_free, &c.small_free}) {
@@ -431,12 +433,6 @@ void release_cached_locked(DeviceCache& c, int device) {
     Block* head = it->second;
     if (releasable_segment(head)) {
       free_segment_locked(c, device, head);
-      it = c.segments.erase(it);
-    } else if (head->es != nullptr && !head->mapped && head->next == nullptr) {
-      c.unmapped.erase(head);
-      neuron::rt::release_address_space(device, head->es->base);
-      delete head->es;
-      delete head;
       it = c.segments.erase(it);
     } else {
       ++it;

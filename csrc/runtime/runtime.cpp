@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -59,6 +60,12 @@ struct Heap {
   std::map<uintptr_t, std::pair<size_t, size_t>> maps;  // address -> (offset, length)
   std::multimap<size_t, uintptr_t> retained;            // length -> address (still in maps)
   size_t retained_bytes = 0;
+  // Pages of reserved address space unmapped with `keep` (unmap_pages): no longer accessible nor
+  // counted, but still in the file, oldest first; mapped again they cost no page faults. Within
+  // the same kRetainBytes budget as `retained`, each list its own.
+  std::map<uintptr_t, std::pair<size_t, size_t>> kept;  // address -> (file offset, length)
+  std::deque<uintptr_t> kept_order;
+  size_t kept_bytes = 0;
 };
 std::array<Heap, kMaxDevices> g_heaps;
 const size_t g_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -307,26 +314,76 @@ void* reserve_address_space(int device, size_t nbytes) {
   return heap_map_range_locked(h, device, round_pages(nbytes), PROT_NONE);
 }
 
+namespace {
+// Forget the kept pages inside [begin, end) (mapped again, or their reservation released),
+// splitting ranges that stick out; with `punch`, return their pages to the host. Caller holds
+// h.mu.
+void drop_kept_locked(Heap& h, uintptr_t begin, uintptr_t end, bool punch) noexcept {
+  auto it = h.kept.upper_bound(begin);
+  if (it != h.kept.begin()) --it;
+  while (it != h.kept.end() && it->first < end) {
+    const uintptr_t a = it->first, b = a + it->second.second;
+    const size_t offset = it->second.first;
+    if (b <= begin) {
+      ++it;
+      continue;
+    }
+    it = h.kept.erase(it);
+    const uintptr_t lo = std::max(a, begin), hi = std::min(b, end);
+    h.kept_bytes -= hi - lo;
+    if (punch) {
+      fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset + (lo - a)),
+                static_cast<off_t>(hi - lo));
+    }
+    if (a < lo) h.kept.emplace(a, std::make_pair(offset, lo - a));  // (its order entry stays)
+    if (hi < b) {
+      h.kept.emplace(hi, std::make_pair(offset + (hi - a), b - hi));
+      h.kept_order.push_back(hi);
+    }
+  }
+}
+}  // namespace
+
 bool map_pages(int device, void* ptr, size_t nbytes) noexcept {
   if (!reserve(device, nbytes)) return false;
   if (mprotect(ptr, nbytes, PROT_READ | PROT_WRITE) != 0) {
     release(device, nbytes);
     return false;
   }
+  Heap& h = g_heaps[device];
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (h.kept_bytes != 0) {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    drop_kept_locked(h, p, p + nbytes, /*punch=*/false);
+  }
   return true;
 }
 
-void unmap_pages(int device, void* ptr, size_t nbytes) noexcept {
+void unmap_pages(int device, void* ptr, size_t nbytes, bool keep) noexcept {
   mprotect(ptr, nbytes, PROT_NONE);
   {
     Heap& h = g_heaps[device];
     std::lock_guard<std::mutex> lock(h.mu);
     auto p = reinterpret_cast<uintptr_t>(ptr);
     auto it = heap_find_locked(h, p);
-    // The pages go back to the host (a forked child shares the file: it leaves them).
+    // The pages go back to the host (a forked child shares the file: it leaves them), now or,
+    // kept, once newer kept pages exceed the budget.
     if (it != h.maps.end() && h.owner == getpid()) {
-      fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(it->second.first + (p - it->first)), static_cast<off_t>(nbytes));
+      const size_t offset = it->second.first + (p - it->first);
+      if (keep && nbytes <= kRetainBytes) {
+        h.kept.emplace(p, std::make_pair(offset, nbytes));
+        h.kept_order.push_back(p);
+        h.kept_bytes += nbytes;
+        while (h.kept_bytes > kRetainBytes && !h.kept_order.empty()) {
+          const uintptr_t oldest = h.kept_order.front();
+          h.kept_order.pop_front();
+          auto k = h.kept.find(oldest);
+          if (k != h.kept.end()) drop_kept_locked(h, k->first, k->first + k->second.second, /*punch=*/true);
+        }
+      } else {
+        fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(nbytes));
+      }
     }
   }
   release(device, nbytes);
@@ -336,7 +393,9 @@ void release_address_space(int device, void* ptr) noexcept {
   Heap& h = g_heaps[device];
   std::lock_guard<std::mutex> lock(h.mu);
   auto it = h.maps.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it != h.maps.end()) heap_release_locked(h, it);
+  if (it == h.maps.end()) return;
+  if (h.kept_bytes != 0) drop_kept_locked(h, it->first, it->first + it->second.second, /*punch=*/false);
+  heap_release_locked(h, it);  // (punches the whole range)
 }
 
 bool find_shared(int device, const void* ptr, SharedRange* out) {

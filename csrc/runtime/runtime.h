@@ -65,7 +65,9 @@ size_t used(int device) noexcept;
 // nullptr when the host has no address space or file room left.
 void* reserve_address_space(int device, size_t nbytes);
 bool map_pages(int device, void* ptr, size_t nbytes) noexcept;
-void unmap_pages(int device, void* ptr, size_t nbytes) noexcept;
+// `keep`: leave the pages in the file (the most recent, up to the same 64 MiB per device that
+// freed segments keep), so mapping them again costs no page faults; they hold stale bytes then.
+void unmap_pages(int device, void* ptr, size_t nbytes, bool keep = false) noexcept;
 void release_address_space(int device, void* ptr) noexcept;
 
 // --- interprocess sharing ----------------------------------------------------------------

@@ -18,8 +18,9 @@ and the model follows the expandable-segment rules (docs/architecture.md): one s
 and pool reserving address space for 9/8 of the capacity, mapped in chunks (2 MiB small, 20 MiB
 large) at the lowest address where free and unmapped space fit a request; any remainder split
 off; mapped bytes in reserved_bytes but no segment counted; free blocks there are never inactive
-splits; empty_cache / the OOM retry unmap their whole free chunks, and a segment left without
-pages is released. The sequence also switches the setting off and on at run time (ordinary
+splits; empty_cache / the OOM retry unmap their whole free chunks (a segment left without pages
+is dropped here; the allocator keeps its address space reserved, which no counter shows, and
+regrows it at the same base, which is the address the model then reads). The sequence also switches the setting off and on at run time (ordinary
 segments then serve requests; expandable ones keep their memory until released).
 
 Run as a script (``python allocator_model.py SEED STEPS [expandable]``) in a process whose devices are small

@@ -116,14 +116,19 @@ print(json.dumps({"before": before, "after": (stats(), torch.neuron.mem_get_info
                                           (90 * MiB, 10 * MiB, "inactive")])]
 
 
-def test_a_segment_without_pages_is_released():
+def test_a_segment_without_pages_reserves_nothing_and_regrows_in_place():
     out, _ = run("""
 x = big(50)
+before = x.data_ptr()
 del x
 torch.neuron.empty_cache()
-print(json.dumps({"segments": segments(), "stats": stats()}))
+empty = {"segments": segments(), "stats": stats(), "free": torch.neuron.mem_get_info()[0]}
+print(json.dumps({"empty": empty, "before": before, "again": big(50).data_ptr()}))
 """)
-    assert out["segments"] == [] and out["stats"]["reserved_bytes.all.current"] == 0
+    empty = out["empty"]
+    assert empty["segments"] == [] and empty["stats"]["reserved_bytes.all.current"] == 0
+    assert empty["free"] == 256 * MiB  # every page back to the device
+    assert out["again"] == out["before"]  # (its address space stays reserved)
 
 
 def test_small_requests_grow_their_own_segment_by_2_mib():
