@@ -342,10 +342,9 @@ Block* piece_of(const Block* from, char* ptr, size_t size) {
   return b;
 }
 
-// Merge unmapped neighbour `n` of unmapped block `b` into it. Caller holds c.mu.
-void merge_unmapped(DeviceCache& c, Block* b, Block* n) {
-  if (n == nullptr || n->mapped) return;
-  c.unmapped.erase(n);
+// `b` takes over the bytes of its neighbour `n` (b->prev or b->next), which is deleted; the
+// caller has taken `n` out of its set.
+void absorb(Block* b, Block* n) {
   if (n == b->prev) {
     b->ptr = n->ptr;
     splice(b, n->prev, b->next);
@@ -353,7 +352,16 @@ void merge_unmapped(DeviceCache& c, Block* b, Block* n) {
     splice(b, b->prev, n->next);
   }
   b->size += n->size;
+  b->freed_at = std::max(b->freed_at, n->freed_at);
+  b->free_tick = std::max(b->free_tick, n->free_tick);
   delete n;
+}
+
+// Merge unmapped neighbour `n` of unmapped block `b` into it. Caller holds c.mu.
+void merge_unmapped(DeviceCache& c, Block* b, Block* n) {
+  if (n == nullptr || n->mapped) return;
+  c.unmapped.erase(n);
+  absorb(b, n);
 }
 
 // Return idle segment `head` to the runtime; the caller erases it from c.segments. Caller
@@ -591,6 +599,21 @@ char* segment_memory(int device, size_t seg, int64_t stream, const MemPoolOption
 
 void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Block* n);
 
+// Free what an allocation's retry may use (CUDA's free-and-retry): blocks shared with other
+// processes that those have released wait in the IPC limbo (ipc.h), queued kernels
+// (runtime/engine.h) hold the memory of tensors dropped since the call, pending blocks wait for
+// other streams, and cached segments go back to the runtime. `lock` (on c.mu) is released
+// meanwhile: freeing a block takes it.
+void release_for_retry_locked(DeviceCache& c, int device, std::unique_lock<std::mutex>& lock, Graveyard& dead) {
+  c.stats.num_alloc_retries++;
+  lock.unlock();
+  ipc_collect();
+  neuron::rt::engine::drain_quietly();
+  lock.lock();
+  process_events_locked(c, /*sync=*/true, dead);
+  release_cached_locked(c, device);
+}
+
 // The lowest address of this stream's expandable segments (of the pool) where free and
 // unmapped space together fit `size`, starting at an unmapped block or the free block before
 // it (CUDA's find_expandable_block); a new segment if none has room. nullptr if the host has no
@@ -672,29 +695,17 @@ Block* malloc_block(int device, size_t nbytes) {
   Graveyard dead;
   std::unique_lock<std::mutex> lock(c.mu);
   if (!c.outstanding.empty()) process_events_locked(c, /*sync=*/false, dead);
-  TORCH_CHECK(c.sleeping_pools.empty() || c.sleeping_pools.count(mem_pool) == 0 || mem_pool == 0,
+  TORCH_CHECK(mem_pool == 0 || c.sleeping_pools.count(mem_pool) == 0,
               "neuron: allocation in memory pool ", mem_pool, " while its memory is asleep on neuron:",
               device, " (sleep_mem_pool): wake it first");
   auto& pool = large ? c.large_free : c.small_free;
   const size_t max_split = Config::max_split_size();
-  // Free memory before the OOM retry: blocks shared with other processes that those have
-  // released wait in the IPC limbo (ipc.h), and queued kernels (runtime/engine.h) hold the
-  // memory of tensors dropped since the call. Unlocked: freeing a block takes this lock.
-  auto release_for_retry = [&] {
-    c.stats.num_alloc_retries++;
-    lock.unlock();
-    ipc_collect();
-    neuron::rt::engine::drain_quietly();
-    lock.lock();
-    process_events_locked(c, /*sync=*/true, dead);
-    release_cached_locked(c, device);
-  };
 
   Block* block = take_cached_locked(c, device, large, mem_pool, stream, size);
   if (block == nullptr && expandable_on() && mem_pool == 0) {
     block = alloc_expandable_locked(c, device, stream, large, size, ctx);
     if (block == nullptr) {
-      release_for_retry();
+      release_for_retry_locked(c, device, lock, dead);
       block = alloc_expandable_locked(c, device, stream, large, size, ctx);
     }
   } else if (block == nullptr) {
@@ -702,7 +713,7 @@ Block* malloc_block(int device, size_t nbytes) {
     if (large && Config::garbage_collection_threshold() > 0) garbage_collect_locked(c, device, seg);
     char* ptr = segment_memory(device, seg, stream, options);
     if (ptr == nullptr) {
-      release_for_retry();
+      release_for_retry_locked(c, device, lock, dead);
       ptr = segment_memory(device, seg, stream, options);
     }
     if (ptr != nullptr) {
@@ -726,7 +737,8 @@ Block* malloc_block(int device, size_t nbytes) {
     }
   }
   if (block == nullptr) raise_oom(c, device, nbytes);
-  const bool no_split = mem_pool_options(block->mem_pool).no_split;
+  // (a use_on_oom pool's block splits by that pool's rule)
+  const bool no_split = block->mem_pool == mem_pool ? options.no_split : mem_pool_options(block->mem_pool).no_split;
 
   // Split off the remainder when it is worth keeping as its own block (never an oversize
   // request's: CUDA's should_split, which splits any remainder with expandable segments on).
@@ -760,18 +772,7 @@ void try_merge(DeviceCache& c, std::set<Block*, BlockLess>& pool, Block* b, Bloc
   if (!n || n->allocated || n->pending || !n->mapped) return;
   pool.erase(n);
   count_free_split(c, n, -1);
-  if (n == b->prev) {
-    b->ptr = n->ptr;
-    b->prev = n->prev;
-    if (b->prev) b->prev->next = b;
-  } else {
-    b->next = n->next;
-    if (b->next) b->next->prev = b;
-  }
-  b->size += n->size;
-  b->freed_at = std::max(b->freed_at, n->freed_at);
-  b->free_tick = std::max(b->free_tick, n->free_tick);
-  delete n;
+  absorb(b, n);
 }
 
 // The second half of a free (CUDA's free_block): the block stops being active and returns to
@@ -1164,13 +1165,9 @@ c10::DataPtr NeuronAllocator::adopt(int device, c10::DataPtr cpu_data, size_t nb
   c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   void* ptr = cpu_data.get();
   if (!neuron::rt::reserve(device, nbytes)) {
-    ipc_collect();  // as in malloc_block
-    neuron::rt::engine::drain_quietly();
     Graveyard dead;
-    std::lock_guard<std::mutex> lock(c.mu);
-    c.stats.num_alloc_retries++;
-    process_events_locked(c, /*sync=*/true, dead);
-    release_cached_locked(c, device);
+    std::unique_lock<std::mutex> lock(c.mu);
+    release_for_retry_locked(c, device, lock, dead);
     if (!neuron::rt::reserve(device, nbytes)) raise_oom(c, device, nbytes);
   }
   auto context = history_context();

@@ -14,11 +14,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -61,10 +61,15 @@ struct Heap {
   std::multimap<size_t, uintptr_t> retained;            // length -> address (still in maps)
   size_t retained_bytes = 0;
   // Pages of reserved address space unmapped with `keep` (unmap_pages): no longer accessible nor
-  // counted, but still in the file, oldest first; mapped again they cost no page faults. Within
-  // the same kRetainBytes budget as `retained`, each list its own.
-  std::map<uintptr_t, std::pair<size_t, size_t>> kept;  // address -> (file offset, length)
-  std::deque<uintptr_t> kept_order;
+  // counted, but still in the file; mapped again they cost no page faults. Within the same
+  // kRetainBytes budget as `retained`, each list its own; over it, the oldest go first.
+  struct Kept {
+    size_t offset, len;  // in the file
+    uint64_t seq;        // when it was kept (pieces of a range keep its number)
+  };
+  std::map<uintptr_t, Kept> kept;                     // by address
+  std::set<std::pair<uint64_t, uintptr_t>> kept_age;  // (seq, address) of each entry, oldest first
+  uint64_t kept_seq = 0;
   size_t kept_bytes = 0;
 };
 std::array<Heap, kMaxDevices> g_heaps;
@@ -322,23 +327,28 @@ void drop_kept_locked(Heap& h, uintptr_t begin, uintptr_t end, bool punch) noexc
   auto it = h.kept.upper_bound(begin);
   if (it != h.kept.begin()) --it;
   while (it != h.kept.end() && it->first < end) {
-    const uintptr_t a = it->first, b = a + it->second.second;
-    const size_t offset = it->second.first;
+    const uintptr_t a = it->first;
+    const Heap::Kept k = it->second;
+    const uintptr_t b = a + k.len;
     if (b <= begin) {
       ++it;
       continue;
     }
     it = h.kept.erase(it);
+    h.kept_age.erase({k.seq, a});
     const uintptr_t lo = std::max(a, begin), hi = std::min(b, end);
     h.kept_bytes -= hi - lo;
     if (punch) {
-      fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset + (lo - a)),
+      fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(k.offset + (lo - a)),
                 static_cast<off_t>(hi - lo));
     }
-    if (a < lo) h.kept.emplace(a, std::make_pair(offset, lo - a));  // (its order entry stays)
+    if (a < lo) {  // what sticks out stays kept, as old as it was
+      h.kept.emplace(a, Heap::Kept{k.offset, lo - a, k.seq});
+      h.kept_age.emplace(k.seq, a);
+    }
     if (hi < b) {
-      h.kept.emplace(hi, std::make_pair(offset + (hi - a), b - hi));
-      h.kept_order.push_back(hi);
+      h.kept.emplace(hi, Heap::Kept{k.offset + (hi - a), b - hi, k.seq});
+      h.kept_age.emplace(k.seq, hi);
     }
   }
 }
@@ -371,14 +381,13 @@ void unmap_pages(int device, void* ptr, size_t nbytes, bool keep) noexcept {
     if (it != h.maps.end() && h.owner == getpid()) {
       const size_t offset = it->second.first + (p - it->first);
       if (keep && nbytes <= kRetainBytes) {
-        h.kept.emplace(p, std::make_pair(offset, nbytes));
-        h.kept_order.push_back(p);
+        const uint64_t seq = ++h.kept_seq;
+        h.kept.emplace(p, Heap::Kept{offset, nbytes, seq});
+        h.kept_age.emplace(seq, p);
         h.kept_bytes += nbytes;
-        while (h.kept_bytes > kRetainBytes && !h.kept_order.empty()) {
-          const uintptr_t oldest = h.kept_order.front();
-          h.kept_order.pop_front();
-          auto k = h.kept.find(oldest);
-          if (k != h.kept.end()) drop_kept_locked(h, k->first, k->first + k->second.second, /*punch=*/true);
+        while (h.kept_bytes > kRetainBytes) {
+          const uintptr_t oldest = h.kept_age.begin()->second;
+          drop_kept_locked(h, oldest, oldest + h.kept.at(oldest).len, /*punch=*/true);
         }
       } else {
         fallocate(h.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),

@@ -262,18 +262,10 @@ def test_what_is_not_implemented_raises_naming_it():
 
 # ---- remappable pools: the memory under vLLM's sleep mode (torchneuron/vllm/sleep.py) ---------
 
-class RemappablePool(torch.neuron.MemPool):
-    def __init__(self):
-        from torchneuron import _C
-
-        self._allocator, self._uses = None, 0
-        self._id = _C._mem_pool_create(False, False, 0, 0, True)
-
-
 def test_a_sleeping_pool_gives_its_pages_back_and_wakes_with_its_tensors_in_place():
     from torchneuron import _C
 
-    pool = RemappablePool()
+    pool = torch.neuron.MemPool(_remappable=True)
     with torch.neuron.use_mem_pool(pool):
         w = torch.arange(3 * MiB, dtype=torch.float32, device="neuron")  # 12 MiB
     torch.neuron.synchronize()
@@ -295,11 +287,7 @@ WAKE_OOM = """
 import torch
 from torchneuron import _C
 MiB = 1 << 20
-class Pool(torch.neuron.MemPool):
-    def __init__(self):
-        self._allocator, self._uses = None, 0
-        self._id = _C._mem_pool_create(False, False, 0, 0, True)
-pool = Pool()
+pool = torch.neuron.MemPool(_remappable=True)
 with torch.neuron.use_mem_pool(pool):
     w = torch.full((60 * MiB,), 3, dtype=torch.uint8, device="neuron")
 _C._mem_pool_sleep(pool._id, True)

@@ -28,7 +28,8 @@ from .memory import (empty_cache, host_memory_stats, list_gpu_processes, max_mem
                      set_per_process_memory_fraction, get_per_process_memory_fraction,
                      memory_stats_as_nested_dict, memory_cached, max_memory_cached,
                      reset_max_memory_cached, caching_allocator_alloc, caching_allocator_delete,
-                     caching_allocator_enable, caching_allocator_disabled, get_allocator_backend, device_memory_used, host_memory_stats_as_nested_dict,
+                     caching_allocator_enable, caching_allocator_disabled, get_allocator_backend,
+                     device_memory_used, host_memory_stats_as_nested_dict,
                      reset_peak_host_memory_stats, reset_accumulated_host_memory_stats, MemPool,
                      use_mem_pool)
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,

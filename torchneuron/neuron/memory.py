@@ -28,8 +28,8 @@ __all__ = [
     "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_stats_as_nested_dict", "memory_cached", "max_memory_cached", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_enable",
-    "caching_allocator_disabled", "get_allocator_backend",
-    "device_memory_used", "MemPool", "use_mem_pool", "NeuronPluggableAllocator", "change_current_allocator",
+    "caching_allocator_disabled", "get_allocator_backend", "device_memory_used", "MemPool",
+    "use_mem_pool", "NeuronPluggableAllocator", "change_current_allocator",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
@@ -245,7 +245,8 @@ def reset_accumulated_host_memory_stats() -> None:
     _C._host_reset_accumulated_stats()
 
 
-def memory_snapshot(mempool_id: Optional[tuple[int, int]] = None, include_traces: bool = True) -> list[dict[str, Any]]:
+def memory_snapshot(mempool_id: Optional[tuple[int, int]] = None,
+                    include_traces: bool = True) -> list[dict[str, Any]]:
     """Every segment of every device with its blocks, in ``torch.cuda.memory_snapshot`` form;
     with ``mempool_id`` (a :class:`MemPool`'s ``id``), that pool's segments only.
     (``include_traces`` is accepted for CUDA's signature: segments carry no traces.)"""
@@ -396,14 +397,15 @@ class MemPool:
     split (each allocation keeps its segment's rounded block)."""
 
     def __init__(self, allocator: Optional[NeuronPluggableAllocator] = None, use_on_oom: bool = False,
-                 no_split: bool = False) -> None:
+                 no_split: bool = False, *, _remappable: bool = False) -> None:
+        # (_remappable, internal: segments that can sleep, for vLLM's sleep mode: allocator.h)
         if allocator is not None and not isinstance(allocator, NeuronPluggableAllocator):
             raise TypeError("torch.neuron.MemPool: allocator must be a "
                             f"torch.neuron.memory.NeuronPluggableAllocator, got {type(allocator).__name__}")
         self._allocator = allocator  # (keeps its library loaded while the pool lives)
         self._id = _C._mem_pool_create(bool(no_split), bool(use_on_oom),
                                        allocator._alloc_fn if allocator else 0,
-                                       allocator._free_fn if allocator else 0)
+                                       allocator._free_fn if allocator else 0, bool(_remappable))
         self._uses = 0
 
     @property

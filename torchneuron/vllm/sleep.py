@@ -30,10 +30,8 @@ logger = init_logger(__name__)
 class _SleepPool(torch.neuron.MemPool):
     """A MemPool whose segments can sleep (remappable)."""
 
-    def __init__(self) -> None:  # (MemPool's fields, created remappable)
-        self._allocator = None
-        self._id = _C._mem_pool_create(False, False, 0, 0, True)
-        self._uses = 0
+    def __init__(self) -> None:
+        super().__init__(_remappable=True)
 
     def bytes(self) -> int:
         return sum(s["total_size"] for s in self.snapshot())
@@ -66,13 +64,9 @@ class NeuronSleepAllocator:
         elif isinstance(offload_tags, str):
             offload_tags = (offload_tags,)
         freed = kept = 0
-        for tag, pool in self._pools.items():
-            if tag in self._asleep:
-                continue
+        for tag in self._pools:
             offload = tag in offload_tags
-            size = pool.bytes()
-            _C._mem_pool_sleep(pool._id, offload)
-            self._asleep[tag] = offload
+            size = self._put_to_sleep(tag, offload)
             freed += size
             kept += size if offload else 0
         logger.info("neuron sleep mode: freed %.3f GiB of device memory, %.3f GiB of it kept in host "
@@ -81,9 +75,19 @@ class NeuronSleepAllocator:
     def discard(self, tags: tuple[str, ...] | str) -> None:
         """Give ``tags``' pages back without keeping their contents."""
         for tag in (tags,) if isinstance(tags, str) else tags:
-            if tag in self._pools and tag not in self._asleep:
-                _C._mem_pool_sleep(self._pools[tag]._id, False)
-                self._asleep[tag] = False
+            if tag in self._pools:
+                self._put_to_sleep(tag, False)
+
+    def _put_to_sleep(self, tag: str, offload: bool) -> int:
+        """Unmap ``tag``'s pages (copied to host memory first with ``offload``) unless it is
+        asleep already; the bytes it gave back."""
+        if tag in self._asleep:
+            return 0
+        pool = self._pools[tag]
+        size = pool.bytes()
+        _C._mem_pool_sleep(pool._id, offload)
+        self._asleep[tag] = offload
+        return size
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Map the pages of ``tags`` (default: all) again, restoring what was offloaded. As
@@ -104,7 +108,6 @@ class NeuronSleepAllocator:
         its cached memory otherwise, so a later engine in the process would find it taken."""
         self.wake_up()
         self._pools.clear()
-        self._asleep.clear()
 
 
 _instance: NeuronSleepAllocator | None = None
