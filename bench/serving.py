@@ -1,8 +1,10 @@
 """vLLM serving: neuron platform vs vLLM's own CPU platform, same tiny model, interleaved.
 
-Two engines (``vllm.LLM``, eager, fp32, prefix caching off) run in their own processes side by
-side: one on the ``neuron`` platform (torchneuron's plugin), one on vLLM's CPU platform
-(``VLLM_PLUGINS=""`` keeps the plugin out). Each round asks both, alternating which goes first:
+Two engines (``vllm.LLM``, fp32, prefix caching off) run in their own processes side by side:
+one on the ``neuron`` platform (torchneuron's plugin), one on vLLM's CPU platform
+(``VLLM_PLUGINS=""`` keeps the plugin out); per mode: both eager (``enforce_eager=True``), neuron's
+decode graphs over eager model code against CPU eager (``graphs``), both compiled (neuron: with
+decode graphs). Each round asks both, alternating which goes first:
 
 * throughput: 16 prompts of different lengths, 64 generated tokens each -> output tokens/s;
 * TTFT: one 191-token prompt, one output token, three times -> median latency.
@@ -38,9 +40,13 @@ def engine_main(platform: str, mode: str, model: str) -> None:
     from tiny_models import CORPUS
     from vllm import LLM, SamplingParams
 
+    kwargs = dict(enforce_eager=mode == "eager")
+    if mode == "graphs":  # eager model code, decode steps replayed from graphs (neuron only)
+        kwargs = (dict(enforce_eager=False, compilation_config={
+            "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}) if platform == "neuron"
+            else dict(enforce_eager=True))
     llm = LLM(model=model, dtype="float32", max_model_len=512, max_num_seqs=NUM_PROMPTS,
-              enforce_eager=mode == "eager", enable_prefix_caching=False,
-              gpu_memory_utilization=0.5, seed=0)
+              enable_prefix_caching=False, gpu_memory_utilization=0.5, seed=0, **kwargs)
     prompts = [" ".join(CORPUS[i % 8: i % 8 + 1 + i % 3]) for i in range(NUM_PROMPTS)]
     long = " ".join(CORPUS[:8])
     tput = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True)
@@ -143,8 +149,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="2 rounds")
-    ap.add_argument("--mode", choices=["eager", "compiled", "both"], default="both",
-                    help="enforce_eager=True, each platform's default compilation, or both")
+    ap.add_argument("--mode", choices=["eager", "graphs", "compiled", "all"], default="all",
+                    help="enforce_eager=True; neuron's decode graphs over eager model code "
+                         "against CPU eager; each platform's default compilation (neuron: "
+                         "with decode graphs); or all three")
     ap.add_argument("--engine", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engine:
@@ -153,7 +161,7 @@ def main() -> None:
     import tiny_models
 
     rounds = 2 if args.quick else args.rounds
-    modes = ["eager", "compiled"] if args.mode == "both" else [args.mode]
+    modes = ["eager", "graphs", "compiled"] if args.mode == "all" else [args.mode]
     with tempfile.TemporaryDirectory() as d:
         tiny_models.build_llama(d, layers=LAYERS, hidden=HIDDEN)
         for mode in modes:
@@ -164,8 +172,11 @@ def main() -> None:
 def run_mode(mode: str, model: str, rounds: int) -> None:
     t = time.perf_counter()
     engines = {"neuron": Engine("neuron", mode, model), "cpu": Engine("cpu", mode, model)}
-    compiled = ("neuron: the `neuron` torch.compile backend, cpu: vLLM's Inductor"
-                if mode == "compiled" else "enforce_eager=True")
+    compiled = {"compiled": "neuron: the `neuron` torch.compile backend and decode graphs, "
+                            "cpu: vLLM's Inductor",
+                "graphs": "neuron: eager model code, decode graphs (FULL_DECODE_ONLY); "
+                          "cpu: enforce_eager=True",
+                "eager": "enforce_eager=True"}[mode]
     print(f"\n# vLLM serving bench, {mode} ({compiled}): {LAYERS}-layer Llama, hidden "
           f"{HIDDEN}, fp32; {NUM_PROMPTS} prompts x {OUT_TOKENS} tokens; {rounds} rounds "
           f"(engines ready in {time.perf_counter() - t:.0f} s; load "

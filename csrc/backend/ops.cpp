@@ -573,6 +573,10 @@ template <class T> bool pooled_arg_fits(const at::Tensor& first, const T& arg) {
     return !arg;  // softmax's half_to_float: another result dtype (and CPU's own error)
   } else if constexpr (std::is_same_v<T, at::Scalar>) {
     return !arg.isComplex();  // a complex number makes the result complex
+  } else if constexpr (std::is_same_v<T, std::optional<at::Scalar>>) {
+    // a clamp bound: complex raises; a floating bound of an integer tensor makes it floating
+    return !arg.has_value() ||
+           (!arg->isComplex() && !(arg->isFloatingPoint() && !c10::isFloatingType(first.scalar_type())));
   } else if constexpr (std::is_same_v<T, c10::ScalarType>) {
     return arg == first.scalar_type();  // softmax backward's input dtype: the result's
   } else {
@@ -674,10 +678,12 @@ template <class... A> std::vector<int64_t> pointwise_strides(const A&... args) {
   return std::vector<int64_t>(layout.begin() + static_cast<std::ptrdiff_t>(layout.size() / 2), layout.end());
 }
 
-// Ops whose integer results keep the operand's dtype (neg: T5's relative positions) take the
-// pooled route for integers too; the others' results are floating (exp, sigmoid, ...).
+// Ops whose integer results keep the operand's dtype (neg: T5's relative positions; clamp with
+// integer bounds and relu: index arithmetic such as MoE routing, queued so graphs capture it)
+// take the pooled route for integers too; the others' results are floating (exp, sigmoid, ...).
 template <const char* Name> bool keeps_integers(c10::ScalarType dtype) {
-  static const bool keeps = std::string_view(Name) == "aten::neg";
+  static const bool keeps = std::string_view(Name) == "aten::neg" || std::string_view(Name) == "aten::clamp" ||
+                            std::string_view(Name) == "aten::relu";
   return keeps && c10::isIntegralType(dtype, /*includeBool=*/false);
 }
 

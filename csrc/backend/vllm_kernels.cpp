@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "enqueue.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -168,8 +169,10 @@ void kv_write_kernel(const at::Tensor& key, const at::Tensor& value, const at::T
   }
 }
 
-void paged_kv_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
-                        const at::Tensor& slot_mapping) {
+// Argument checks read metadata only (sizes, strides, dtypes), so a queued call raises them at
+// the call; the kernels' value checks (slots, block ids, positions) run with the kernel.
+void check_kv_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                    const at::Tensor& slot_mapping) {
   constexpr const char* op = "torchneuron::paged_kv_write";
   check_cache(kv_cache, op);
   check_index(slot_mapping, "slot_mapping", op);
@@ -186,9 +189,19 @@ void paged_kv_write_cpu(const at::Tensor& key, const at::Tensor& value, const at
   const int64_t n = slot_mapping.size(0);
   TORCH_CHECK(key.size(0) >= n && value.size(0) >= n, op, ": ", n, " slots but only ", key.size(0),
               " key and ", value.size(0), " value rows");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, kv_cache.scalar_type(), op, [&] {
-    kv_write_kernel<scalar_t>(key, value, kv_cache, slot_mapping, n);
+}
+
+void run_kv_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                  const at::Tensor& slot_mapping) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, kv_cache.scalar_type(), "torchneuron::paged_kv_write", [&] {
+    kv_write_kernel<scalar_t>(key, value, kv_cache, slot_mapping, slot_mapping.size(0));
   });
+}
+
+void paged_kv_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                        const at::Tensor& slot_mapping) {
+  check_kv_write(key, value, kv_cache, slot_mapping);
+  run_kv_write(key, value, kv_cache, slot_mapping);
 }
 
 // ---- decode attention ----------------------------------------------------------------------
@@ -289,9 +302,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tenso
   });
 }
 
-void paged_decode_attention_cpu(const at::Tensor& query, const at::Tensor& kv_cache,
-                                const at::Tensor& block_table, const at::Tensor& seq_lens,
-                                double scale, const at::Tensor& out) {
+void check_decode(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                  const at::Tensor& seq_lens, const at::Tensor& out) {
   constexpr const char* op = "torchneuron::paged_decode_attention";
   check_cache(kv_cache, op);
   check_index(block_table, "block_table", op);
@@ -313,9 +325,20 @@ void paged_decode_attention_cpu(const at::Tensor& query, const at::Tensor& kv_ca
                   seq_lens.dim() == 1 && seq_lens.size(0) >= query.size(0),
               op, ": need a block_table row and a seq_len per request (", query.size(0),
               "), got block_table ", block_table.sizes(), " and seq_lens ", seq_lens.sizes());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query.scalar_type(), op, [&] {
+}
+
+void run_decode(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                const at::Tensor& seq_lens, double scale, const at::Tensor& out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query.scalar_type(), "torchneuron::paged_decode_attention", [&] {
     decode_kernel<scalar_t>(query, kv_cache, block_table, seq_lens, scale, out);
   });
+}
+
+void paged_decode_attention_cpu(const at::Tensor& query, const at::Tensor& kv_cache,
+                                const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                double scale, const at::Tensor& out) {
+  check_decode(query, kv_cache, block_table, seq_lens, out);
+  run_decode(query, kv_cache, block_table, seq_lens, scale, out);
 }
 
 
@@ -369,9 +392,8 @@ void check_rotary_operand(const at::Tensor& x, int64_t tokens, int64_t head, con
               " differs from the cos_sin_cache's ", cache.scalar_type());
 }
 
-void rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
-                          const std::optional<at::Tensor>& key, int64_t head_size,
-                          const at::Tensor& cos_sin_cache, bool is_neox) {
+void check_rotary(const at::Tensor& positions, const at::Tensor& query,
+                  const std::optional<at::Tensor>& key, int64_t head_size, const at::Tensor& cos_sin_cache) {
   constexpr const char* op = "torchneuron::rotary_embedding_";
   check_index(positions, "positions", op);
   TORCH_CHECK(positions.dim() == 1, op, ": positions must be 1-d (flattened), got ", positions.sizes());
@@ -382,10 +404,21 @@ void rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
   const int64_t tokens = positions.size(0);
   check_rotary_operand(query, tokens, head_size, cos_sin_cache, "query");
   if (key.has_value()) check_rotary_operand(*key, tokens, head_size, cos_sin_cache, "key");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query.scalar_type(), op, [&] {
+}
+
+void run_rotary(const at::Tensor& positions, const at::Tensor& query, const std::optional<at::Tensor>& key,
+                int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query.scalar_type(), "torchneuron::rotary_embedding_", [&] {
     rotary_kernel<scalar_t>(positions, query, head_size, cos_sin_cache, is_neox);
     if (key.has_value()) rotary_kernel<scalar_t>(positions, *key, head_size, cos_sin_cache, is_neox);
   });
+}
+
+void rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
+                          const std::optional<at::Tensor>& key, int64_t head_size,
+                          const at::Tensor& cos_sin_cache, bool is_neox) {
+  check_rotary(positions, query, key, head_size, cos_sin_cache);
+  run_rotary(positions, query, key, head_size, cos_sin_cache, is_neox);
 }
 
 
@@ -447,20 +480,31 @@ void check_rms_weight(const at::Tensor& x, const std::optional<at::Tensor>& weig
               " differs from x's ", x.scalar_type(), " (vLLM's native code handles mixed dtypes)");
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+void check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight) {
   constexpr const char* op = "torchneuron::rms_norm";
   check_rms_operand(x, "x", op);
   check_rms_weight(x, weight, op);
-  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
-  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-    rms_norm_rows<scalar_t>(x, nullptr, w, eps, out);
+}
+
+// residual: nullptr for rms_norm; out may be x (fused_add_rms_norm_: each row is read before it
+// is written)
+void run_rms_norm(const at::Tensor& x, const at::Tensor* residual, const std::optional<at::Tensor>& weight,
+                  double eps, const at::Tensor& out) {
+  const at::Tensor w = weight.has_value() && weight->defined() ? *weight : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "torchneuron::rms_norm", [&] {
+    rms_norm_rows<scalar_t>(x, residual, w, eps, out);
   });
+}
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  check_rms_norm(x, weight);
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  run_rms_norm(x, nullptr, weight, eps, out);
   return out;
 }
 
-void fused_add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
-                            const std::optional<at::Tensor>& weight, double eps) {
+void check_fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                              const std::optional<at::Tensor>& weight) {
   constexpr const char* op = "torchneuron::fused_add_rms_norm_";
   check_rms_operand(x, "x", op);
   check_rms_operand(residual, "residual", op);
@@ -468,15 +512,46 @@ void fused_add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
               ": residual must match x (", x.sizes(), ", ", x.scalar_type(), "), got ",
               residual.sizes(), ", ", residual.scalar_type());
   check_rms_weight(x, weight, op);
-  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-    rms_norm_rows<scalar_t>(x, &residual, w, eps, x);  // each row is read before it is written
-  });
+}
+
+void fused_add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
+                            const std::optional<at::Tensor>& weight, double eps) {
+  check_fused_add_rms_norm(x, residual, weight);
+  run_rms_norm(x, &residual, weight, eps, x);
 }
 
 // ---- neuron: the same kernels over zero-copy aliases of device memory -----------------------
+// With the execution engine on, a call whose tensors are all on the first one's neuron device is
+// checked at the call and its kernel queued (QueuedCall, enqueue.h): no wait for the queue per
+// layer and step, and the kernels can be captured in a graph (vLLM's decode graphs, whose
+// replays read the block table, lengths, slots and positions vLLM wrote into its persistent
+// buffers). Otherwise the kernel runs now over the aliases, after the queue.
+
+// Whether every tensor of `ts` may be an operand of a kernel queued on ref's device.
+bool queueable_all(const at::Tensor& ref, std::initializer_list<const at::Tensor*> ts) {
+  if (!may_enqueue()) return false;
+  for (const at::Tensor* t : ts) {
+    if (t == nullptr) continue;
+    if (!t->defined() || !t->is_privateuseone() || t->device() != ref.device() || t->layout() != c10::kStrided ||
+        t->is_conj() || t->is_neg())
+      return false;
+  }
+  return true;
+}
+
+const at::Tensor* opt(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+
 void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                            const at::Tensor& slot_mapping) {
+  if (queueable_all(kv_cache, {&key, &value, &slot_mapping})) {
+    check_kv_write(key, value, kv_cache, slot_mapping);
+    QueuedCall q;
+    at::Tensor k = q.in(key), v = q.in(value), s = q.in(slot_mapping), c = q.inout(kv_cache);
+    q.enqueue("torchneuron::paged_kv_write", [k, v, c, s] { run_kv_write(k, v, c, s); });
+    return;
+  }
   ZeroCopy zc;
   at::Tensor k = zc.in(key), v = zc.in(value), s = zc.in(slot_mapping);
   at::Tensor c = zc.in_output(kv_cache);
@@ -488,6 +563,15 @@ void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const
 void paged_decode_attention_neuron(const at::Tensor& query, const at::Tensor& kv_cache,
                                    const at::Tensor& block_table, const at::Tensor& seq_lens,
                                    double scale, const at::Tensor& out) {
+  if (queueable_all(query, {&kv_cache, &block_table, &seq_lens, &out})) {
+    check_decode(query, kv_cache, block_table, seq_lens, out);
+    QueuedCall q;
+    at::Tensor qa = q.in(query), c = q.in(kv_cache), bt = q.in(block_table), sl = q.in(seq_lens);
+    at::Tensor o = q.inout(out);
+    q.enqueue("torchneuron::paged_decode_attention",
+              [qa, c, bt, sl, scale, o] { run_decode(qa, c, bt, sl, scale, o); });
+    return;
+  }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), c = zc.in(kv_cache), bt = zc.in(block_table), sl = zc.in(seq_lens);
   at::Tensor o = zc.in_output(out);
@@ -499,6 +583,16 @@ void paged_decode_attention_neuron(const at::Tensor& query, const at::Tensor& kv
 void rotary_embedding_neuron(const at::Tensor& positions, const at::Tensor& query,
                              const std::optional<at::Tensor>& key, int64_t head_size,
                              const at::Tensor& cos_sin_cache, bool is_neox) {
+  if (queueable_all(query, {&positions, opt(key), &cos_sin_cache})) {
+    check_rotary(positions, query, key, head_size, cos_sin_cache);
+    QueuedCall q;
+    at::Tensor p = q.in(positions), c = q.in(cos_sin_cache), qa = q.inout(query);
+    std::optional<at::Tensor> k;
+    if (key.has_value()) k = q.inout(*key);
+    q.enqueue("torchneuron::rotary_embedding_",
+              [p, qa, k, head_size, c, is_neox] { run_rotary(p, qa, k, head_size, c, is_neox); });
+    return;
+  }
   ZeroCopy zc;
   at::Tensor p = zc.in(positions), c = zc.in(cos_sin_cache), q = zc.in_output(query);
   std::optional<at::Tensor> k;
@@ -509,6 +603,15 @@ void rotary_embedding_neuron(const at::Tensor& positions, const at::Tensor& quer
 }
 
 at::Tensor rms_norm_neuron(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  if (queueable_all(x, {opt(weight)})) {
+    check_rms_norm(x, weight);
+    QueuedCall q;
+    at::Tensor xa = q.in(x), result;
+    std::optional<at::Tensor> w = q.in(weight);
+    at::Tensor o = q.out(result, x.sizes(), x.scalar_type());
+    q.enqueue("torchneuron::rms_norm", [xa, w, eps, o] { run_rms_norm(xa, nullptr, w, eps, o); });
+    return result;
+  }
   ZeroCopy zc;
   at::Tensor xa = zc.in(x);
   std::optional<at::Tensor> w;
@@ -519,6 +622,14 @@ at::Tensor rms_norm_neuron(const at::Tensor& x, const std::optional<at::Tensor>&
 
 void fused_add_rms_norm_neuron(const at::Tensor& x, const at::Tensor& residual,
                                const std::optional<at::Tensor>& weight, double eps) {
+  if (queueable_all(x, {&residual, opt(weight)})) {
+    check_fused_add_rms_norm(x, residual, weight);
+    QueuedCall q;
+    at::Tensor xa = q.inout(x), ra = q.inout(residual);
+    std::optional<at::Tensor> w = q.in(weight);
+    q.enqueue("torchneuron::fused_add_rms_norm_", [xa, ra, w, eps] { run_rms_norm(xa, &ra, w, eps, xa); });
+    return;
+  }
   ZeroCopy zc;
   at::Tensor xa = zc.in_output(x), ra = zc.in_output(residual);
   std::optional<at::Tensor> w;
@@ -528,9 +639,28 @@ void fused_add_rms_norm_neuron(const at::Tensor& x, const at::Tensor& residual,
   zc.sync_inputs();
 }
 
+// vLLM's weak_ref_tensor for neuron: a tensor over t's memory that does not own it. vLLM keeps
+// the outputs of its captured graphs this way, so that the graph's memory pool (which holds the
+// blocks while the graph lives) and not the reference decides how long they live. Not
+// resizable; its storage carries no allocator.
+at::Tensor weak_ref_tensor_neuron(const at::Tensor& t) {
+  TORCH_CHECK(t.is_privateuseone() && t.layout() == c10::kStrided, "torchneuron::weak_ref_tensor: "
+              "expects a strided neuron tensor, got ", t.device(), " ", t.layout());
+  const c10::Storage& src = t.storage();
+  c10::DataPtr ptr(const_cast<void*>(src.data()), t.device());
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), src.nbytes(),
+                                                         std::move(ptr), /*allocator=*/nullptr,
+                                                         /*resizable=*/false)),
+      t.key_set(), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+  m.def("weak_ref_tensor(Tensor input) -> Tensor");
   m.def("paged_kv_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_decode_attention(Tensor query, Tensor kv_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
@@ -554,6 +684,7 @@ TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
   m.impl("rotary_embedding_", TORCH_FN(rotary_embedding_neuron));
   m.impl("rms_norm", TORCH_FN(rms_norm_neuron));
   m.impl("fused_add_rms_norm_", TORCH_FN(fused_add_rms_norm_neuron));
+  m.impl("weak_ref_tensor", TORCH_FN(weak_ref_tensor_neuron));
 }
 
 }  // namespace torchneuron

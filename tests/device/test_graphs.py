@@ -80,6 +80,24 @@ def test_a_captured_adamw_step_replays_the_eager_steps_bit_for_bit(engine_mode):
         assert torch.equal(a.cpu(), b.cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_clamp_and_relu_are_captured_and_keep_the_dtype(engine_mode, dtype):
+    # index arithmetic of routing code (e.g. vLLM's MoE under its decode graphs)
+    x = torch.zeros(40, dtype=dtype, device="neuron")
+    g, (c, r) = capture(lambda: (x.clamp(min=2, max=9), torch.relu(x)))
+    src = torch.randint(0 if dtype == torch.uint8 else -20, 20, (40,), dtype=dtype)
+    x.copy_(src)
+    g.replay()
+    assert c.dtype == r.dtype == dtype
+    assert torch.equal(c.cpu(), src.clamp(min=2, max=9))
+    assert torch.equal(r.cpu(), torch.relu(src))
+
+
+def test_integer_clamp_with_a_floating_bound_gives_cpus_floating_result():
+    x = torch.arange(-3, 4, device="neuron")
+    assert torch.equal(x.clamp(min=0.5).cpu(), torch.arange(-3, 4).clamp(min=0.5))
+
+
 def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(engine_mode):
     a = torch.randn(4096, device="neuron")
     def body():

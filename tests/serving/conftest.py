@@ -70,6 +70,14 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
              args=dict(ENGINE, attention_backend="CPU_ATTN"), env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
         dict(key="compiled", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, enforce_eager=False)),
+        # vLLM's full decode graphs (eager model code): decode steps replay NeuronGraphs
+        dict(key="graphs", scenario="greedy", model=llama_dir,
+             args=dict(ENGINE, enforce_eager=False,
+                       compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
+        # the MoE layers under decode graphs take their routing-independent formulation
+        dict(key="qwen2_moe_graphs", scenario="greedy", model=qwen_moe_dir,
+             args=dict(ENGINE, enforce_eager=False,
+                       compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),

@@ -105,9 +105,11 @@ def test_decode_attention_rejects_block_outside_cache():
     q, table, lens = _decode_case(4)
     table[2, 0] = BLOCKS + 5
     out = torch.empty(len(lens), 4, D, device="neuron")
+    # a value error: raised by the kernel, so at the next synchronization when it was queued
     with pytest.raises(RuntimeError, match="outside the KV cache"):
         torch.ops.torchneuron.paged_decode_attention(q.to("neuron"), cache, table.to("neuron"),
                                                      lens.to("neuron"), 1.0, out)
+        torch.neuron.synchronize()
 
 
 def test_kv_write_rejects_slot_outside_cache():
@@ -116,6 +118,7 @@ def test_kv_write_rejects_slot_outside_cache():
     with pytest.raises(RuntimeError, match="outside the KV cache"):
         torch.ops.torchneuron.paged_kv_write(kv, kv, cache,
                                              torch.tensor([BLOCKS * BS], device="neuron"))
+        torch.neuron.synchronize()
 
 
 def test_decode_attention_rejects_non_token_major_cache():
@@ -164,6 +167,7 @@ def test_rotary_rejects_position_outside_cache():
     with pytest.raises(RuntimeError, match="outside the cos/sin cache"):
         torch.ops.torchneuron.rotary_embedding_(torch.tensor([1, 8], device="neuron"), q, None,
                                                 D, cache, True)
+        torch.neuron.synchronize()
 
 
 def _decode_general(heads, kvh, d, lens, block_size, dtype=torch.float32, q_scale=1.0):
@@ -291,3 +295,112 @@ def test_rms_norm_bf16_rounds_like_native_code_bit_for_bit(fused):
     else:
         got = torch.ops.torchneuron.rms_norm(x.to("neuron"), w.to("neuron"), 1e-5)
     assert torch.equal(got.cpu(), want)
+
+
+# ---- queued on the execution engine; captured in graphs (vLLM's decode graphs) --------------
+def _step_kernels():
+    """One call of each kernel on small device operands, as name -> thunk."""
+    g = torch.Generator().manual_seed(10)
+    cache = _cache()
+    q, table, lens = _decode_case(4)
+    q, table, lens = q.to("neuron"), table.to("neuron"), lens.to("neuron")
+    out = torch.empty(len(lens), 4, D, device="neuron")
+    kv = torch.randn(3, KVH, D, generator=g).to("neuron")
+    slots = torch.tensor([0, -1, 9], device="neuron")
+    x = torch.randn(3, 64, generator=g).to("neuron")
+    rot = torch.randn(16, D, generator=g).to("neuron")
+    pos, residual = torch.tensor([0, 3, 15], device="neuron"), x * 2
+    return {
+        "paged_kv_write": lambda: torch.ops.torchneuron.paged_kv_write(kv, kv, cache, slots),
+        "paged_decode_attention": lambda: torch.ops.torchneuron.paged_decode_attention(
+            q, cache, table, lens, 1.0, out),
+        "rotary_embedding_": lambda: torch.ops.torchneuron.rotary_embedding_(
+            pos, x[:, :2 * D], None, D, rot, True),
+        "rms_norm": lambda: torch.ops.torchneuron.rms_norm(x, None, 1e-5),
+        "fused_add_rms_norm_": lambda: torch.ops.torchneuron.fused_add_rms_norm_(x, residual, None,
+                                                                                 1e-5),
+    }
+
+
+@pytest.mark.parametrize("name", ["paged_kv_write", "paged_decode_attention", "rotary_embedding_",
+                                  "rms_norm", "fused_add_rms_norm_"])
+def test_kernel_is_queued_on_the_execution_engine(name, engine_on):
+    call = _step_kernels()[name]
+    torch.neuron.synchronize()
+    before = torch.neuron.engine.stats()["enqueued"]
+    call()
+    # one queued kernel, no wait for the queue (the operands' own copies were synchronized)
+    assert torch.neuron.engine.stats()["enqueued"] - before == 1
+
+
+def test_decode_kernels_captured_in_a_graph_read_new_slots_and_lengths_at_each_replay():
+    # vLLM's decode graphs: persistent buffers refilled in place between replays
+    g = torch.Generator().manual_seed(11)
+    heads, n = 4, 3
+    cache = torch.zeros(BLOCKS, BS, KVH, 2 * D, device="neuron")
+    table = torch.randperm(BLOCKS, generator=g)[: n * 4].view(n, 4).to(torch.int32).to("neuron")
+    lens = torch.zeros(n, dtype=torch.int32, device="neuron")
+    slots = torch.full((n,), -1, dtype=torch.int64, device="neuron")
+    key, value = torch.zeros(n, KVH, D, device="neuron"), torch.zeros(n, KVH, D, device="neuron")
+    q = torch.zeros(n, heads, D, device="neuron")
+    out = torch.empty(n, heads, D, device="neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        torch.ops.torchneuron.paged_kv_write(key, value, cache, slots)
+        torch.ops.torchneuron.paged_decode_attention(q, cache, table, lens, D ** -0.5, out)
+    assert torch.equal(cache.cpu(), torch.zeros_like(cache.cpu()))  # captured, not run
+    want = torch.zeros(BLOCKS * BS, KVH, 2 * D)
+    table_cpu = table.cpu().long()
+    for step in range(1, 4):  # request r decodes its token number step + r
+        new_lens = torch.tensor([step + r for r in range(n)], dtype=torch.int32)
+        pos = new_lens.long() - 1
+        new_slots = table_cpu[torch.arange(n), pos // BS] * BS + pos % BS
+        k_new, v_new = torch.randn(n, KVH, D, generator=g), torch.randn(n, KVH, D, generator=g)
+        q_new = torch.randn(n, heads, D, generator=g)
+        for buf, val in ((lens, new_lens), (slots, new_slots), (key, k_new), (value, v_new),
+                         (q, q_new)):
+            buf.copy_(val)
+        graph.replay()
+        want[new_slots] = torch.cat([k_new, v_new], dim=-1)
+        ref_cache = want.view(BLOCKS, BS, KVH, 2 * D)
+        assert torch.equal(cache.cpu(), ref_cache)
+        torch.testing.assert_close(out.cpu(), _reference_decode(q_new, ref_cache, table_cpu,
+                                                                new_lens, D ** -0.5),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_and_rms_norm_captured_in_a_graph_read_new_positions_at_replay():
+    g = torch.Generator().manual_seed(12)
+    rot = torch.randn(16, D, generator=g)
+    positions = torch.zeros(3, dtype=torch.int64, device="neuron")
+    x = torch.zeros(3, 2 * D, device="neuron")
+    rot_n = rot.to("neuron")
+    graph = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(graph):
+        torch.ops.torchneuron.rotary_embedding_(positions, x, None, D, rot_n, True)
+        y = torch.ops.torchneuron.rms_norm(x, None, 1e-5)
+    for _ in range(2):
+        pos, x0 = torch.randint(0, 16, (3,), generator=g), torch.randn(3, 2 * D, generator=g)
+        positions.copy_(pos)
+        x.copy_(x0)
+        graph.replay()
+        want = x0.clone()
+        torch.ops.torchneuron.rotary_embedding_(pos, want, None, D, rot, True)  # CPU kernel
+        torch.testing.assert_close(x.cpu(), want)
+        torch.testing.assert_close(y.cpu(), _native_rms(want, None, 1e-5)[0], atol=1e-6, rtol=1e-6)
+
+
+def test_weak_ref_tensor_shares_memory_without_owning_it():
+    x = torch.arange(12.0, device="neuron").view(3, 4)[1:, 1:]
+    w = torch.ops.torchneuron.weak_ref_tensor(x)
+    assert (w.data_ptr(), w.shape, w.stride()) == (x.data_ptr(), x.shape, x.stride())
+    x.add_(1)
+    assert torch.equal(w.cpu(), x.cpu())  # one memory
+    big = torch.empty(1 << 18, device="neuron")
+    allocated = torch.neuron.memory_allocated()
+    ref = torch.ops.torchneuron.weak_ref_tensor(big)
+    del big
+    # the block is freed with its tensor: the weak reference does not keep it
+    assert torch.neuron.memory_allocated() == allocated - (1 << 20)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        ref.resize_(1 << 19)

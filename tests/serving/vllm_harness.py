@@ -274,10 +274,31 @@ def _set_engine(value) -> bool | None:
     return was
 
 
+_REPLAYS = [0]
+
+
+def _count_graph_replays() -> None:
+    """Count NeuronGraph replays in this process (vLLM replays its decode graphs through
+    ``entry.cudagraph.replay()``)."""
+    import torch
+
+    replay = torch.neuron.NeuronGraph.replay
+
+    def counted(self, *args, **kwargs):
+        _REPLAYS[0] += 1
+        return replay(self, *args, **kwargs)
+
+    torch.neuron.NeuronGraph.replay = counted
+
+
 def main(runs: list[dict]) -> dict:
+    from torchneuron.vllm import attention
+
+    _count_graph_replays()
     results = {}
     for run in runs:
         before = _compile_counts()
+        calls, replays = attention.calls(), _REPLAYS[0]
         saved = {k: os.environ.get(k) for k in run.get("env", {})}
         os.environ.update(run.get("env", {}))
         # The execution engine's variable is read when torchneuron loads: in this process it is
@@ -291,6 +312,9 @@ def main(runs: list[dict]) -> dict:
             results[run["key"]]["engine_enqueued"] = _enqueued() - enqueued
             after = _compile_counts()
             results[run["key"]]["compile_delta"] = {k: after[k] - before[k] for k in after}
+            now = attention.calls()
+            results[run["key"]]["attention_delta"] = {k: now[k] - calls[k] for k in now}
+            results[run["key"]]["graph_replays"] = _REPLAYS[0] - replays
         except Exception:  # noqa: BLE001  (the test prints it)
             results[run["key"]] = {"harness_error": traceback.format_exc()}
         finally:

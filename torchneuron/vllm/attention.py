@@ -43,8 +43,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from vllm.config import VllmConfig
-from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl, AttentionLayer,
-                                       AttentionMetadataBuilder, AttentionType,
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl,
+                                       AttentionLayer, AttentionMetadataBuilder, AttentionType,
                                        CommonAttentionMetadata, MultipleOf)
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
@@ -125,6 +125,16 @@ class NeuronAttentionMetadata:
 
 class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
     """Builds :class:`NeuronAttentionMetadata`; asks vLLM to put decode requests first."""
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: VllmConfig,
+                              kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
+        # decode batches are two queued kernel calls per layer that read vLLM's persistent
+        # slot, block-table and length buffers when they run; the NKI path runs the simulator
+        # on the host at the call, which a graph cannot record
+        if _use_nki():
+            return AttentionCGSupport.NEVER
+        return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device) -> None:

@@ -8,7 +8,8 @@ only its own tokens (``w13`` gate/up, activation-and-multiply, ``w2``), then the
 weighted and scattered back with ``index_add_``. Shared experts are run by vLLM's MoE runner
 itself (no kernel-internal overlap is claimed), and the whole layer already sits inside vLLM's
 opaque ``moe_forward`` custom op, so the data-dependent expert loop never reaches a compiled
-graph.
+graph. While a graph is captured (vLLM's decode graphs) the experts run in a formulation whose
+shapes do not depend on the routing (:func:`_gathered_experts`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if expert_map is not None:
         ids = expert_map.to(torch.long)[ids]
     weights = topk_weights.reshape(-1).to(x.dtype)
+    if torch.neuron.is_current_stream_capturing():
+        return _gathered_experts(x, w13, w2, weights, ids, k, act, apply_router_weight_on_input)
     order = torch.argsort(ids, stable=True)
     counts = torch.bincount(ids.clamp(min=-1) + 1, minlength=num_experts + 1).tolist()
     out = torch.zeros_like(x)
@@ -68,6 +71,27 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             y = y * w
         out.index_add_(0, rows, y)
     return out
+
+
+def _gathered_experts(x, w13, w2, weights, ids, k, act, apply_router_weight_on_input):
+    """The same contract with shapes that do not depend on the routing, for graph capture
+    (vLLM's decode graphs): each (token, expert) pair multiplies by its own gathered copy of the
+    expert's weights (a batched matmul over the pairs), then each token sums its k results.
+    The grouped path's per-expert token counts are host values, which a graph cannot hold; this
+    one reads as much weight memory as the pairs name, twice (gather, then multiply), which is
+    what a decode batch of a few tokens costs anyway."""
+    tokens, hidden = x.shape
+    valid = (ids >= 0).to(x.dtype)  # pairs routed to other ranks' experts contribute nothing
+    safe = ids.clamp(min=0)
+    w = weights * valid
+    rows = x.unsqueeze(1).expand(tokens, k, hidden).reshape(tokens * k, hidden)
+    if apply_router_weight_on_input:
+        rows = rows * w.unsqueeze(1)
+    gate_up = torch.bmm(w13.index_select(0, safe), rows.unsqueeze(2)).squeeze(2)
+    gate, up = gate_up.chunk(2, dim=-1)
+    y = torch.bmm(w2.index_select(0, safe), (act(gate) * up).unsqueeze(2)).squeeze(2)
+    y = y * (valid if apply_router_weight_on_input else w).unsqueeze(1)
+    return y.view(tokens, k, hidden).sum(dim=1)
 
 
 class NeuronUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):

@@ -14,12 +14,18 @@ What this platform chooses, and why:
   is valid because the emulated HBM is host memory and execution is synchronous);
 * compilation: vLLM's ``DYNAMO_TRACE_ONCE`` mode with torchneuron's ``neuron`` torch.compile
   backend instead of ``VLLM_COMPILE`` (whose Inductor pipeline is CUDA-graph oriented);
-  ``enforce_eager=True`` runs eagerly; no CUDA graphs;
+  ``enforce_eager=True`` runs eagerly;
+* graphs: unless ``enforce_eager=True``, vLLM's full decode graphs (``FULL_DECODE_ONLY``; other
+  modes are lowered to it): every uniform decode batch size vLLM captures is a
+  ``torch.neuron.NeuronGraph`` of the whole forward, replayed over vLLM's persistent input,
+  block-table, length and slot buffers (the model runner maps vLLM's ``torch.cuda`` graph calls;
+  ``NEURON_ATTN`` and torchneuron's vLLM kernels are queued, hence capturable). Mixed
+  prefill/decode batches run eagerly; with more than one worker, graphs are off;
 * distributed: the ``neuron`` c10d backend for device groups (gloo for vLLM's CPU groups);
 * workers start with ``spawn``: the neuron runtime, like CUDA's, refuses use in a forked child
   of an initialised parent;
-* no async scheduling: the device completes work before an op returns, so there is nothing to
-  overlap.
+* no async scheduling: vLLM's async scheduler overlaps the next step's host work with device
+  work through CUDA streams and events it creates outside the model runner; not attempted.
 """
 
 from __future__ import annotations
@@ -117,6 +123,16 @@ class NeuronPlatform(Platform):
         if dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"neuron: model dtype {dtype} is not supported; use bfloat16, "
                              "float16 or float32")
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        # torch.neuron.NeuronGraph captures the engine's kernels (csrc/backend/graph.cpp)
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        # vLLM's wrapper; NeuronModelRunner.capture_model maps its torch.cuda graph calls
+        return "vllm.compilation.cuda_graph.CUDAGraphWrapper"
 
     def is_sleep_mode_available(self) -> bool:
         # remappable memory pools (torchneuron/vllm/sleep.py)
@@ -226,8 +242,21 @@ class NeuronPlatform(Platform):
             parallel_config.enable_dbo = False
 
         compilation_config = vllm_config.compilation_config
-        compilation_config.cudagraph_mode = CUDAGraphMode.NONE
-        compilation_config.cudagraph_capture_sizes = []
+        if compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
+            if parallel_config.world_size > 1:
+                # vLLM's graph_capture() takes CUDA/XPU communicators only, and the neuron
+                # c10d backend's collectives are not captured by NeuronGraph
+                logger.warning_once("neuron: decode graphs need one worker (got %d); running "
+                                    "eagerly", parallel_config.world_size)
+                compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+            elif compilation_config.cudagraph_mode != CUDAGraphMode.FULL_DECODE_ONLY:
+                # PIECEWISE needs vLLM's own Inductor pipeline (VLLM_COMPILE), and NEURON_ATTN's
+                # graphs hold uniform single-token decode batches only
+                logger.info_once("neuron: cudagraph_mode %s -> FULL_DECODE_ONLY",
+                                 compilation_config.cudagraph_mode.name)
+                compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        if compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
+            compilation_config.cudagraph_capture_sizes = []
         if compilation_config.mode == CompilationMode.VLLM_COMPILE:
             # one Dynamo trace of the whole model (dynamic token count), compiled by the
             # `neuron` backend; the attention custom op stays a graph break-free opaque node

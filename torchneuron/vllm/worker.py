@@ -101,8 +101,9 @@ class NeuronWorker(Worker):
         yield
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Warm up the model and sampler at the largest decode batch (vLLM's GPU worker does
-        the same after its CUDA-only kernel warm-ups and graph captures, which do not apply)."""
+        """Warm up the model and sampler at the largest decode batch, then capture the decode
+        graphs unless ``enforce_eager`` (vLLM's GPU worker does the same, with CUDA-only kernel
+        warm-ups that do not apply)."""
         from vllm.config.compilation import CUDAGraphMode
 
         runner = self.model_runner
@@ -114,6 +115,8 @@ class NeuronWorker(Worker):
             runner._dummy_pooler_run(hidden)
         else:
             runner._dummy_sampler_run(hidden_states=last_hidden)
+        if not self.model_config.enforce_eager:
+            runner.capture_model()
         # profiling and warm-up must not change what a seeded engine samples
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
         return CompilationTimes(language_model=self.compilation_config.compilation_time,
