@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -148,6 +149,13 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
     }
   }
   c10::intrusive_ptr<c10::TensorImpl> impl;
+  // A TensorImpl made under InferenceMode is an inference tensor for good (no autograd keys):
+  // reused outside it, an alias the kernel marks requires_grad (SDPA's backend choice) raised
+  // "inference tensor outside InferenceMode" (vLLM generating, then training, in one process).
+  // So a pooled alias is reused only in the mode it was made in.
+  while (!t_alias_pool.empty() && t_alias_pool.back()->is_inference() != c10::InferenceMode::is_enabled()) {
+    t_alias_pool.pop_back();
+  }
   if (!t_alias_pool.empty()) {
     impl = std::move(t_alias_pool.back());
     t_alias_pool.pop_back();

@@ -151,6 +151,32 @@ def test_inference_mode_views():
         assert x.sum().item() == 28
 
 
+_TRAIN_AFTER_INFERENCE = """
+import torch, torchneuron
+import torch.nn.functional as F
+q = torch.randn(1, 2, 4, 8).to("neuron").requires_grad_()
+x = torch.randn(4, 8, device="neuron")
+with torch.inference_mode():
+    for _ in range(4):
+        (x.sum(0) > 0).nonzero()  # a synchronous kernel: its aliases are made here
+F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+print("GRAD", tuple(q.grad.shape))
+"""
+
+
+def test_training_after_inference_mode_work_in_the_same_thread():
+    # kernels reuse their CPU alias tensors; one made under inference_mode is an inference
+    # tensor for good, and SDPA's backend choice marks its aliases requires_grad (a process that
+    # generated with vLLM, then trained: TRL's GRPO). A fresh process: the aliases are then the
+    # ones made inside the inference_mode block.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _TRAIN_AFTER_INFERENCE], capture_output=True,
+                          text=True, timeout=120)
+    assert "GRAD (1, 2, 4, 8)" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_executed_ops_are_tracked_and_cleared():
     torchneuron.clear_op_tracking()
     a = torch.ones(3, device="neuron")
