@@ -167,7 +167,8 @@ std::string error_text(const std::exception& e) {
   return e.what();
 }
 
-void enqueue_kernel(int device, const char* name, std::function<void()> work, neuron::rt::engine::Record record) {
+void enqueue_kernel(int device, const char* name, std::function<void()> work, neuron::rt::engine::Record record,
+                    neuron::rt::engine::TracePayload tensors) {
   static const bool installed = (torch::installCapturedTracebackPython(),
                                  neuron::rt::engine::set_blocking_wait(&wait_without_gil),
                                  neuron::rt::engine::set_error_text(&error_text),
@@ -184,7 +185,7 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work, ne
     return v == nullptr || std::string(v) != "0";
   }();
   neuron::rt::engine::enqueue(device, neuron::rt::current_stream(device), name, std::move(work),
-                              stacks ? interned_stack() : nullptr, std::move(record));
+                              stacks ? interned_stack() : nullptr, std::move(record), std::move(tensors));
 }
 
 namespace {

@@ -89,8 +89,11 @@ std::string error_text(const std::exception& e);
 // Queue `work` on the current stream of `device`, with the caller's Python stack for an error
 // report. `name` must outlive the work (a literal or a dispatcher-owned name). `record`, if any,
 // lets the kernel run fused with its neighbours (fusion.h).
+// `tensors`: the kernel's operands in the profiler's encoding, kept by a graph capture for the
+// replays' activities (QueuedCall gives them while a capture is open).
 void enqueue_kernel(int device, const char* name, std::function<void()> work,
-                    neuron::rt::engine::Record record = nullptr);
+                    neuron::rt::engine::Record record = nullptr,
+                    neuron::rt::engine::TracePayload tensors = nullptr);
 
 // A kernel an op runs itself over raw pointers to device bytes (no ZeroCopy: the small ops in
 // ops.cpp): queued when the engine is on (raw pointers are what a queued kernel's aliases are,
@@ -128,7 +131,7 @@ class QueuedCall {
     return t;
   }
   // A device tensor the kernel writes in place (an in-place op's self): its alias.
-  at::Tensor inout(const at::Tensor& t) { return zc_->in_output(t); }
+  at::Tensor inout(const at::Tensor& t) { return zc_->in_output(t, /*allow_cpu=*/false, prof::kRead); }
   // Allocates `result` (the device tensor the op returns); returns its alias for the kernel.
   at::Tensor out(at::Tensor& result, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides = {}) {
     result = pooled(*zc_, sizes, dtype, strides);
@@ -143,7 +146,7 @@ class QueuedCall {
           zc->launch(name);
           w();
         },
-        std::move(record));
+        std::move(record), zc_->captured_tensors());
   }
 
  private:

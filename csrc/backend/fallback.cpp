@@ -416,7 +416,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
         torch::jit::Stack args = d->args;  // (a copy: a captured graph runs it again)
         run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
       },
-      fusion::enabled() ? fusion::boxed(op, originals) : nullptr);
+      fusion::enabled() ? fusion::boxed(op, originals) : nullptr, d->zc.captured_tensors());
   return true;
 }
 

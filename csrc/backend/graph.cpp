@@ -125,7 +125,7 @@ class NeuronGraph final : public at::GraphImplInterface {
     const bool traced = neuron::rt::trace::active();
     for (const engine::Captured& item : items_) {
       if (traced) {
-        engine::enqueue(device_, stream, item.name, prof::traced_replay(item.work, item.name, device_, stream, id_),
+        engine::enqueue(device_, stream, item.name, prof::traced_replay(item.work, item.name, device_, stream, id_, item.tensors.get()),
                         item.where, nullptr);
       } else {
         engine::enqueue(device_, stream, item.name, item.work, item.where, item.record);

@@ -544,7 +544,7 @@ template <class... Rest> struct HotInplace {
             zc->launch(Name);
             std::apply([](at::Tensor& a, auto&... r) { F(a, r...); }, *cpu);
           },
-          fusion::enabled() ? hot_record(Name, self, rest...) : nullptr);
+          fusion::enabled() ? hot_record(Name, self, rest...) : nullptr, zc->captured_tensors());
       return self;
     }
     ZeroCopy zc;
@@ -775,7 +775,7 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
         zc->launch(Name);
         out_call(o, a, b);
       },
-      fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr);
+      fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr, zc->captured_tensors());
   return out;
 }
 
@@ -854,7 +854,8 @@ at::Tensor unary_floating(const at::Tensor& self) {
           SerialVml vml(small);
           Out(o, a);
         },
-        Out == &at::cpu::sqrt_out && fusion::enabled() ? fusion::sqrt(Name, out, self) : nullptr);
+        Out == &at::cpu::sqrt_out && fusion::enabled() ? fusion::sqrt(Name, out, self) : nullptr,
+        zc->captured_tensors());
     return out;
   }
   return Pooled<at::Tensor(const at::Tensor&)>::call<Func, Out, Name>(self);

@@ -89,8 +89,9 @@ std::string kernel_name(const char* qualified) {
 }
 
 std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
-                                    uint64_t graph_id) {
+                                    uint64_t graph_id, const std::vector<int64_t>* tensors) {
   auto rec = std::make_shared<rtt::Record>();
+  if (tensors != nullptr) rec->tensors = *tensors;
   rec->launch_start_ns = rec->launch_end_ns = rtt::now_ns();
   rec->external = rtt::current_correlation();
   rec->scope = rtt::current_scope();

@@ -52,8 +52,10 @@ std::string kernel_name(const char* qualified);
 // it is timed and recorded (name from kernel_name, launched now by the calling thread, meta
 // "graph": graph_id). Replayed kernels carry no launch-time record of their own: their ops were
 // enqueued at the capture.
+// `tensors`: the operands the capture noted (their shapes, dtypes and storages are the replay's),
+// or null (kernels that gave none: the activity then has no tensor metadata).
 std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
-                                    uint64_t graph_id);
+                                    uint64_t graph_id, const std::vector<int64_t>* tensors);
 
 // Python source capture per launch (on by default; torchneuron.profiler.set_options).
 bool source_capture_enabled() noexcept;

@@ -125,7 +125,7 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
         cpu_output_is_out_ = !(trace_flags & prof::kRead);
         if (device_ >= 0) output_mismatch(device_);
       }
-      if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
+      note_tensor(t, trace_flags);
       return t;
     }
     if (device_ >= 0) mismatch(at::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(device_)), dev);
@@ -144,7 +144,7 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   // identity, and refuses to resize it ("doesn't match the broadcast shape").
   for (auto& a : args_) {
     if (a.device_tensor.unsafeGetTensorImpl() == src) {
-      if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
+      note_tensor(t, trace_flags);
       return a.alias;
     }
   }
@@ -170,12 +170,12 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
   at::Tensor alias(std::move(impl));
   args_.push_back({t, alias});
-  if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, trace_flags);
+  note_tensor(t, trace_flags);
   return alias;
 }
 
-at::Tensor ZeroCopy::in_output(const at::Tensor& t, bool allow_cpu) {
-  return in(t, allow_cpu, prof::kOutput);
+at::Tensor ZeroCopy::in_output(const at::Tensor& t, bool allow_cpu, int64_t extra_flags) {
+  return in(t, allow_cpu, prof::kOutput | extra_flags);
 }
 
 using prof::kernel_name;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/engine.h"
 #include "profiler.h"
 
 namespace torchneuron {
@@ -32,7 +33,11 @@ class ZeroCopy {
   }
   // For a kernel queued on the execution engine (enqueue.h): in() does not run the queue.
   struct Queued {};
-  explicit ZeroCopy(Queued) : queued_(true) {}
+  // While a graph is captured, a queued kernel's ZeroCopy also notes its operands (in the
+  // profiler's encoding) for the replays' activities: captured_tensors(), given to enqueue_kernel.
+  explicit ZeroCopy(Queued) : queued_(true) {
+    if (C10_UNLIKELY(neuron::rt::engine::capturing())) captured_ = std::make_shared<std::vector<int64_t>>();
+  }
   ~ZeroCopy() {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::finish(std::move(trace_), device_);
     if (!args_.empty()) recycle_aliases();
@@ -58,7 +63,8 @@ class ZeroCopy {
   at::Tensor in(const at::Tensor& t, bool allow_cpu = false, int64_t trace_flags = 0);
   // A device buffer the kernel writes (a preallocated output): aliased like in(), recorded as
   // written rather than read.
-  at::Tensor in_output(const at::Tensor& t, bool allow_cpu = false);
+  // extra_flags: prof::kRead for a buffer the kernel also reads (in place).
+  at::Tensor in_output(const at::Tensor& t, bool allow_cpu = false, int64_t extra_flags = 0);
   // An extra argument of the kernel's device activity (raw JSON value; profiling only).
   void trace_meta(const char* key, std::string raw_json) {
     if (C10_UNLIKELY(trace_ != nullptr)) trace_->rec.meta.emplace_back(key, std::move(raw_json));
@@ -75,6 +81,8 @@ class ZeroCopy {
   void sync_inputs();
 
   bool any_neuron() const { return device_ >= 0; }
+  // The operands noted while a graph is captured (null otherwise), for enqueue_kernel.
+  neuron::rt::engine::TracePayload captured_tensors() const { return captured_; }
   // Whether this ZeroCopy belongs to a queued kernel (ZeroCopy(Queued{})).
   bool queued() const { return queued_; }
 
@@ -106,6 +114,10 @@ class ZeroCopy {
 
   int device_ = -1;
   bool queued_ = false;    // ZeroCopy(Queued{})
+  void note_tensor(const at::Tensor& t, int64_t flags) {
+    if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, flags);
+    if (C10_UNLIKELY(captured_ != nullptr)) prof::encode_tensor(*captured_, t, flags);
+  }
   bool cpu_seen_ = false;  // a non-scalar CPU tensor among the arguments
   const c10::TensorImpl* cpu_output_ = nullptr;  // a 0-dim CPU tensor the op writes
   bool cpu_output_is_out_ = false;                // ... as out= (else mutated in place)
@@ -113,6 +125,7 @@ class ZeroCopy {
   c10::SmallVector<Arg, 6> args_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
   std::unique_ptr<prof::Pending> trace_;  // non-null only while profiling
+  std::shared_ptr<std::vector<int64_t>> captured_;  // non-null only for a queued kernel captured
 };
 
 // Wrap CPU bytes as a device tensor (used for adoption and by the c10d backend).

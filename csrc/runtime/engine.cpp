@@ -503,12 +503,14 @@ void set_enabled(bool on) noexcept {
   detail::g_on.store(on);
 }
 
-uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where, Record record) {
+uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where, Record record,
+                 TracePayload tensors) {
   if (capturing()) {
     {
       std::lock_guard<std::mutex> lock(g_capture.mu);
       if (device == g_capture.device && stream == g_capture.stream) {
-        g_capture.items.push_back(Captured{name, std::move(work), std::move(where), std::move(record)});
+        g_capture.items.push_back(
+            Captured{name, std::move(work), std::move(where), std::move(record), std::move(tensors)});
         return 0;
       }
     }

@@ -68,10 +68,15 @@ inline bool queued() noexcept {  // work is in the queues (captures aside)
 }
 inline bool pending() noexcept { return queued() || capturing(); }
 
+// A work item's operands as the profiler encodes them (backend/profiler.h), given by kernels
+// that know them while a graph is captured, so that a replay's activity has the shapes, dtypes
+// and bytes of the launch it repeats. Opaque here.
+using TracePayload = std::shared_ptr<const std::vector<int64_t>>;
+
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
-// and `where` name the work in an error report.
+// and `where` name the work in an error report; `tensors` is kept by a capture only.
 uint64_t enqueue(int device, int64_t stream, const char* name, Work work, Where where,
-                 Record record = nullptr);
+                 Record record = nullptr, TracePayload tensors = nullptr);
 // Work enqueued on (device, stream) from now on runs only after work `after` (of any stream)
 // has completed: the queue side of wait_event. Nothing to do if it has.
 void enqueue_wait(int device, int64_t stream, uint64_t after);
@@ -165,11 +170,13 @@ void set_current_where(CurrentWhere current) noexcept;
 // drain_quietly does nothing): on neuron a synchronous kernel would run outside the graph.
 // Work enqueued on another stream raises too (one stream is captured). A capture that raised
 // is failed: end_capture raises its first error and records nothing.
+// What a capture records per work item (`tensors`: see TracePayload).
 struct Captured {
   const char* name;
   Work work;
   Where where;
   Record record;
+  TracePayload tensors;
 };
 // Runs the queues first; raises if a capture is open.
 void begin_capture(int device, int64_t stream);

@@ -217,3 +217,24 @@ def test_a_graph_replays_kernels_are_device_activities_tagged_with_the_graph(tmp
     torch.testing.assert_close(y.cpu(), (a.cpu() @ w.cpu()).relu())
     g.replay()  # outside the profiler: not traced, and still right
     torch.neuron.synchronize()
+
+
+def test_a_graph_replays_kernels_carry_the_captured_launches_shapes_and_estimates(tmp_path):
+    # the operands a kernel noted at the capture: the replay's estimate is the eager launch's
+    w, a = torch.randn(32, 48, device="neuron"), torch.randn(8, 32, device="neuron")
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        (a @ w).relu_()
+    with profile(activities=ACTIVITIES) as prof:
+        (a @ w).relu_()
+        torch.neuron.synchronize()
+        g.replay()
+        torch.neuron.synchronize()
+    evs = device_events(_trace(prof, tmp_path), "kernel")
+    eager = [e for e in evs if "graph" not in e["args"]]
+    replayed = [e for e in evs if "graph" in e["args"]]
+    assert [e["name"] for e in replayed] == [e["name"] for e in eager] == ["nc::mm", "nc::relu_"]
+    for mine, ref in zip(replayed, eager):
+        for key in ("dtype", "flops", "bytes_read", "bytes_written", "est_ns"):
+            assert mine["args"][key] == ref["args"][key], key
+    assert replayed[0]["args"]["flops"] == 2 * 8 * 32 * 48
