@@ -41,7 +41,16 @@ int64_t index_at(const at::Tensor& t, int64_t i) {
                                      : t.const_data_ptr<int64_t>()[i * t.stride(0)];
 }
 
+// The kernels' dtypes (fp32, fp64, fp16, bf16), checked at the call: a queued kernel's dispatch
+// error would surface only at the next synchronization.
+void check_floating(const at::Tensor& t, const char* what, const char* op) {
+  const auto d = t.scalar_type();
+  TORCH_CHECK(d == at::kFloat || d == at::kDouble || d == at::kHalf || d == at::kBFloat16, op, ": ", what,
+              " must be float32, float64, float16 or bfloat16, got ", d);
+}
+
 void check_cache(const at::Tensor& kv_cache, const char* op) {
+  check_floating(kv_cache, "kv_cache", op);
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.is_contiguous(), op,
               ": kv_cache must be a contiguous [num_blocks, block_size, kv_heads, 2 * head_size] "
               "tensor (NEURON_ATTN's token-major layout), got shape ", kv_cache.sizes(),
@@ -396,6 +405,7 @@ void check_rotary(const at::Tensor& positions, const at::Tensor& query,
                   const std::optional<at::Tensor>& key, int64_t head_size, const at::Tensor& cos_sin_cache) {
   constexpr const char* op = "torchneuron::rotary_embedding_";
   check_index(positions, "positions", op);
+  check_floating(cos_sin_cache, "cos_sin_cache", op);
   TORCH_CHECK(positions.dim() == 1, op, ": positions must be 1-d (flattened), got ", positions.sizes());
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
                   cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size,
@@ -468,6 +478,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at::Te
 }
 
 void check_rms_operand(const at::Tensor& t, const char* what, const char* op) {
+  check_floating(t, what, op);
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, op, ": ", what, " must be [rows, hidden] with a "
               "dense last dim, got shape ", t.sizes(), " with strides ", t.strides());
 }

@@ -274,6 +274,21 @@ def test_rms_norm_rejects_weight_of_another_dtype():
         torch.ops.torchneuron.rms_norm(x, torch.ones(16, dtype=torch.bfloat16, device="neuron"), 1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["rms_norm", "fused_add_rms_norm_", "paged_kv_write"])
+def test_integer_operands_are_refused_at_the_call_naming_the_dtypes(kernel):
+    # argument errors raise at the call even when the kernel would be queued
+    x = torch.ones(3, 2 * D, dtype=torch.int32, device="neuron")
+    with pytest.raises(RuntimeError, match="must be float32, float64, float16 or bfloat16, got Int"):
+        if kernel == "rms_norm":
+            torch.ops.torchneuron.rms_norm(x, None, 1e-5)
+        elif kernel == "fused_add_rms_norm_":
+            torch.ops.torchneuron.fused_add_rms_norm_(x, x.clone(), None, 1e-5)
+        else:
+            kv = torch.ones(1, KVH, D, dtype=torch.int32, device="neuron")
+            cache = torch.zeros(BLOCKS, BS, KVH, 2 * D, dtype=torch.int32, device="neuron")
+            torch.ops.torchneuron.paged_kv_write(kv, kv, cache, torch.tensor([0], device="neuron"))
+
+
 def test_rms_norm_rejects_rows_that_are_not_dense():
     x = torch.randn(16, 4, device="neuron").t()  # last dim strided
     with pytest.raises(RuntimeError, match="dense last dim"):
