@@ -83,5 +83,9 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
              args=dict(ENGINE, tensor_parallel_size=2)),
         # sleep mode (last: attention call counters are the process's, compared across runs)
         dict(key="sleep", scenario="sleep", model=llama_dir, args=ENGINE),
+        # ... and with decode graphs: replays after waking read the same addresses
+        dict(key="sleep_graphs", scenario="sleep", model=llama_dir,
+             args=dict(ENGINE, enforce_eager=False,
+                       compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
     ]
     return run_engines(runs, tmp_path_factory.mktemp("engines"))

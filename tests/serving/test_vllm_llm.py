@@ -105,9 +105,12 @@ def test_unavailable_attention_backend_is_refused_by_name(engines):
 
 # ---- sleep mode (enable_sleep_mode=True): remappable memory pools, vLLM's tags ----------------
 
-@pytest.fixture(scope="module")
-def sleep_run(engines):
-    return result_of(engines, "sleep")
+@pytest.fixture(scope="module", params=["sleep", "sleep_graphs"])
+def sleep_run(engines, request):
+    run = result_of(engines, request.param)
+    if request.param == "sleep_graphs":  # the woken engine's decode steps replay its graphs
+        assert run["graph_replays"] > 0
+    return run
 
 
 def test_sleep_level_1_gives_weights_and_kv_cache_back_to_the_device(sleep_run):
