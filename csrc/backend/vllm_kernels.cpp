@@ -532,31 +532,17 @@ void fused_add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
 }
 
 // ---- neuron: the same kernels over zero-copy aliases of device memory -----------------------
-// With the execution engine on, a call whose tensors are all on the first one's neuron device is
+// With the execution engine on, a call whose tensors are all on one neuron device (enqueue.h's
+// queueable_like / _opt / _index: values of the kernel's dtype, int32/int64 indices) is
 // checked at the call and its kernel queued (QueuedCall, enqueue.h): no wait for the queue per
 // layer and step, and the kernels can be captured in a graph (vLLM's decode graphs, whose
 // replays read the block table, lengths, slots and positions vLLM wrote into its persistent
 // buffers). Otherwise the kernel runs now over the aliases, after the queue.
 
-// Whether every tensor of `ts` may be an operand of a kernel queued on ref's device.
-bool queueable_all(const at::Tensor& ref, std::initializer_list<const at::Tensor*> ts) {
-  if (!may_enqueue()) return false;
-  for (const at::Tensor* t : ts) {
-    if (t == nullptr) continue;
-    if (!t->defined() || !t->is_privateuseone() || t->device() != ref.device() || t->layout() != c10::kStrided ||
-        t->is_conj() || t->is_neg())
-      return false;
-  }
-  return true;
-}
-
-const at::Tensor* opt(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? &*t : nullptr;
-}
-
 void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                            const at::Tensor& slot_mapping) {
-  if (queueable_all(kv_cache, {&key, &value, &slot_mapping})) {
+  if (may_enqueue() && queueable_like(kv_cache, key) && queueable_like(kv_cache, value) &&
+      queueable_index(kv_cache, slot_mapping)) {
     check_kv_write(key, value, kv_cache, slot_mapping);
     QueuedCall q;
     at::Tensor k = q.in(key), v = q.in(value), s = q.in(slot_mapping), c = q.inout(kv_cache);
@@ -574,7 +560,8 @@ void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const
 void paged_decode_attention_neuron(const at::Tensor& query, const at::Tensor& kv_cache,
                                    const at::Tensor& block_table, const at::Tensor& seq_lens,
                                    double scale, const at::Tensor& out) {
-  if (queueable_all(query, {&kv_cache, &block_table, &seq_lens, &out})) {
+  if (may_enqueue() && queueable_like(query, kv_cache) && queueable_like(query, out) &&
+      queueable_index(query, block_table) && queueable_index(query, seq_lens)) {
     check_decode(query, kv_cache, block_table, seq_lens, out);
     QueuedCall q;
     at::Tensor qa = q.in(query), c = q.in(kv_cache), bt = q.in(block_table), sl = q.in(seq_lens);
@@ -594,7 +581,8 @@ void paged_decode_attention_neuron(const at::Tensor& query, const at::Tensor& kv
 void rotary_embedding_neuron(const at::Tensor& positions, const at::Tensor& query,
                              const std::optional<at::Tensor>& key, int64_t head_size,
                              const at::Tensor& cos_sin_cache, bool is_neox) {
-  if (queueable_all(query, {&positions, opt(key), &cos_sin_cache})) {
+  if (may_enqueue() && queueable_index(query, positions) && queueable_opt(query, key) &&
+      queueable_like(query, cos_sin_cache)) {
     check_rotary(positions, query, key, head_size, cos_sin_cache);
     QueuedCall q;
     at::Tensor p = q.in(positions), c = q.in(cos_sin_cache), qa = q.inout(query);
@@ -614,7 +602,7 @@ void rotary_embedding_neuron(const at::Tensor& positions, const at::Tensor& quer
 }
 
 at::Tensor rms_norm_neuron(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  if (queueable_all(x, {opt(weight)})) {
+  if (may_enqueue() && queueable_like(x, x) && queueable_opt(x, weight)) {
     check_rms_norm(x, weight);
     QueuedCall q;
     at::Tensor xa = q.in(x), result;
@@ -633,7 +621,7 @@ at::Tensor rms_norm_neuron(const at::Tensor& x, const std::optional<at::Tensor>&
 
 void fused_add_rms_norm_neuron(const at::Tensor& x, const at::Tensor& residual,
                                const std::optional<at::Tensor>& weight, double eps) {
-  if (queueable_all(x, {&residual, opt(weight)})) {
+  if (may_enqueue() && queueable_like(x, residual) && queueable_opt(x, weight)) {
     check_fused_add_rms_norm(x, residual, weight);
     QueuedCall q;
     at::Tensor xa = q.inout(x), ra = q.inout(residual);
