@@ -133,7 +133,10 @@ struct Block {
   Block* next = nullptr;
   std::vector<std::pair<int, int64_t>> stream_uses;  // record_stream: (device, stream id)
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
-  uint64_t graph = 0;  // allocated during a capture: its graph pool's until the pool is released
+  // Its segment is a graph memory pool's (mem_pool is then the pool): the replays of the graphs
+  // captured into the pool read and write its free blocks too, so none is ever free for
+  // Adaptive Eager (is_free). Cleared when the pool is released.
+  bool graph = false;
   struct Expandable* es = nullptr;  // the expandable segment it lies in, if any
   MemPoolOptions::FreeFn raw_free = nullptr;  // a MemPool allocator's free, for its segments
   bool remap = false;  // its segment is reserved address space with pages mapped (a remappable pool's)
@@ -333,6 +336,8 @@ void splice(Block* b, Block* before, Block* after) {
 // A piece of `from` (same segment, stream and pool) at [ptr, ptr + size).
 Block* piece_of(const Block* from, char* ptr, size_t size) {
   Block* b = new Block(from->device, from->stream, size, ptr, from->is_large);
+  b->mem_pool = from->mem_pool;
+  b->graph = from->graph;
   b->es = from->es;
   b->raw_free = from->raw_free;
   b->remap = from->remap;
@@ -514,6 +519,11 @@ std::unordered_map<uint64_t, MemPoolOptions> g_mem_pools;  // live pools
 // use_mem_pool on this thread: (device, pool), innermost last.
 thread_local std::vector<std::pair<int, uint64_t>> t_mem_pools;
 
+// The graph memory pool a capture is allocating into (graph.cpp), or 0. While one is open, every
+// neuron allocation comes from that pool (its own segments; blocks freed in it serve only its
+// later allocations), as CUDA routes a capture's allocations to its private pool.
+std::atomic<uint64_t> g_capturing_graph{0};
+
 uint64_t current_mem_pool(int device) {
   for (auto it = t_mem_pools.rbegin(); it != t_mem_pools.rend(); ++it) {
     if (it->first == device) return it->second;
@@ -689,7 +699,8 @@ Block* malloc_block(int device, size_t nbytes) {
   const size_t size = round_size(nbytes);
   const bool large = size > kSmallSize;
   const int64_t stream = neuron::rt::current_stream(device);
-  const uint64_t mem_pool = t_mem_pools.empty() ? 0 : current_mem_pool(device);
+  const uint64_t graph_pool = g_capturing_graph.load(std::memory_order_acquire);
+  const uint64_t mem_pool = graph_pool != 0 ? graph_pool : t_mem_pools.empty() ? 0 : current_mem_pool(device);
   const MemPoolOptions options = mem_pool_options(mem_pool);
   auto ctx = history_context();
   Graveyard dead;
@@ -721,6 +732,7 @@ Block* malloc_block(int device, size_t nbytes) {
       history(AllocAction::SegmentAlloc, device, ptr, seg, stream, ctx);
       block = new Block(device, stream, seg, ptr, large);
       block->mem_pool = mem_pool;
+      block->graph = graph_pool != 0;
       block->raw_free = options.free_fn;
       block->remap = options.remappable;
       c.segments.emplace(reinterpret_cast<uintptr_t>(ptr), block);
@@ -746,7 +758,6 @@ Block* malloc_block(int device, size_t nbytes) {
   if (!no_split && (large && !expandable_on() ? remaining > kSmallSize && size < max_split
                                                : remaining >= kMinBlock)) {
     Block* rest = piece_of(block, block->ptr + size, remaining);
-    rest->mem_pool = block->mem_pool;
     splice(rest, block, block->next);
     block->size = size;
     pool.insert(rest);
@@ -869,19 +880,11 @@ void process_events_locked(DeviceCache& c, bool sync, Graveyard& dead) {
   }
 }
 
-// Graph capture (graph.cpp): the blocks each graph's captured kernels may write, by graph id.
-// A block allocated during the capture is kept allocated when its tensor frees it (`held`),
-// until the graph is released: its replays write it, as CUDA's graph-private memory pools keep
-// theirs. Lock order: a device's c.mu, then this.
-struct GraphBlocks {
-  std::vector<Block*> all;   // allocated during the captures into the pool
-  std::vector<Block*> held;  // ... and freed by their tensors since
-  int users = 0;             // graphs holding a capture made into the pool
-};
+// Graph memory pools (graph.cpp): how many graphs hold a capture made into each. A pool's
+// segments stay reserved for it until the last of them lets it go: their replays write them.
 std::atomic<uint64_t> g_next_pool{1};
 std::mutex g_graphs_mu;
-std::unordered_map<uint64_t, GraphBlocks> g_graphs;
-std::atomic<uint64_t> g_capturing_graph{0};
+std::unordered_map<uint64_t, int> g_graph_users;
 
 void delete_block(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
@@ -889,14 +892,6 @@ void delete_block(void* ctx) {
   gpu_trace::memory_deallocation(b->ptr, b->device, b->size);
   auto context = history_context(/*for_free=*/true);
   std::lock_guard<std::mutex> lock(c.mu);
-  if (C10_UNLIKELY(b->graph != 0)) {
-    std::lock_guard<std::mutex> glock(g_graphs_mu);
-    auto it = g_graphs.find(b->graph);
-    if (it != g_graphs.end()) {
-      it->second.held.push_back(b);
-      return;
-    }
-  }
   release_block_locked(c, b, context);
 }
 
@@ -993,53 +988,67 @@ c10::DataPtr NeuronAllocator::allocate_on(int device, size_t nbytes) {
   }
   if (C10_UNLIKELY(!caching_enabled())) return allocate_uncached(device, nbytes);
   Block* b = malloc_block(device, nbytes);
-  if (C10_UNLIKELY(g_capturing_graph.load(std::memory_order_acquire) != 0)) {
-    std::lock_guard<std::mutex> lock(g_cache[device].mu);
-    std::lock_guard<std::mutex> glock(g_graphs_mu);
-    const uint64_t id = g_capturing_graph.load(std::memory_order_acquire);
-    auto it = g_graphs.find(id);
-    if (it != g_graphs.end()) {
-      b->graph = id;
-      it->second.all.push_back(b);
-    }
-  }
   gpu_trace::memory_allocation(b->ptr, device, b->size);
   return c10::DataPtr(b->ptr, b, &delete_block, dev);
+}
+
+// A released pool (MemPool or graph pool): its idle segments go back to the runtime; the rest
+// join the device's own pool (blocks still held return there when freed), as CUDA frees a
+// destroyed pool's cached memory.
+void dissolve_pool(uint64_t pool) {
+  for (int d = 0; d < neuron::rt::device_count(); ++d) {
+    auto& c = g_cache[d];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto it = c.segments.begin(); it != c.segments.end();) {
+      Block* head = it->second;
+      if (head->mem_pool != pool) {
+        ++it;
+        continue;
+      }
+      if (idle_segment(head)) {
+        free_segment_locked(c, d, head);
+        it = c.segments.erase(it);
+        continue;
+      }
+      auto asleep = c.asleep.find(it->first);
+      // Tensors still use it: a sleeping segment's pages come back first.
+      if (asleep != c.asleep.end() && !wake_segment_locked(c, d, asleep, head)) {
+        TORCH_WARN("neuron: a released memory pool's segment still used by tensors could not get its "
+                   "pages back (the device is full); it stays unmapped");
+        ++it;
+        continue;
+      }
+      for (Block* b = head; b; b = b->next) {
+        auto& free_set = b->is_large ? c.large_free : c.small_free;
+        const bool cached = !b->allocated && !b->pending && free_set.erase(b) != 0;
+        b->mem_pool = 0;
+        b->graph = false;
+        if (cached) free_set.insert(b);
+      }
+      ++it;
+    }
+  }
 }
 
 uint64_t new_graph_pool_id() { return g_next_pool.fetch_add(1); }
 
 void retain_graph_pool(uint64_t pool) {
   std::lock_guard<std::mutex> glock(g_graphs_mu);
-  g_graphs[pool].users++;
+  g_graph_users[pool]++;
 }
 
-void begin_graph_allocations(uint64_t pool) {
-  std::lock_guard<std::mutex> glock(g_graphs_mu);
-  g_graphs.try_emplace(pool);
-  g_capturing_graph.store(pool, std::memory_order_release);
-}
+void begin_graph_allocations(uint64_t pool) { g_capturing_graph.store(pool, std::memory_order_release); }
 
 void end_graph_allocations() { g_capturing_graph.store(0, std::memory_order_release); }
 
 void release_graph_pool(uint64_t pool) {
-  GraphBlocks blocks;
   {
     std::lock_guard<std::mutex> glock(g_graphs_mu);
-    auto it = g_graphs.find(pool);
-    if (it == g_graphs.end() || --it->second.users > 0) return;
-    blocks = std::move(it->second);
-    g_graphs.erase(it);
+    auto it = g_graph_users.find(pool);
+    if (it == g_graph_users.end() || --it->second > 0) return;
+    g_graph_users.erase(it);
   }
-  // Blocks still held by tensors become ordinary ones (their frees release them); the rest
-  // were freed by their tensors while the pool kept them.
-  std::unordered_set<Block*> held(blocks.held.begin(), blocks.held.end());
-  for (Block* b : blocks.all) {
-    auto& c = g_cache[b->device];
-    std::lock_guard<std::mutex> lock(c.mu);
-    b->graph = 0;
-    if (held.count(b) != 0) release_block_locked(c, b, nullptr);
-  }
+  dissolve_pool(pool);
 }
 
 uint64_t create_mem_pool(const MemPoolOptions& options) {
@@ -1075,39 +1084,7 @@ void release_mem_pool(uint64_t pool) {
     std::lock_guard<std::mutex> lock(g_mem_pools_mu);
     if (g_mem_pools.erase(pool) == 0) return;
   }
-  // Its idle segments go back to the runtime; the rest join the device's own pool (blocks still
-  // held return there when freed), as CUDA frees a destroyed pool's cached memory.
-  for (int d = 0; d < neuron::rt::device_count(); ++d) {
-    auto& c = g_cache[d];
-    std::lock_guard<std::mutex> lock(c.mu);
-    for (auto it = c.segments.begin(); it != c.segments.end();) {
-      Block* head = it->second;
-      if (head->mem_pool != pool) {
-        ++it;
-        continue;
-      }
-      if (idle_segment(head)) {
-        free_segment_locked(c, d, head);
-        it = c.segments.erase(it);
-        continue;
-      }
-      auto asleep = c.asleep.find(it->first);
-      // Tensors still use it: a sleeping segment's pages come back first.
-      if (asleep != c.asleep.end() && !wake_segment_locked(c, d, asleep, head)) {
-        TORCH_WARN("neuron: a released memory pool's segment still used by tensors could not get its "
-                   "pages back (the device is full); it stays unmapped");
-        ++it;
-        continue;
-      }
-      for (Block* b = head; b; b = b->next) {
-        auto& free_set = b->is_large ? c.large_free : c.small_free;
-        const bool cached = !b->allocated && !b->pending && free_set.erase(b) != 0;
-        b->mem_pool = 0;
-        if (cached) free_set.insert(b);
-      }
-      ++it;
-    }
-  }
+  dissolve_pool(pool);
 }
 
 void sleep_mem_pool(uint64_t pool, bool offload) {
@@ -1290,7 +1267,7 @@ bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64
     const auto first = reinterpret_cast<uintptr_t>(b->ptr), last = first + b->size;
     if (last <= begin) continue;
     if (first >= end) break;
-    if (b->allocated || b->pending) return false;  // some of the bytes are in use
+    if (b->allocated || b->pending || b->graph) return false;  // some of the bytes are in use
     if (b->freed_at > freed_by) return false;      // ... or were when later work was enqueued
     if (last >= end) return true;
   }
@@ -1310,7 +1287,7 @@ std::vector<SegmentRecord> NeuronAllocator::snapshot() {
           continue;
         }
         SegmentRecord s{d, reinterpret_cast<size_t>(first->ptr), 0, 0, 0, 0, head->stream,
-                        head->is_large, {}, head->mem_pool, head->es != nullptr};
+                        head->is_large, {}, head->mem_pool, head->es != nullptr, head->graph};
         Block* b = first;
         for (; b != nullptr && b->mapped; b = b->next) {
           s.total_size += b->size;

@@ -26,6 +26,7 @@ struct SegmentRecord {
   std::vector<BlockRecord> blocks;
   uint64_t mem_pool = 0;  // its MemPool's id (0: the device's own pool)
   bool is_expandable = false;  // a mapped run of an expandable segment
+  bool graph = false;          // mem_pool is a graph memory pool
 };
 
 class NeuronAllocator : public c10::DeviceAllocator {
@@ -59,11 +60,16 @@ class NeuronAllocator : public c10::DeviceAllocator {
 
 NeuronAllocator* device_allocator();
 
-// Graph capture (graph.cpp). Blocks allocated between begin_graph_allocations(pool) and
-// end_graph_allocations() belong to graph memory pool `pool`: freed by their tensors, they
-// stay allocated (the replays of the graphs captured into it write them) until the last graph
-// using the pool lets it go, as CUDA's graph-private pools. Graphs may share a pool
-// (torch.cuda.graph's `pool=`); each retains it for as long as it holds its capture.
+// Graph capture (graph.cpp). Between begin_graph_allocations(pool) and end_graph_allocations()
+// every neuron allocation comes from graph memory pool `pool`, CUDA's graph-private pool: its
+// own segments, whose freed blocks serve only the pool's later allocations (later in the same
+// capture, or in another capture into the pool) and never anyone else's, so no allocation
+// outside the pool can take memory a replay writes. Reuse inside a pool follows the captures'
+// stream order; graphs sharing a pool must not be replayed concurrently (CUDA's rule), and a
+// graph's outputs freed after its capture may be reused by the next capture into the pool
+// (what vLLM's weak references to graph outputs rely on). The pool's segments stay reserved
+// until the last graph using it lets it go; graphs may share a pool (torch.cuda.graph's
+// `pool=`); each retains it for as long as it holds its capture.
 uint64_t new_graph_pool_id();  // a fresh pool id (graph ids come from the same sequence)
 void retain_graph_pool(uint64_t pool);
 void release_graph_pool(uint64_t pool);

@@ -21,12 +21,14 @@
 // generator's (seed, offset) from a cell each replay writes first, in stream order, with the
 // generator's values at the replay; the replay then moves the generator past the graph's draws.
 //
-// Memory (allocator.h): blocks allocated during the capture belong to the graph's memory pool;
-// a tensor that frees one leaves it allocated until every graph captured into the pool is reset
-// or destroyed, so no later allocation can take memory a replay writes (CUDA's graph-private
-// pools). A capture given `pool` (another graph's pool() or torch.neuron.graph_pool_handle())
-// allocates into that pool, as make_graphed_callables' captures do; freed blocks are not reused
-// within a pool, so sharing one never lets a replay overwrite another graph's memory.
+// Memory (allocator.h): the capture allocates from the graph's memory pool (CUDA's
+// graph-private pool): its own segments, whose blocks freed during the capture serve the
+// capture's later allocations (a replay runs the kernels in the order they were recorded, so
+// the later writer runs after the earlier reader, as on CUDA) and never an allocation outside
+// the pool, until every graph captured into the pool is reset or destroyed. A capture given
+// `pool` (another graph's pool() or torch.neuron.graph_pool_handle()) allocates into that
+// pool and may reuse what the earlier captures freed, so graphs sharing a pool must be
+// replayed one at a time (CUDA's rule); make_graphed_callables and vLLM's captures do.
 #include <ATen/core/GraphImplInterface.h>
 #include <c10/util/Exception.h>
 

@@ -158,7 +158,9 @@ py::dict memory_snapshot_full() {
     seg["requested_size"] = s.requested_size;
     seg["stream"] = s.stream;
     seg["segment_type"] = s.is_large ? "large" : "small";
-    seg["segment_pool_id"] = py::make_tuple(0, s.mem_pool);  // (a MemPool's id is (0, n), as CUDA's)
+    // A MemPool's id is (0, n), a graph pool's (n, 0), as CUDA's.
+    const uint64_t none = 0;
+    seg["segment_pool_id"] = py::make_tuple(s.graph ? s.mem_pool : none, s.graph ? none : s.mem_pool);
     seg["is_expandable"] = s.is_expandable;
     seg["frames"] = py::list();
     py::list blocks;

@@ -257,9 +257,11 @@ def test_a_parameter_moved_to_new_memory_gets_a_new_recording_up_to_a_bound(monk
     model = nn.Linear(8, 4).to(DEV)
     f = torch.compile(model, backend="neuron", mode="reduce-overhead")
     x = _inputs(1, 2, 8)[0]
+    old = []  # (kept, so that each move takes memory no recording was made over)
     with torch.no_grad():
         for moves in range(3):
             if moves:
+                old.append(model.weight.data)
                 model.weight.data = model.weight.data.clone() * 2  # same parameter, new memory
             f(x)
             if moves == 2:

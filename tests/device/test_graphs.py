@@ -105,8 +105,12 @@ def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(eng
         y = t + 1
         del t              # ... but the replays write
         return y
-    g, y = capture(body)
-    others = [torch.full((4096,), 7.0, device="neuron") for _ in range(8)]  # would take t's block
+    stream = torch.Stream(device="neuron")
+    g = torch.accelerator.Graph()
+    with stream, g:
+        y = body()
+    with stream:  # (free blocks are kept per stream: the capture's, so these would take t's)
+        others = [torch.full((4096,), 7.0, device="neuron") for _ in range(8)]
     g.replay()
     torch.neuron.synchronize()
     assert torch.equal(y.cpu(), a.cpu() * 2 + 1)
@@ -114,11 +118,16 @@ def test_memory_a_captured_kernel_writes_is_not_reused_while_the_graph_lives(eng
         assert torch.equal(o.cpu(), torch.full((4096,), 7.0))
 
 
-def test_the_graph_releases_its_memory_when_reset_or_destroyed():
+def pool_segments(pool):
+    return torch.neuron.memory_snapshot(pool)
+
+
+def test_a_graphs_freed_memory_stays_reserved_for_its_pool_until_reset_or_destroyed():
     a = torch.randn(1 << 16, device="neuron")
     gc.collect()
     torch.neuron.synchronize()
-    base = torch.neuron.memory_allocated()
+    torch.neuron.empty_cache()
+    base, base_reserved = torch.neuron.memory_allocated(), torch.neuron.memory_reserved()
 
     def body():
         t = a * 2
@@ -126,15 +135,102 @@ def test_the_graph_releases_its_memory_when_reset_or_destroyed():
 
     g, y = capture(body)
     del y
-    assert torch.neuron.memory_allocated() > base  # freed by its tensor, kept by the graph
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_allocated() == base  # freed by its tensor (CUDA's counters) ...
+    assert torch.neuron.memory_reserved() > base_reserved  # ... but still the pool's
+    assert pool_segments(g.pool()) and all(s["segment_pool_id"] == g.pool() for s in pool_segments(g.pool()))
     g.reset()
-    assert torch.neuron.memory_allocated() == base
+    assert torch.neuron.memory_reserved() == base_reserved and not pool_segments(g.pool())
     g2, y2 = capture(body)
+    pool = g2.pool()
     del g2
     gc.collect()
     assert torch.neuron.memory_allocated() == base + y2.untyped_storage().nbytes()  # y2 is its own again
+    assert not pool_segments(pool)  # (its segment joined the device's own pool)
     del y2
-    assert torch.neuron.memory_allocated() == base
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_allocated() == base and torch.neuron.memory_reserved() == base_reserved
+
+
+def test_a_capture_reuses_the_blocks_it_freed_and_replays_in_order(engine_mode):
+    a = torch.randn(4096, device="neuron")
+    ptrs = {}
+
+    def body():
+        t = a * 2
+        y = t + 1
+        ptrs["t"] = t.data_ptr()
+        del t                      # freed: a later allocation of the capture may take it ...
+        u = a * 3                  # ... as this one does; a replay writes u after y read t
+        ptrs["u"] = u.data_ptr()
+        return y + u
+
+    g, out = capture(body)
+    assert ptrs["u"] == ptrs["t"]
+    for seed in range(2):
+        a.copy_(torch.randn(4096, generator=torch.Generator().manual_seed(seed)))
+        g.replay()
+        ac = a.cpu()
+        assert torch.equal(out.cpu(), (ac * 2 + 1) + ac * 3)
+
+
+def test_an_intermediate_a_replay_reads_after_a_fusion_boundary_is_stored(engine_state):
+    # Adaptive Eager leaves unstored a written buffer whose memory is free (nothing queued later
+    # can read it); a graph's freed blocks are read by its next replays, so they never are
+    from torchneuron.compile import eager_fusion
+
+    was_fusing = engine.is_fusion_enabled()
+    engine_state(True)
+    engine.set_fusion_enabled(True)
+    a, b = torch.randn(64, 64, device="neuron"), torch.randn(64, 64, device="neuron")
+
+    def body():
+        t = a.mul(0.375).sub(1.25)  # one region, its output freed when body returns ...
+        m = b @ b                   # ... a kernel Adaptive Eager does not fuse ...
+        return torch.tanh(t) + m    # ... and a reader after the boundary
+
+    try:
+        g, y = capture(body)
+        before = engine.stats()["fused"]
+        for seed in range(4):  # the fuser compiles the region after seeing it, then runs it
+            gen = torch.Generator().manual_seed(seed)
+            ac, bc = torch.randn(64, 64, generator=gen), torch.randn(64, 64, generator=gen)
+            a.copy_(ac)
+            b.copy_(bc)
+            g.replay()
+            torch.neuron.synchronize()
+            eager_fusion.wait()
+            assert torch.equal(y.cpu(), (torch.tanh(a.mul(0.375).sub(1.25)) + b @ b).cpu())
+        assert engine.stats()["fused"] > before
+    finally:
+        engine.set_fusion_enabled(was_fusing)
+
+
+def test_captures_sharing_a_pool_reuse_what_earlier_captures_freed(engine_mode):
+    # vLLM's decode graphs: one pool, the largest batch first, each graph's output weakly held
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to("neuron")
+    sizes = [64, 32, 16, 8]
+    inputs = {n: torch.zeros(n, 64, device="neuron") for n in sizes}
+    pool = torch.neuron.graph_pool_handle()
+    graphs, outputs, reserved = {}, {}, []
+    torch.neuron.synchronize()
+    with torch.no_grad():
+        for n in sizes:
+            graphs[n] = torch.neuron.NeuronGraph()
+            with torch.neuron.graph(graphs[n], pool=pool):
+                out = net(inputs[n])
+            outputs[n] = torch.ops.torchneuron.weak_ref_tensor(out)  # (vLLM keeps weak references)
+            del out
+            reserved.append(sum(s["total_size"] for s in pool_segments(pool)))
+        assert reserved[0] > 0 and reserved == [reserved[0]] * len(sizes)  # the first capture's memory serves all
+        for n in (8, 64, 16, 32):  # one at a time, in any order
+            x = torch.randn(n, 64)
+            inputs[n].copy_(x)
+            graphs[n].replay()
+            torch.neuron.synchronize()
+            assert torch.allclose(outputs[n].cpu(), net.cpu()(x), atol=1e-5)
+            net.to("neuron")
 
 
 @pytest.mark.parametrize("op", ["cumprod", "nonzero", "item", "cpu", "synchronize"])
@@ -208,7 +304,8 @@ def test_graphs_sharing_a_pool_keep_its_memory_until_the_last_is_released():
     a = torch.randn(1 << 16, device="neuron")
     gc.collect()
     torch.neuron.synchronize()
-    base = torch.neuron.memory_allocated()
+    torch.neuron.empty_cache()
+    base_reserved = torch.neuron.memory_reserved()
     pool = torch.neuron.graph_pool_handle()
     assert pool != torch.neuron.graph_pool_handle()  # each handle a fresh pool
     first, second = torch.neuron.NeuronGraph(), torch.neuron.NeuronGraph()
@@ -217,14 +314,21 @@ def test_graphs_sharing_a_pool_keep_its_memory_until_the_last_is_released():
     with torch.neuron.graph(second, pool=first.pool()):
         z = y + 1
     assert first.pool() == second.pool() == pool
+    ptrs = {y.data_ptr(), z.data_ptr()}
     del y, z  # freed by their tensors, kept by the pool
+    held = pool_segments(pool)
+    assert held and {s["segment_pool_id"] for s in held} == {pool}
+    others = [torch.empty_like(a) for _ in range(4)]  # outside the pool: never its blocks
+    assert not ptrs & {o.data_ptr() for o in others}
     first.replay()
     second.replay()
-    assert torch.neuron.memory_allocated() == base + 2 * a.untyped_storage().nbytes()
     first.reset()
-    assert torch.neuron.memory_allocated() == base + 2 * a.untyped_storage().nbytes()  # second's replays write it
+    assert pool_segments(pool) == held  # second's replays write it
     second.reset()
-    assert torch.neuron.memory_allocated() == base
+    assert not pool_segments(pool)
+    del others
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() == base_reserved
 
 
 def test_a_pool_that_is_not_a_neuron_graph_pool_is_refused_with_the_fix():
