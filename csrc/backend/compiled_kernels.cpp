@@ -12,6 +12,12 @@
 // A kernel given a tensor that is not neuron memory of one device (a CPU scalar lifted into the
 // graph), or called while the engine cannot queue (off, profiling, a queued kernel's own code),
 // runs now, after the queue, as before.
+//
+// Captured in a graph, a kernel notes what its traced launch would have recorded
+// (profiler/compiled.py): its operands (read: Inductor's const pointers; written: the others),
+// the launching Python frames and, given by `_kernel_call_captured`, its attribution (FLOPs,
+// source line, module, FX ops), so that each replay under torch.profiler is the same compiled
+// activity with the same Trainium estimate as the kernel's eager launches.
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -23,6 +29,7 @@
 #include <vector>
 
 #include "enqueue.h"
+#include "profiler.h"
 
 namespace torchneuron {
 namespace {
@@ -34,7 +41,7 @@ using PackedEntry = void (*)(const int64_t* slots);
 struct CompiledKernel {
   PackedEntry entry;
   std::string name;
-  std::string kinds;  // per argument: 'p' pointer (a tensor), 'i' integer, 'f' float
+  std::string kinds;  // per argument: 'p' pointer read, 'o' pointer written (tensors), 'i' integer, 'f' float
 };
 
 std::mutex g_kernels_mutex;
@@ -45,17 +52,19 @@ std::deque<CompiledKernel> g_kernels;  // a deque: registering one never moves t
 uintptr_t register_kernel(uintptr_t entry, const std::string& name, const std::string& kinds) {
   TORCH_CHECK(entry != 0, "neuron: compiled kernel ", name, " has no packed entry point");
   for (char k : kinds) {
-    TORCH_CHECK(k == 'p' || k == 'i' || k == 'f', "neuron: compiled kernel ", name, ": unknown argument kind '", k,
-                "'");
+    TORCH_CHECK(k == 'p' || k == 'o' || k == 'i' || k == 'f', "neuron: compiled kernel ", name,
+                ": unknown argument kind '", k, "'");
   }
   std::lock_guard<std::mutex> lock(g_kernels_mutex);
   g_kernels.push_back({reinterpret_cast<PackedEntry>(entry), name, kinds});
   return reinterpret_cast<uintptr_t>(&g_kernels.back());
 }
 
-// _kernel_call(handle, *args): fastcall, as it runs once per kernel of every compiled call.
-PyObject* kernel_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
+using Meta = std::vector<std::pair<std::string, std::string>>;
+
+// Runs or queues kernel `args[0]` (a handle) on `args[1:]`; `meta`: the kernel's attribution
+// for a graph's replays (or null).
+void call_kernel(PyObject* const* args, Py_ssize_t nargs, Meta* meta) {
   TORCH_CHECK(nargs >= 1, "_kernel_call(handle, *args)");
   const auto* k = reinterpret_cast<const CompiledKernel*>(PyLong_AsVoidPtr(args[0]));
   if (k == nullptr && PyErr_Occurred()) throw python_error();
@@ -66,12 +75,20 @@ PyObject* kernel_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   std::vector<int64_t> slots(n);
   int device = -1;
   bool queueable = true;
+  std::shared_ptr<neuron::rt::trace::Record> captured;  // what the replays' activities record
+  if (C10_UNLIKELY(neuron::rt::engine::capturing())) {
+    captured = prof::capture_template();
+    captured->kind = neuron::rt::trace::Kind::Compiled;
+    if (meta != nullptr) captured->meta = std::move(*meta);
+  }
   for (size_t i = 0; i < n; ++i) {
     PyObject* a = args[i + 1];
     switch (k->kinds[i]) {
-      case 'p': {
+      case 'p':
+      case 'o': {
         TORCH_CHECK(THPVariable_Check(a), "neuron: compiled kernel ", k->name, ": argument ", i, " must be a tensor");
         const at::Tensor& t = THPVariable_Unpack(a);
+        if (C10_UNLIKELY(captured != nullptr)) prof::encode_tensor(captured->tensors, t, k->kinds[i] == 'o' ? prof::kOutput : 0);
         if (t.is_privateuseone() && (device < 0 || device == t.get_device())) {
           device = t.get_device();
         } else {
@@ -95,28 +112,54 @@ PyObject* kernel_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   }
   const PackedEntry entry = k->entry;
   if (queueable && device >= 0 && may_enqueue()) {
-    enqueue_kernel(device, k->name.c_str(), [entry, slots = std::move(slots)] { entry(slots.data()); });
-    Py_RETURN_NONE;
+    enqueue_kernel(device, k->name.c_str(), [entry, slots = std::move(slots)] { entry(slots.data()); }, nullptr,
+                   std::move(captured));
+    return;
   }
   {
     pybind11::gil_scoped_release no_gil;  // the queue's kernels may need the GIL (engine.h)
     if (neuron::rt::engine::pending()) neuron::rt::engine::drain();
   }
   entry(slots.data());  // under the GIL, as Inductor's own binding calls it
+}
+
+// _kernel_call(handle, *args): fastcall, as it runs once per kernel of every compiled call.
+PyObject* kernel_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  call_kernel(args, nargs, nullptr);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// _kernel_call_captured(meta, handle, *args): _kernel_call inside a graph capture, with the
+// kernel's attribution for the replays' activities: `meta` a list of (key, JSON value) pairs.
+PyObject* kernel_call_captured(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs >= 2, "_kernel_call_captured(meta, handle, *args)");
+  Meta meta = py::handle(args[0]).cast<Meta>();
+  call_kernel(args + 1, nargs - 1, &meta);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef g_kernel_call_def = {"_kernel_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&kernel_call)),
                                  METH_FASTCALL, "Run or queue a compiled neuron kernel: _kernel_call(handle, *args)."};
+PyMethodDef g_kernel_call_captured_def = {
+    "_kernel_call_captured", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&kernel_call_captured)),
+    METH_FASTCALL, "_kernel_call in a graph capture, with the kernel's profiler attribution: (meta, handle, *args)."};
 
 }  // namespace
 
 void bind_compiled_kernels(py::module& m) {
   m.def("_kernel_register", &register_kernel, py::arg("entry"), py::arg("name"), py::arg("kinds"));
-  PyObject* fn = PyCFunction_NewEx(&g_kernel_call_def, nullptr, m.ptr());
-  if (fn == nullptr) throw python_error();
-  m.add_object("_kernel_call", py::reinterpret_steal<py::object>(fn));
+  for (PyMethodDef* def : {&g_kernel_call_def, &g_kernel_call_captured_def}) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw python_error();
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
+  }
+  // Whether a compiled kernel call needs more than _kernel_call: a profiler session records
+  // device activity, or a graph is being captured (profiler/compiled.py, call).
+  m.def("_trace_or_capture", [] { return neuron::rt::trace::active() || neuron::rt::engine::capturing(); });
 }
 
 }  // namespace torchneuron

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,8 +90,9 @@ std::string error_text(const std::exception& e);
 // Queue `work` on the current stream of `device`, with the caller's Python stack for an error
 // report. `name` must outlive the work (a literal or a dispatcher-owned name). `record`, if any,
 // lets the kernel run fused with its neighbours (fusion.h).
-// `tensors`: the kernel's operands in the profiler's encoding, kept by a graph capture for the
-// replays' activities (QueuedCall gives them while a capture is open).
+// `tensors`: what a traced launch would record (operands in the profiler's encoding, launching
+// frames; profiler.h, capture_template), kept by a graph capture for the replays' activities
+// (QueuedCall gives it while a capture is open).
 void enqueue_kernel(int device, const char* name, std::function<void()> work,
                     neuron::rt::engine::Record record = nullptr,
                     neuron::rt::engine::TracePayload tensors = nullptr);
@@ -100,17 +102,39 @@ void enqueue_kernel(int device, const char* name, std::function<void()> work,
 // release_tensors in zero_copy.h: the stream-ordered allocator hands a freed block only to
 // later kernels), with the fusion record `record()` makes; otherwise run now, after the queue
 // (as ZeroCopy::in does for the kernels it aliases for). `record` is called only when queuing.
+// `captured`: what the op's traced launch would record (captured_launch), while a graph is
+// captured.
 template <class Work, class MakeRecord>
-void run_or_enqueue(int device, const char* name, Work&& work, MakeRecord&& record) {
+void run_or_enqueue(int device, const char* name, Work&& work, MakeRecord&& record,
+                    neuron::rt::engine::TracePayload captured = nullptr) {
   if (may_enqueue()) {
-    enqueue_kernel(device, name, std::forward<Work>(work), record());
+    enqueue_kernel(device, name, std::forward<Work>(work), record(), std::move(captured));
     return;
   }
   if (C10_UNLIKELY(neuron::rt::engine::pending())) neuron::rt::engine::drain();
   work();
 }
-template <class Work> void run_or_enqueue(int device, const char* name, Work&& work) {
-  run_or_enqueue(device, name, std::forward<Work>(work), [] { return neuron::rt::engine::Record(); });
+template <class Work>
+void run_or_enqueue(int device, const char* name, Work&& work, neuron::rt::engine::TracePayload captured) {
+  run_or_enqueue(device, name, std::forward<Work>(work), [] { return neuron::rt::engine::Record(); },
+                 std::move(captured));
+}
+
+// While a graph is captured, what a raw-pointer op's traced launch would record for the replays'
+// activities (profiler.h, capture_template): its kind and operands (tensor, flags), and for a
+// copy or fill its activity name and bytes. Null when no capture is open (one branch).
+inline neuron::rt::engine::TracePayload captured_launch(
+    neuron::rt::trace::Kind kind, std::initializer_list<std::pair<const at::Tensor*, int64_t>> tensors,
+    const char* name = nullptr, int64_t bytes = 0,
+    neuron::rt::trace::CopyKind copy = neuron::rt::trace::CopyKind::None) {
+  if (C10_LIKELY(!neuron::rt::engine::capturing())) return nullptr;
+  auto rec = prof::capture_template();
+  rec->kind = kind;
+  if (name != nullptr) rec->name = name;
+  rec->bytes = bytes;
+  rec->copy = copy;
+  for (const auto& [t, flags] : tensors) prof::encode_tensor(rec->tensors, *t, flags);
+  return rec;
 }
 
 // A functional op queued with its results allocated at the call: from the device pool, with the
@@ -132,6 +156,12 @@ class QueuedCall {
   }
   // A device tensor the kernel writes in place (an in-place op's self): its alias.
   at::Tensor inout(const at::Tensor& t) { return zc_->in_output(t, /*allow_cpu=*/false, prof::kRead); }
+  // A device tensor the kernel overwrites without reading it (a copy's destination): its alias.
+  at::Tensor into(const at::Tensor& t) { return zc_->in_output(t); }
+  // A copy (a graph replay's activity is then the copy's, as a traced launch's: launch_copy).
+  void as_copy(neuron::rt::trace::CopyKind kind, const char* name, int64_t bytes) {
+    zc_->captured_as_copy(kind, name, bytes);
+  }
   // Allocates `result` (the device tensor the op returns); returns its alias for the kernel.
   at::Tensor out(at::Tensor& result, c10::IntArrayRef sizes, c10::ScalarType dtype, c10::IntArrayRef strides = {}) {
     result = pooled(*zc_, sizes, dtype, strides);

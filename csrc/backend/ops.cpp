@@ -315,9 +315,11 @@ bool small_copy(const at::Tensor& src, const at::Tensor& dst) {
       C10_UNLIKELY(neuron::rt::trace::active())) {
     return false;
   }
+  using neuron::rt::trace::CopyKind;
+  using neuron::rt::trace::Kind;
   run_or_enqueue(dst.device().index(), "Memcpy DtoD", [from = src.const_data_ptr(), to = dst.mutable_data_ptr(), nbytes] {
     std::memmove(to, from, static_cast<size_t>(nbytes));
-  });
+  }, captured_launch(Kind::Memcpy, {{&src, 0}, {&dst, prof::kOutput}}, "Memcpy DtoD", nbytes, CopyKind::DtoD));
   return true;
 }
 
@@ -340,7 +342,8 @@ bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
     return false;
   }
   QueuedCall q;
-  at::Tensor s = q.in(src), d = q.inout(dst);
+  at::Tensor s = q.in(src), d = q.into(dst);
+  q.as_copy(neuron::rt::trace::CopyKind::DtoD, "Memcpy DtoD", copy_bytes(dst));
   q.enqueue("Memcpy DtoD", [s, d]() mutable {
     if (!fast_copy(d, s)) d.copy_(s);
   });
@@ -982,10 +985,25 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
       else arith_loop<K>(da, db, nd, static_cast<double*>(o), n);
     }
   };
-  run_or_enqueue(device, Name, run, [&]() -> neuron::rt::engine::Record {
-    // The fuser takes arithmetic only.
-    return !is_comparison(K) && fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha) : nullptr;
-  });
+  neuron::rt::engine::TracePayload captured;  // (a graph's replays: the hot path's traced launch)
+  if (C10_UNLIKELY(neuron::rt::engine::capturing())) {
+    using neuron::rt::trace::Kind;
+    constexpr int64_t kInOut = prof::kOutput | prof::kRead;
+    if (in_place) {
+      captured = number ? captured_launch(Kind::Kernel, {{&self, kInOut}})
+                        : captured_launch(Kind::Kernel, {{&self, kInOut}, {&other, 0}});
+    } else {
+      captured = number ? captured_launch(Kind::Kernel, {{&self, 0}, {result, prof::kOutput}})
+                        : captured_launch(Kind::Kernel, {{&self, 0}, {&other, 0}, {result, prof::kOutput}});
+    }
+  }
+  run_or_enqueue(
+      device, Name, run,
+      [&]() -> neuron::rt::engine::Record {
+        // The fuser takes arithmetic only.
+        return !is_comparison(K) && fusion::enabled() ? fusion::binary(Name, *result, self, other, alpha) : nullptr;
+      },
+      std::move(captured));
   return true;
 }
 
@@ -1064,7 +1082,7 @@ at::Tensor& zero_(at::Tensor& self) {
   run_or_enqueue(self.device().index(), Name, [to = self.mutable_data_ptr(), nbytes] {
     track_hot(Name);
     std::memset(to, 0, static_cast<size_t>(nbytes));
-  });
+  }, captured_launch(neuron::rt::trace::Kind::Memset, {{&self, prof::kOutput}}, "Memset (zero_)"));
   return self;
 }
 

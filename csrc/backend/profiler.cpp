@@ -89,15 +89,24 @@ std::string kernel_name(const char* qualified) {
 }
 
 std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
-                                    uint64_t graph_id, const std::vector<int64_t>* tensors) {
+                                    uint64_t graph_id, const rtt::Record* captured) {
   auto rec = std::make_shared<rtt::Record>();
-  if (tensors != nullptr) rec->tensors = *tensors;
+  if (captured != nullptr) {
+    rec->kind = captured->kind;
+    rec->copy = captured->copy;
+    rec->bytes = captured->bytes;
+    rec->name = captured->name;
+    rec->tensors = captured->tensors;
+    rec->meta = captured->meta;
+    rec->context = captured->context;  // (shared: symbolized per trace, never consumed)
+  }
   rec->launch_start_ns = rec->launch_end_ns = rtt::now_ns();
   rec->external = rtt::current_correlation();
   rec->scope = rtt::current_scope();
   rec->tid = rtt::thread_id();
-  rec->kind = rtt::Kind::Kernel;
-  rec->name = kernel_name(name);
+  // A compiled kernel keeps Inductor's name, as its eager launches (profiler/compiled.py); a
+  // template may name the activity as the launch would have (copies, fills).
+  if (rec->name.empty()) rec->name = rec->kind == rtt::Kind::Compiled ? std::string(name) : kernel_name(name);
   rec->device = device;
   rec->stream = stream;
   rec->meta.emplace_back("graph", std::to_string(graph_id));
@@ -132,6 +141,12 @@ std::unique_ptr<Pending> begin_launch() {
 std::shared_ptr<void> capture_source() {
   if (!source_capture_enabled() || rtt::suppressed() || !Py_IsInitialized()) return nullptr;
   return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+}
+
+std::shared_ptr<rtt::Record> capture_template() {
+  auto rec = std::make_shared<rtt::Record>();
+  rec->context = capture_source();
+  return rec;
 }
 
 void begin_execution(Pending& p, rtt::Kind kind, std::string name) {

@@ -49,13 +49,19 @@ void finish(std::unique_ptr<Pending> p, int device) noexcept;
 std::string kernel_name(const char* qualified);
 
 // A graph replay's recorded kernel as a device activity: `work` wrapped so that, when it runs,
-// it is timed and recorded (name from kernel_name, launched now by the calling thread, meta
-// "graph": graph_id). Replayed kernels carry no launch-time record of their own: their ops were
-// enqueued at the capture.
-// `tensors`: the operands the capture noted (their shapes, dtypes and storages are the replay's),
-// or null (kernels that gave none: the activity then has no tensor metadata).
+// it is timed and recorded (launched now by the calling thread, meta "graph": graph_id).
+// Replayed kernels carry no launch-time record of their own: their ops were enqueued at the
+// capture. `captured`: what the capture noted of the launch (capture_template: its operands,
+// whose shapes, dtypes and storages are the replay's, the launching Python frames, and for a
+// compiled kernel its kind and attribution), or null (kernels that gave none: an activity named
+// by kernel_name, with no tensor metadata and no source).
 std::function<void()> traced_replay(std::function<void()> work, const char* name, int device, int64_t stream,
-                                    uint64_t graph_id, const std::vector<int64_t>* tensors);
+                                    uint64_t graph_id, const neuron::rt::trace::Record* captured);
+
+// A record to fill with what a kernel captured in a graph notes of its launch (tensors, kind,
+// meta; a name, bytes and copy kind for copies and fills, else named by traced_replay) for
+// traced_replay, holding the launching Python frames already (if source capture is on).
+std::shared_ptr<neuron::rt::trace::Record> capture_template();
 
 // Python source capture per launch (on by default; torchneuron.profiler.set_options).
 bool source_capture_enabled() noexcept;

@@ -34,9 +34,10 @@ class ZeroCopy {
   // For a kernel queued on the execution engine (enqueue.h): in() does not run the queue.
   struct Queued {};
   // While a graph is captured, a queued kernel's ZeroCopy also notes its operands (in the
-  // profiler's encoding) for the replays' activities: captured_tensors(), given to enqueue_kernel.
+  // profiler's encoding) and the launching Python frames for the replays' activities:
+  // captured_tensors(), given to enqueue_kernel.
   explicit ZeroCopy(Queued) : queued_(true) {
-    if (C10_UNLIKELY(neuron::rt::engine::capturing())) captured_ = std::make_shared<std::vector<int64_t>>();
+    if (C10_UNLIKELY(neuron::rt::engine::capturing())) captured_ = prof::capture_template();
   }
   ~ZeroCopy() {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::finish(std::move(trace_), device_);
@@ -83,6 +84,14 @@ class ZeroCopy {
   bool any_neuron() const { return device_ >= 0; }
   // The operands noted while a graph is captured (null otherwise), for enqueue_kernel.
   neuron::rt::engine::TracePayload captured_tensors() const { return captured_; }
+  // While a graph is captured: the replays' activity is a copy of `bytes` (as launch_copy's).
+  void captured_as_copy(neuron::rt::trace::CopyKind kind, const char* name, int64_t bytes) {
+    if (C10_LIKELY(captured_ == nullptr)) return;
+    captured_->kind = neuron::rt::trace::Kind::Memcpy;
+    captured_->copy = kind;
+    captured_->name = name;
+    captured_->bytes = bytes;
+  }
   // Whether this ZeroCopy belongs to a queued kernel (ZeroCopy(Queued{})).
   bool queued() const { return queued_; }
 
@@ -116,7 +125,7 @@ class ZeroCopy {
   bool queued_ = false;    // ZeroCopy(Queued{})
   void note_tensor(const at::Tensor& t, int64_t flags) {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, flags);
-    if (C10_UNLIKELY(captured_ != nullptr)) prof::encode_tensor(*captured_, t, flags);
+    if (C10_UNLIKELY(captured_ != nullptr)) prof::encode_tensor(captured_->tensors, t, flags);
   }
   bool cpu_seen_ = false;  // a non-scalar CPU tensor among the arguments
   const c10::TensorImpl* cpu_output_ = nullptr;  // a 0-dim CPU tensor the op writes
@@ -125,7 +134,7 @@ class ZeroCopy {
   c10::SmallVector<Arg, 6> args_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
   std::unique_ptr<prof::Pending> trace_;  // non-null only while profiling
-  std::shared_ptr<std::vector<int64_t>> captured_;  // non-null only for a queued kernel captured
+  std::shared_ptr<neuron::rt::trace::Record> captured_;  // non-null only for a queued kernel captured
 };
 
 // Wrap CPU bytes as a device tensor (used for adoption and by the c10d backend).

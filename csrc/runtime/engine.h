@@ -68,10 +68,11 @@ inline bool queued() noexcept {  // work is in the queues (captures aside)
 }
 inline bool pending() noexcept { return queued() || capturing(); }
 
-// A work item's operands as the profiler encodes them (backend/profiler.h), given by kernels
-// that know them while a graph is captured, so that a replay's activity has the shapes, dtypes
-// and bytes of the launch it repeats. Opaque here.
-using TracePayload = std::shared_ptr<const std::vector<int64_t>>;
+// What the profiler would have recorded for a work item's launch, given by kernels that know
+// it while a graph is captured, so that a replay's activity repeats the launch's: operands
+// (tensors, the profiler's encoding: backend/profiler.h), kind and arguments (meta; a compiled
+// kernel's FLOPs and source), and the launching Python frames (context). Times unset.
+using TracePayload = std::shared_ptr<const trace::Record>;
 
 // Queue `work` on (device, stream); returns its sequence number. `name` (a stable string)
 // and `where` name the work in an error report; `tensors` is kept by a capture only.
@@ -170,7 +171,7 @@ void set_current_where(CurrentWhere current) noexcept;
 // drain_quietly does nothing): on neuron a synchronous kernel would run outside the graph.
 // Work enqueued on another stream raises too (one stream is captured). A capture that raised
 // is failed: end_capture raises its first error and records nothing.
-// What a capture records per work item (`tensors`: see TracePayload).
+// What a capture records per work item (`tensors`: the launch's trace record, see TracePayload).
 struct Captured {
   const char* name;
   Work work;

@@ -238,3 +238,91 @@ def test_a_graph_replays_kernels_carry_the_captured_launches_shapes_and_estimate
         for key in ("dtype", "flops", "bytes_read", "bytes_written", "est_ns"):
             assert mine["args"][key] == ref["args"][key], key
     assert replayed[0]["args"]["flops"] == 2 * 8 * 32 * 48
+
+
+def captured_here():
+    """The line of the caller's frame (where an op is captured)."""
+    import inspect
+
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def test_a_graph_replays_kernels_carry_the_source_line_that_captured_them(tmp_path):
+    a = torch.randn(8, 32, device="neuron")
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        y = a.sigmoid(); where = captured_here()  # noqa: E702 (the op and its line together)
+    with profile(activities=ACTIVITIES) as prof:
+        g.replay()
+        torch.neuron.synchronize()
+    (k,) = device_events(_trace(prof, tmp_path), "kernel")
+    assert k["name"] == "nc::sigmoid" and "graph" in k["args"]
+    assert k["args"]["source"] == where
+    assert k["args"]["function"] == "test_a_graph_replays_kernels_carry_the_source_line_that_captured_them"
+    torch.testing.assert_close(y.cpu(), a.cpu().sigmoid())
+
+
+def test_a_compiled_kernel_replayed_from_a_graph_is_its_launchs_compiled_activity(tmp_path):
+    # vLLM's decode graphs over a compiled model: each replayed Inductor kernel is the same
+    # attributed activity (name, source, FLOPs, bytes, estimate) as its eager launch
+    def f(x):
+        return torch.sin(x) * 2 + 1  # one fused kernel
+
+    cf = torch.compile(f, backend="neuron")
+    x = torch.randn(256, device="neuron")
+    cf(x)
+    with profile(activities=ACTIVITIES) as eager_prof:
+        cf(x)
+        torch.neuron.synchronize()
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        out = cf(x)
+    x.copy_(torch.randn(256))
+    with profile(activities=ACTIVITIES) as prof:
+        g.replay()
+        torch.neuron.synchronize()
+    torch.testing.assert_close(out.cpu(), torch.sin(x.cpu()) * 2 + 1)
+    (ref,) = device_events(_trace(eager_prof, tmp_path), "compiled")
+    (mine,) = device_events(_trace(prof, tmp_path), "compiled")
+    assert mine["name"] == ref["name"] and mine["name"].startswith("cpp_fused")
+    assert "graph" in mine["args"] and "graph" not in ref["args"]
+    for key in ("source", "function", "flops", "bytes_read", "bytes_written", "dtype", "est_ns"):
+        assert mine["args"].get(key) == ref["args"].get(key), key
+    assert mine["args"]["flops"] == 3 * 256 and mine["args"]["bytes_written"] == 256 * 4
+
+
+def test_small_copies_fills_and_pointwise_ops_replay_as_their_traced_launches(tmp_path):
+    # the ops that run over raw pointers when small (no ZeroCopy) note their launches too
+    a, b = torch.randn(64, device="neuron"), torch.randn(64, device="neuron")
+    c, t = torch.empty(64, device="neuron"), torch.empty(8, 8, device="neuron")
+
+    def ops():
+        c.copy_(a)
+        t.copy_(a.view(8, 8).t())  # (a queued copy between layouts)
+        c.zero_()
+        c.add_(b)
+        return a * b
+
+    with profile(activities=ACTIVITIES) as eager_prof:
+        ops()
+        torch.neuron.synchronize()
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        out = ops()
+    with profile(activities=ACTIVITIES) as prof:
+        g.replay()
+        torch.neuron.synchronize()
+    torch.testing.assert_close(out.cpu(), a.cpu() * b.cpu())
+    torch.testing.assert_close(c.cpu(), b.cpu())
+    torch.testing.assert_close(t.cpu(), a.cpu().view(8, 8).t())
+    ref = device_events(_trace(eager_prof, tmp_path))
+    mine = device_events(_trace(prof, tmp_path))
+    assert [(e["cat"], e["name"]) for e in mine] == [(e["cat"], e["name"]) for e in ref] == [
+        ("gpu_memcpy", "Memcpy DtoD"), ("gpu_memcpy", "Memcpy DtoD"), ("gpu_memset", "Memset (zero_)"),
+        ("kernel", "nc::add_.Tensor"),
+        ("kernel", "nc::mul.Tensor")]
+    for m, r in zip(mine, ref):
+        assert "graph" in m["args"]
+        for key in ("kind", "bytes", "dtype", "flops", "bytes_read", "bytes_written", "est_ns"):
+            assert m["args"].get(key) == r["args"].get(key), (m["name"], key)

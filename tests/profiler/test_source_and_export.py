@@ -205,10 +205,14 @@ def test_trace_has_what_perfettos_json_importer_needs(gpt_profile):
     assert len([e for e in evs if e.get("cat") == "neuron_estimate"]) == len(device_events(trace))
 
 
-def test_replayed_compiled_graphs_show_their_kernels_while_profiled(tmp_path):
-    # mode="reduce-overhead" replays a recording, whose kernels carry no trace: while the
-    # profiler records device activity the graph runs as compiled, attributed.
-    cf = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="neuron", mode="reduce-overhead")
+def test_replayed_compiled_graphs_show_their_kernels_attributed_while_profiled(tmp_path):
+    # mode="reduce-overhead" replays its recording under the profiler too: the replayed kernel
+    # is its launch's compiled activity (name, source line, FLOPs, bytes), tagged with the graph
+    def f(x):
+        return torch.sin(x) * 2 + 1
+
+    line = _line_of(f, "torch.sin(x)")
+    cf = torch.compile(f, backend="neuron", mode="reduce-overhead")
     x = torch.randn(64, device="neuron")
     torch.neuron.reset_dynamo_metrics()
     cf(x), cf(x)  # warm-up, recording
@@ -216,10 +220,27 @@ def test_replayed_compiled_graphs_show_their_kernels_while_profiled(tmp_path):
     with torch.profiler.profile(activities=ACTIVITIES) as prof:
         out = cf(x)
     torch.testing.assert_close(out.cpu(), torch.sin(x.cpu()) * 2 + 1)
-    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 1
+    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 2
     path = tmp_path / "t.json"
     prof.export_chrome_trace(str(path))
     (k,) = device_events(json.loads(path.read_text()), "compiled")
-    assert k["name"].startswith("cpp_fused")
-    cf(x)
-    assert torch.neuron.get_dynamo_metrics()["graph_replays"] == 2  # replays again after
+    assert k["name"].startswith("cpp_fused") and "graph" in k["args"]
+    assert k["args"]["source"] == f"{__file__}:{line}"
+    assert k["args"]["flops"] == 3 * 64
+    assert k["args"]["bytes_read"] == 64 * 4 and k["args"]["bytes_written"] == 64 * 4
+
+
+def test_a_signature_first_seen_while_profiled_runs_compiled_and_is_not_recorded(tmp_path):
+    cf = torch.compile(lambda x: torch.cos(x) * 3 - 1, backend="neuron", mode="reduce-overhead")
+    x = torch.randn(64, device="neuron")
+    torch.neuron.reset_dynamo_metrics()
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        for _ in range(3):
+            out = cf(x)
+    torch.testing.assert_close(out.cpu(), torch.cos(x.cpu()) * 3 - 1)
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert metrics["graph_replays"] == 0 and metrics.get("graphs_recorded", 0) == 0
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    evs = device_events(json.loads(path.read_text()), "compiled")
+    assert len(evs) == 3 and not any("graph" in e["args"] for e in evs)

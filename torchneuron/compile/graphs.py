@@ -226,11 +226,21 @@ class GraphedGraph:
         return tuple(key)
 
     def __call__(self, inputs: list) -> Any:
-        # As compiled: inside the user's own capture (it records the call), and while
-        # torch.profiler records device activity (each kernel then appears, attributed to its
-        # source, where a replay would show none; same kernels, same results).
-        if self.failed is not None or torch.neuron.is_current_stream_capturing() or _C._trace_active():
+        # As compiled inside the user's own capture (it records the call). While torch.profiler
+        # records device activity, recordings made before replay (each replayed kernel is an
+        # activity with its launch's attribution, csrc/backend/compiled_kernels.cpp), but none
+        # is made: a signature not recorded yet runs as compiled.
+        if self.failed is not None or torch.neuron.is_current_stream_capturing():
             return self.model(inputs)
+        if _C._trace_active():
+            key = self._key(inputs)
+            rec = self.recordings.get(key) if key is not None else None
+            if rec is None:
+                return self.model(inputs)
+            outs = rec.replay(inputs)
+            inputs.clear()
+            metrics.incr("graph_replays")
+            return outs
         key = self._key(inputs)
         if key is None:  # seen at every call: said once, then as compiled from now on
             self._not_recordable("an input is neither a tensor, a number nor None (a generator?), or a tensor "

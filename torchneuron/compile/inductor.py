@@ -169,15 +169,15 @@ class _NeuronWrapperMixin:
             # C++ kernel over raw pointers, queued on the execution engine like an eager op
             # (kernels.py; it runs now, after the queue, where the engine cannot queue). While
             # torch.profiler records neuron activities the engine is off and the call is an
-            # attributed device activity, through Inductor's own binding after the queue ran.
+            # attributed device activity, through Inductor's own binding after the queue ran;
+            # while a graph is captured the recorded kernel keeps its attribution for the
+            # replays (profiler/compiled.py, call).
             args = ", ".join(str(a) for a in call_args)
             info = _kernel_info.get(kernel_name)
             if info is not None:
                 outs = tuple(i for i, a in enumerate(call_args) if str(a) in info["outputs"])
                 info = {k: v for k, v in info.items() if k != "outputs"}
-                self.writeline(f"if _nrt_active(): _nrt_sync(); _nk = _nrt_launch({kernel_name!r}, "
-                               f"{info!r}, {outs!r}, {args}); "
-                               f"{self.wrap_kernel_call(kernel_name, call_args)}; _nk.end()")
+                self.writeline(f"if _nrt_special(): _nrt_attributed({kernel_name}, {info!r}, {outs!r}, {args})")
                 self.writeline(f"else: _nrt_call({kernel_name}.handle, {args})")
             else:
                 self.writeline(f"_nrt_call({kernel_name}.handle, {args})")
@@ -221,9 +221,8 @@ class NeuronPythonWrapperCodegen(_NeuronWrapperMixin, PythonWrapperCodegen):
 
     def write_header(self) -> None:
         super().write_header()
-        self.imports.writeline("from torchneuron.profiler.compiled import launch as _nrt_launch")
-        self.imports.writeline("from torchneuron._C import _trace_active as _nrt_active")
-        self.imports.writeline("from torchneuron._C import _engine_drain as _nrt_sync")
+        self.imports.writeline("from torchneuron.profiler.compiled import call as _nrt_attributed")
+        self.imports.writeline("from torchneuron._C import _trace_or_capture as _nrt_special")
         self.imports.writeline("from torchneuron._C import _kernel_call as _nrt_call")
         self.imports.writeline("from torchneuron.compile.kernels import cpp_pybinding as _nrt_cpp_kernel")
 

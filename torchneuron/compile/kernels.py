@@ -23,10 +23,12 @@ _ENTRY = "torchneuron_kernel_packed"
 
 
 def _kind(argtype: str) -> str:
-    """'p' (pointer), 'i' (integer) or 'f' (float) for a C++ argument type of Inductor's bindings."""
+    """'p' (a pointer the kernel reads), 'o' (one it writes: Inductor's outputs and in-place
+    buffers are its non-const pointers), 'i' (integer) or 'f' (float) for a C++ argument type of
+    Inductor's bindings."""
     t = argtype.replace("const ", "").strip()
     if t.endswith("*"):
-        return "p"
+        return "p" if "const " in argtype else "o"
     if t in ("int64_t", "long", "uintptr_t", "int32_t", "int", "bool"):
         return "i"
     if t in ("float", "double"):
@@ -41,7 +43,7 @@ def _packed_entry(argtypes: Sequence[str]) -> str:
     for n, argtype in enumerate(argtypes):
         kind = _kind(argtype)
         t = argtype.strip()
-        if kind == "p":
+        if kind in "po":
             casts.append(f"reinterpret_cast<{t}>(s[{n}])")
         elif kind == "i":
             casts.append(f"static_cast<{t.replace('const ', '')}>(s[{n}])")

@@ -1,7 +1,9 @@
 """torch.compile kernels as device activities, attributed to their FX nodes' source.
 
 The neuron Inductor wrapper (torchneuron.compile.inductor) calls every generated C++ kernel
-between :func:`launch` and ``.end()``. Per kernel it also emits, when the graph is compiled,
+through :func:`call` while a profiler session records or a graph is captured: between
+:func:`launch` and ``.end()`` when recording, and with its attribution for the replays'
+activities when captured (``_kernel_call_captured``). Per kernel it also emits, when the graph is compiled,
 an info dict built by :func:`kernel_info` from the kernel's origin FX nodes: their ATen ops,
 FLOPs, the user source line of each node (``node.meta["stack_trace"]``) and the module path
 (``node.meta["nn_module_stack"]``). The dict is a literal in the generated code, so a graph
@@ -18,7 +20,7 @@ import torch
 
 from .. import _C
 
-__all__ = ["launch", "kernel_info"]
+__all__ = ["call", "launch", "kernel_info"]
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -31,11 +33,28 @@ class _Running:
         self.info = info
 
     def end(self) -> None:
-        info = self.info
-        meta = [(k, json.dumps(info[k])) for k in ("source", "function", "module", "flops",
-                                                  "tensor_flops", "origins", "sources")
-                if info.get(k)]
-        self.act.end(meta, 0)
+        self.act.end(_meta(self.info), 0)
+
+
+def _meta(info: dict) -> list:
+    """A kernel's attribution as activity arguments: (key, JSON value) pairs."""
+    return [(k, json.dumps(info[k])) for k in ("source", "function", "module", "flops",
+                                              "tensor_flops", "origins", "sources") if info.get(k)]
+
+
+def call(kernel: Any, info: dict, out_positions: tuple, *args: Any) -> None:
+    """Call compiled kernel ``kernel`` (a ``NeuronCppKernel``) while a graph is captured (queued
+    and recorded with its attribution, so each replay under torch.profiler is this kernel's
+    activity) or while a profiler session records (after the queue, as an attributed device
+    activity)."""
+    if _C._engine_capturing():
+        _C._kernel_call_captured(_meta(info), kernel.handle, *args)
+        return
+    _C._engine_drain()
+    act = launch(kernel.name, info, out_positions, *args)
+    kernel(*args)
+    if act is not None:
+        act.end()
 
 
 def launch(name: str, info: dict, out_positions: tuple, *args: Any) -> Any:
