@@ -46,7 +46,19 @@ def qwen_moe_hf(qwen_moe_dir) -> dict:
 
 
 @pytest.fixture(scope="session")
-def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
+def lora_dir(llama_dir, tmp_path_factory) -> str:
+    """A LoRA adapter (PEFT, random B matrices) for the tiny Llama."""
+    return tiny_models.build_lora(llama_dir, str(tmp_path_factory.mktemp("tiny-lora")))
+
+
+@pytest.fixture(scope="session")
+def lora_hf(llama_dir, lora_dir) -> list:
+    """Hugging Face greedy tokens through the adapter merged into the model (the oracle)."""
+    return tiny_models.hf_greedy(llama_dir, PROMPTS, MAX_TOKENS, adapter=lora_dir)
+
+
+@pytest.fixture(scope="session")
+def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
     """Every in-process engine of the serving tests, started once, one after the other."""
     runs = [
         # 3 blocks of 32 tokens (2 layers x 2 KV heads x 32 x fp32 x K,V = 32 KiB per block)
@@ -78,6 +90,10 @@ def engines(llama_dir, qwen_moe_dir, tmp_path_factory) -> dict:
         dict(key="qwen2_moe_graphs", scenario="greedy", model=qwen_moe_dir,
              args=dict(ENGINE, enforce_eager=False,
                        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
+        # multi-LoRA serving (vLLM's PyTorch-native punica ops); compilation and graphs asked
+        # for, the platform runs it eagerly
+        dict(key="lora", scenario="lora", model=llama_dir,
+             args=dict(ENGINE, enforce_eager=False, lora_path=lora_dir)),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),

@@ -95,15 +95,40 @@ def build_qwen2_moe(path: str, seed: int = 0) -> str:
     return path
 
 
+def build_lora(base: str, path: str, seed: int = 1, rank: int = 8) -> str:
+    """A PEFT LoRA adapter for the model at ``base`` (attention and MLP projections), with
+    random B matrices (PEFT starts them at zero: no effect), saved at ``path``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    peft_model.save_pretrained(path)
+    return path
+
+
 def hf_greedy(path: str, prompts: list[str], max_tokens: int,
-              with_logprobs: bool = False):
+              with_logprobs: bool = False, adapter: str | None = None):
     """Greedy continuation token ids from Hugging Face on CPU, fp32 (the oracle); with
-    ``with_logprobs`` also the log-probability of each chosen token."""
+    ``with_logprobs`` also the log-probability of each chosen token; with ``adapter`` (a PEFT
+    LoRA directory) through the adapter merged into the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
     ids_out, lp_out = [], []
     with torch.no_grad():
         for p in prompts:

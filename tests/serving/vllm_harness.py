@@ -168,6 +168,24 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
     return res
 
 
+def scenario_lora(model: str, engine_args: dict) -> dict:
+    """Multi-LoRA serving: the prompts through the adapter (``engine_args["lora_path"]``),
+    without it, and mixed in one batch; the compilation and graph modes the platform chose."""
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
+
+    args = dict(engine_args)
+    adapter = LoRARequest("adapter", 1, args.pop("lora_path"))
+    llm = LLM(model=model, enable_lora=True, max_lora_rank=8, max_loras=2, **args)
+    res = {"lora": _ids(llm.generate(PROMPTS, _greedy(), lora_request=adapter)),
+           "base": _ids(llm.generate(PROMPTS, _greedy())),
+           "mixed": _ids(llm.generate(PROMPTS, _greedy(), lora_request=[adapter, None, adapter]))}
+    cc = llm.llm_engine.vllm_config.compilation_config
+    res["compilation_mode"], res["cudagraph_mode"] = cc.mode.name, cc.cudagraph_mode.name
+    _shutdown(llm)
+    return res
+
+
 def scenario_init_error(model: str, engine_args: dict) -> dict:
     """Engine start that is expected to fail: the exception's type and text."""
     from vllm import LLM
@@ -230,7 +248,8 @@ def scenario_sleep(model: str, engine_args: dict) -> dict:
     return res
 
 
-SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "init_error": scenario_init_error,
+SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "lora": scenario_lora,
+             "init_error": scenario_init_error,
              "sleep": scenario_sleep}
 
 def _cleanup() -> None:

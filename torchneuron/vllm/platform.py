@@ -224,8 +224,9 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError("neuron: LoRA serving is not implemented by torchneuron's "
-                                  "vLLM platform")
+        # vLLM's PyTorch-native multi-LoRA ops (index_select, einsum, index_add over the
+        # batch's adapter indices), as on its CPU platform: they run on neuron as any torch code
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
 
     # ---- configuration ---------------------------------------------------------------------
     @classmethod
@@ -244,6 +245,16 @@ class NeuronPlatform(Platform):
             parallel_config.enable_dbo = False
 
         compilation_config = vllm_config.compilation_config
+        if vllm_config.lora_config is not None:
+            # Multi-LoRA serving runs vLLM's PyTorch-native punica ops (get_punica_wrapper), which
+            # branch in Python on prefill vs decode and on per-step sizes (a model traced once
+            # would keep the first step's branch and sizes: wrong tokens), and whose prefill
+            # path has data-dependent shapes (repeat_interleave by sequence lengths: not
+            # capturable). As vLLM's CPU platform: model code eager, no graphs.
+            if compilation_config.mode != CompilationMode.NONE or compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
+                logger.info_once("neuron: LoRA serving runs the model eagerly (no compilation, no graphs)")
+            compilation_config.mode = CompilationMode.NONE
+            compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         if compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
             if parallel_config.world_size > 1:
                 # vLLM's graph_capture() takes CUDA/XPU communicators only, and the neuron
@@ -264,9 +275,6 @@ class NeuronPlatform(Platform):
             # `neuron` backend; the attention custom op stays a graph break-free opaque node
             compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE
             compilation_config.backend = "neuron"
-        if vllm_config.lora_config is not None:
-            raise NotImplementedError("neuron: LoRA serving is not implemented by "
-                                      "torchneuron's vLLM platform")
 
         # The neuron runtime refuses use in a forked child of an initialised parent (CUDA's
         # rule), so workers are spawned.
