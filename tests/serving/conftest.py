@@ -94,6 +94,13 @@ def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
         # for, the platform runs it eagerly
         dict(key="lora", scenario="lora", model=llama_dir,
              args=dict(ENGINE, enforce_eager=False, lora_path=lora_dir)),
+        # speculative decoding with n-gram drafts (vLLM's proposer on the host, its rejection
+        # sampler on neuron), compiled (vLLM turns the decode graphs off: NEURON_ATTN's hold
+        # single-token decodes)
+        dict(key="ngram_spec", scenario="greedy", model=llama_dir,
+             args=dict(ENGINE, enforce_eager=False, disable_log_stats=False, speculative_config={
+                 "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                 "prompt_lookup_max": 3})),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),

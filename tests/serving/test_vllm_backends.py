@@ -1,6 +1,7 @@
 """The neuron platform's other execution paths, each against Hugging Face greedy on CPU (fp32):
 vLLM's CPU_ATTN fallback, the NKI-lib attention kernels, a Qwen2-MoE model, and compilation
-through the ``neuron`` torch.compile backend, vLLM's full decode graphs (NeuronGraph). Every engine also prefills a 191-token prompt in
+through the ``neuron`` torch.compile backend, vLLM's full decode graphs (NeuronGraph), n-gram speculative
+decoding. Every engine also prefills a 191-token prompt in
 64-token chunks and then hits the prefix cache with it."""
 
 import pytest
@@ -87,3 +88,11 @@ def test_eager_engines_capture_no_graphs(engines):
     run = result_of(engines, "async")
     assert run["compile_delta"]["vllm.num_cudagraph_captured"] == 0
     assert run["graph_replays"] == 0
+
+
+def test_ngram_speculative_decoding_equals_hf(engines, llama_hf):
+    # drafts from n-gram lookup, verified in multi-token decode steps by vLLM's rejection
+    # sampler on neuron: greedy tokens are the model's own, however many drafts are accepted
+    run = result_of(engines, "ngram_spec")
+    assert run["spec_decode"]["num_drafts"] > 0 and run["spec_decode"]["num_draft_tokens"] > 0
+    _check_against_hf(run, llama_hf)

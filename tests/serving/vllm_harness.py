@@ -154,6 +154,9 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
     llm = LLM(model=model, **engine_args)
     res: dict = {}
     _greedy_runs(llm, res)
+    if engine_args.get("speculative_config"):  # (needs disable_log_stats=False)
+        res["spec_decode"] = {m.name.removeprefix("vllm:spec_decode_"): m.value for m in llm.get_metrics()
+                              if m.name.startswith("vllm:spec_decode_num") and hasattr(m, "value")}
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
         from torchneuron.vllm import attention
 
