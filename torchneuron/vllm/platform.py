@@ -67,6 +67,10 @@ def _register_attention_backend() -> None:
 _register_attention_backend()
 
 
+# Whether vLLM's replacements of its Triton kernels are registered in this process.
+_triton_overrides_registered = False
+
+
 class NeuronPlatform(Platform):
     """vLLM platform for torchneuron's ``neuron`` device (PrivateUse1)."""
 
@@ -189,8 +193,15 @@ class NeuronPlatform(Platform):
 
         from .host_kernels import order_after_queue
 
+        global _triton_overrides_registered
         order_after_queue()
-        CpuPlatform.register_triton_kernel_overrides()
+        # Once per process: the replacements stay bound (modules imported later take them from
+        # their defining modules), and vLLM's registration rescans every module, which fails
+        # once numba is loaded (vLLM's n-gram proposer: llvmlite's library object answers any
+        # attribute, __dict__ included), so a second engine in the process could not start.
+        if not _triton_overrides_registered:
+            CpuPlatform.register_triton_kernel_overrides()
+            _triton_overrides_registered = True
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend: "AttentionBackendEnum | None",
