@@ -121,8 +121,9 @@ void run_or_enqueue(int device, const char* name, Work&& work, neuron::rt::engin
 }
 
 // While a graph is captured, what a raw-pointer op's traced launch would record for the replays'
-// activities (profiler.h, capture_template): its kind and operands (tensor, flags), and for a
-// copy or fill its activity name and bytes. Null when no capture is open (one branch).
+// activities (profiler.h, capture_template): its kind and operands (tensor, flags; a null tensor
+// is skipped), and for a copy or fill its activity name and bytes. Null when no capture is open
+// (one branch).
 inline neuron::rt::engine::TracePayload captured_launch(
     neuron::rt::trace::Kind kind, std::initializer_list<std::pair<const at::Tensor*, int64_t>> tensors,
     const char* name = nullptr, int64_t bytes = 0,
@@ -133,7 +134,9 @@ inline neuron::rt::engine::TracePayload captured_launch(
   if (name != nullptr) rec->name = name;
   rec->bytes = bytes;
   rec->copy = copy;
-  for (const auto& [t, flags] : tensors) prof::encode_tensor(rec->tensors, *t, flags);
+  for (const auto& [t, flags] : tensors) {
+    if (t != nullptr) prof::encode_tensor(rec->tensors, *t, flags);
+  }
   return rec;
 }
 

@@ -985,18 +985,11 @@ bool small_binary(const at::Tensor& self, const at::Tensor& other, const at::Sca
       else arith_loop<K>(da, db, nd, static_cast<double*>(o), n);
     }
   };
-  neuron::rt::engine::TracePayload captured;  // (a graph's replays: the hot path's traced launch)
-  if (C10_UNLIKELY(neuron::rt::engine::capturing())) {
-    using neuron::rt::trace::Kind;
-    constexpr int64_t kInOut = prof::kOutput | prof::kRead;
-    if (in_place) {
-      captured = number ? captured_launch(Kind::Kernel, {{&self, kInOut}})
-                        : captured_launch(Kind::Kernel, {{&self, kInOut}, {&other, 0}});
-    } else {
-      captured = number ? captured_launch(Kind::Kernel, {{&self, 0}, {result, prof::kOutput}})
-                        : captured_launch(Kind::Kernel, {{&self, 0}, {&other, 0}, {result, prof::kOutput}});
-    }
-  }
+  // (a graph's replays: the hot path's traced launch; self read, and written in place)
+  auto captured = captured_launch(neuron::rt::trace::Kind::Kernel,
+                                  {{&self, in_place ? prof::kOutput | prof::kRead : 0},
+                                   {number ? nullptr : &other, 0},
+                                   {in_place ? nullptr : result, prof::kOutput}});
   run_or_enqueue(
       device, Name, run,
       [&]() -> neuron::rt::engine::Record {

@@ -232,22 +232,15 @@ class GraphedGraph:
         # is made: a signature not recorded yet runs as compiled.
         if self.failed is not None or torch.neuron.is_current_stream_capturing():
             return self.model(inputs)
-        if _C._trace_active():
-            key = self._key(inputs)
-            rec = self.recordings.get(key) if key is not None else None
-            if rec is None:
-                return self.model(inputs)
-            outs = rec.replay(inputs)
-            inputs.clear()
-            metrics.incr("graph_replays")
-            return outs
         key = self._key(inputs)
-        if key is None:  # seen at every call: said once, then as compiled from now on
-            self._not_recordable("an input is neither a tensor, a number nor None (a generator?), or a tensor "
-                                 "without strides (sparse, nested)")
-            return self.model(inputs)
-        rec = self.recordings.get(key)
+        rec = self.recordings.get(key)  # (None for key None: never a recording's key)
         if rec is None:
+            if _C._trace_active():
+                return self.model(inputs)
+            if key is None:  # seen at every call: said once, then as compiled from now on
+                self._not_recordable("an input is neither a tensor, a number nor None (a generator?), or a "
+                                     "tensor without strides (sparse, nested)")
+                return self.model(inputs)
             if key not in self.warmed:
                 self.warmed.add(key)
                 return self.model(inputs)
