@@ -66,3 +66,35 @@ def test_sdpa_on_neuron_under_the_python_dispatcher_matches_cpu():
     with enable_python_dispatcher():
         out = torch.nn.functional.scaled_dot_product_attention(*(q.to("neuron"),) * 3, is_causal=True)
     torch.testing.assert_close(out.cpu(), ref)
+
+
+# x / c where x * (1 / c) rounds differently (Inductor's rewrite for non-CPU devices)
+DIV_VALUES = torch.tensor([0.314453125, 0.31640625, 3.0, 1e-3, -7.5, 0.0]).repeat(6)
+
+
+def test_a_compiled_division_by_a_constant_is_a_true_division_on_neuron():
+    assert not torch.equal(DIV_VALUES / 448.0, DIV_VALUES * (1 / 448.0))  # (the values tell them apart)
+    f = torch.compile(lambda t: (t / 448.0, t.abs().amax(0, keepdim=True).clamp(1e-4) / 448.0),
+                      backend="neuron", fullgraph=True)
+    x = DIV_VALUES.reshape(6, 6)
+    got = f(x.to("neuron"))
+    assert torch.equal(got[0].cpu(), x / 448.0)
+    assert torch.equal(got[1].cpu(), x.abs().amax(0, keepdim=True).clamp(1e-4) / 448.0)
+
+
+def test_the_division_patch_keeps_integer_division_and_pooling():
+    f = torch.compile(lambda t: (t // 3, t.int() / 3, torch.nn.functional.avg_pool1d(t.reshape(1, 6, 6), 3)),
+                      backend="neuron", fullgraph=True)
+    x = DIV_VALUES.reshape(6, 6)
+    floor, idiv, pool = f(x.to("neuron"))
+    assert torch.equal(floor.cpu(), x // 3)
+    assert torch.equal(idiv.cpu(), x.int() / 3)
+    assert torch.equal(pool.cpu(), torch.nn.functional.avg_pool1d(x.reshape(1, 6, 6), 3))
+
+
+def test_the_division_lowering_is_registered_once_and_wraps_inductors():
+    from torch._inductor import lowering
+
+    inductor_patches.apply()
+    assert lowering.lowerings[torch.ops.prims.div] is lowering.div_prim
+    assert not hasattr(lowering.div_prim._torchneuron_orig, "_torchneuron_orig")

@@ -178,6 +178,30 @@ def patch_graph_replay_devices() -> None:
     cudagraph_utils.check_multiple_devices_or_any_cpu_nodes = check_multiple_devices_or_any_cpu_nodes
 
 
+@_once("div_by_constant")
+def patch_div_by_constant() -> None:
+    """Inductor lowers ``x / c`` (a constant ``c``) to ``x * (1 / c)`` on every device but the
+    CPU (``div_prim``), as CUDA's eager kernel multiplies by a scalar divisor's reciprocal.
+    Neuron's eager division is CPU's, a true division, so a compiled neuron graph was an ulp off
+    its eager ops (seen: vLLM's block-FP8 weight scales, ``amax / 448`` compiled through the
+    neuron backend, 1 ulp off eager). On neuron a division stays a division; other devices keep
+    Inductor's lowering. ``div`` and the pooling lowerings call ``div_prim`` by its module name,
+    so the name is rebound as well as the registration."""
+    from torch._inductor import lowering
+    from torch._inductor.virtualized import ops
+
+    orig = lowering.div_prim  # the registered lowering (broadcasting wrapper)
+
+    def div_prim(a, b):
+        integral = all(lowering.is_boolean_type(x) or lowering.is_integer_type(x) for x in (a, b))
+        if not integral and a.get_device() is not None and a.get_device().type == "neuron":
+            return lowering.make_pointwise(lambda x, y: ops.truediv(x, y))(a, b)
+        return orig(a, b)
+
+    lowering.div_prim = lowering.register_lowering([torch.ops.prims.div], broadcast=True)(div_prim)
+    lowering.div_prim._torchneuron_orig = orig  # type: ignore[attr-defined]
+
+
 def apply() -> None:
     """Apply every patch (idempotent)."""
     patch_scheduler_is_cpu()
@@ -187,3 +211,4 @@ def apply() -> None:
     patch_flex_lowering()
     patch_codegen_version_key()
     patch_graph_replay_devices()
+    patch_div_by_constant()
