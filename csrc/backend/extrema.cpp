@@ -8,7 +8,13 @@
 // depend on the order it is taken in, with two exceptions the kernel leaves to CPU's own walk:
 // a zero result (+0 and -0 compare equal, which one comes first decides its sign) and NaN (which
 // payload). Any other result has exactly one bit pattern, so it is CPU's bit for bit.
+//
+// With the execution engine on (or a graph capturing) they are queued when CPU's kernel can
+// raise nothing: no complex dtype, every reduced dim named once and non-empty. FP8 layers take
+// their dynamic scales this way (`x.abs().amax(dim=-1)`, `x.abs().max()`), and a decode graph
+// captures them.
 #include <ATen/core/Tensor.h>
+#include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/ops/amax_cpu_dispatch.h>
 #include <ATen/ops/amin_cpu_dispatch.h>
@@ -22,6 +28,7 @@
 #include <cmath>
 #include <vector>
 
+#include "enqueue.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -52,8 +59,26 @@ constexpr char kMin[] = "aten::min";
 constexpr char kAmax[] = "aten::amax";
 constexpr char kAmin[] = "aten::amin";
 
+// Whether `self` reduced over `dim` (every dim when empty) may be queued: see the top.
+// make_dim_mask raises CPU's errors for a dim out of range or repeated, at the call.
+bool queueable_extremum(const at::Tensor& self, at::IntArrayRef dim) {
+  if (!may_enqueue() || !queueable_like(self, self) || self.is_complex()) return false;
+  const auto mask = at::native::make_dim_mask(dim, self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (mask[d] && self.size(d) == 0) return false;  // the synchronous path raises CPU's error
+  }
+  return self.numel() > 0 || !dim.empty();
+}
+
 template <const char* Name, at::Tensor (*F)(const at::Tensor&)>
 at::Tensor extremum(const at::Tensor& self) {
+  if (queueable_extremum(self, {})) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), out;
+    at::Tensor o = q.out(out, {}, self.scalar_type());
+    q.enqueue(Name, [a, o]() mutable { o.copy_(whole(a, F)); });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor s = zc.in(self);
   zc.launch(Name);
@@ -74,8 +99,21 @@ bool all_dims(const at::Tensor& t, at::IntArrayRef dim) {
   return true;
 }
 
-template <const char* Name, at::Tensor (*F)(const at::Tensor&, at::IntArrayRef, bool)>
+template <const char* Name, at::Tensor (*F)(const at::Tensor&, at::IntArrayRef, bool),
+          at::Tensor& (*Out)(at::Tensor&, const at::Tensor&, at::IntArrayRef, bool)>
 at::Tensor extremum_dims(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  if (queueable_extremum(self, dim)) {
+    const auto shape =
+        at::native::shape_from_dim_mask(self, at::native::make_dim_mask(dim, self.dim()), keepdim);
+    QueuedCall q;
+    at::Tensor a = q.in(self), out;
+    at::Tensor o = q.out(out, shape, self.scalar_type());
+    q.enqueue(Name, [a, o, dims = dim.vec(), keepdim]() mutable {
+      if (permuted_dense(a) && all_dims(a, dims)) o.copy_(whole(a, [](const at::Tensor& x) { return F(x, {}, false); }).view(o.sizes()));
+      else Out(o, a, dims, keepdim);
+    });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor s = zc.in(self);
   zc.launch(Name);
@@ -90,8 +128,8 @@ at::Tensor extremum_dims(const at::Tensor& self, at::IntArrayRef dim, bool keepd
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max", TORCH_FN((extremum<kMax, &at::cpu::max>)));
   m.impl("min", TORCH_FN((extremum<kMin, &at::cpu::min>)));
-  m.impl("amax", TORCH_FN((extremum_dims<kAmax, &at::cpu::amax>)));
-  m.impl("amin", TORCH_FN((extremum_dims<kAmin, &at::cpu::amin>)));
+  m.impl("amax", TORCH_FN((extremum_dims<kAmax, &at::cpu::amax, &at::cpu::amax_out>)));
+  m.impl("amin", TORCH_FN((extremum_dims<kAmin, &at::cpu::amin, &at::cpu::amin_out>)));
 }
 
 }  // namespace torchneuron

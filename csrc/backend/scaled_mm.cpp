@@ -33,6 +33,7 @@
 
 #include "allocator.h"
 #include "bf16_gemm.h"
+#include "enqueue.h"
 #include "cpu_features.h"
 #include "fp8.h"
 #include "gemm.h"
@@ -192,6 +193,55 @@ void scaled_epilogue(const at::Tensor& acc, const float* rs, const float* cs, co
 // Contiguous fp32 data of a scale vector (row-wise scales are tiny: a copy if needed).
 at::Tensor dense_scale(const at::Tensor& s) { return s.contiguous(); }
 
+// ---- DeepSeek-style block scaling -------------------------------------------------------------
+// torch 2.13's _scaled_mm takes three block configurations (CUDA: sm90), fp32 scales, K in blocks
+// of 128: activation scales per row and K block (1x128) or per 128 rows and K block (128x128),
+// weight scales per K block and column (1x128) or per K block and 128 columns (128x128). Each K
+// block's product is summed in fp32 (PSUM), scaled by its two block scales and added to an fp32
+// total (the promotion DeepGEMM and TensorE do per block), then the bias, one rounding.
+enum class Blockwise { kNone, k1x128_128x128, k1x128_1x128, k128x128_1x128 };
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+Blockwise blockwise_kind(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
+  if (sa.dim() != 2 || sb.dim() != 2) return Blockwise::kNone;
+  const int64_t M = a.size(0), Kb = ceil_div(a.size(1), 128), N = b.size(1);
+  if (sa.size(1) != Kb || sb.size(0) != Kb) return Blockwise::kNone;
+  if (sa.size(0) == M && sb.size(1) == ceil_div(N, 128)) return Blockwise::k1x128_128x128;
+  if (sa.size(0) == M && sb.size(1) == N) return Blockwise::k1x128_1x128;
+  if (sa.size(0) == ceil_div(M, 128) && sb.size(1) == N) return Blockwise::k128x128_1x128;
+  return Blockwise::kNone;
+}
+
+// acc (fp32 [M, N]) = the block-scaled product; the caller adds the bias and rounds.
+void blockwise_accumulate(ZeroCopy& zc, const at::Tensor& acc, const at::Tensor& a, const at::Tensor& b,
+                          const at::Tensor& sa, const at::Tensor& sb, Blockwise kind) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1), Kb = ceil_div(K, 128), Nb = ceil_div(N, 128);
+  if (Kb == 0) {
+    at::Tensor(acc).zero_();
+    return;
+  }
+  const at::Tensor aw = widen_for_gemm(zc, a), bw = widen_for_gemm(zc, b);
+  const at::Tensor sac = sa.contiguous(), sbc = sb.contiguous();
+  const float* SA = sac.const_data_ptr<float>();
+  const float* SB = sbc.const_data_ptr<float>();
+  const at::Tensor part = Kb > 1 ? gemm::scratch(zc, {M, N}, at::kFloat) : acc;
+  std::vector<float> rs(static_cast<size_t>(M)), cs(static_cast<size_t>(N));
+  for (int64_t kb = 0; kb < Kb; ++kb) {
+    const int64_t k0 = kb * 128, k1 = std::min(K, k0 + 128);
+    const at::Tensor dst = kb == 0 ? acc : part;
+    accumulate_widened(zc, aw.slice(1, k0, k1), bw.slice(0, k0, k1), dst, 1.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      rs[m] = kind == Blockwise::k128x128_1x128 ? SA[(m / 128) * Kb + kb] : SA[m * Kb + kb];
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      cs[n] = kind == Blockwise::k1x128_128x128 ? SB[kb * Nb + n / 128] : SB[kb * N + n];
+    }
+    scale_rows_cols(dst.data_ptr<float>(), M, N, rs.data(), cs.data());
+    if (kb > 0) at::Tensor(acc).add_(part);
+  }
+}
+
 // ---- _scaled_mm ----------------------------------------------------------------------------
 void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
                      const at::Tensor& sb, const std::optional<at::Tensor>& bias,
@@ -208,10 +258,14 @@ void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
   const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
   const bool rowwise = sa.dim() == 2 && sa.size(0) == a.size(0) && sa.size(1) == 1 && sb.dim() == 2 &&
                        sb.size(0) == 1 && sb.size(1) == b.size(1);
-  TORCH_CHECK_VALUE(tensorwise || rowwise,
+  const int64_t M = a.size(0), Kb = ceil_div(a.size(1), 128), N = b.size(1);
+  TORCH_CHECK_VALUE(tensorwise || rowwise || blockwise_kind(a, b, sa, sb) != Blockwise::kNone,
                     "_scaled_mm: invalid scaling configuration: use tensor-wise scales (one element "
-                    "each) or row-wise scales of shape (", a.size(0), ", 1) and (1, ", b.size(1),
-                    "); got ", sa.sizes(), " and ", sb.sizes());
+                    "each), row-wise scales of shape (", M, ", 1) and (1, ", N, "), or block scales: (",
+                    M, ", ", Kb, ") and (", Kb, ", ", ceil_div(N, 128), ") for 1x128 activation and "
+                    "128x128 weight blocks, (", M, ", ", Kb, ") and (", Kb, ", ", N, ") for 1x128 and "
+                    "1x128, (", ceil_div(M, 128), ", ", Kb, ") and (", Kb, ", ", N, ") for 128x128 and "
+                    "1x128; got ", sa.sizes(), " and ", sb.sizes());
   TORCH_CHECK_VALUE(!bias || bias->numel() == b.size(1), "_scaled_mm: bias must have ", b.size(1),
                     " elements, got ", bias ? bias->numel() : 0);
   TORCH_CHECK_VALUE(!scale_result || (scale_result->numel() == 1 && scale_result->scalar_type() == at::kFloat),
@@ -223,6 +277,19 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
                     const std::optional<at::Tensor>& scale_result) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  // (exact shapes: with one K block, 1x128 x 128x128 scales are [M, 1] and [1, ceil(N / 128)])
+  const bool rowwise = sa.dim() == 2 && sa.size(0) == M && sa.size(1) == 1 && sb.dim() == 2 && sb.size(0) == 1 &&
+                       sb.size(1) == N;
+  const Blockwise block = tensorwise || rowwise ? Blockwise::kNone : blockwise_kind(a, b, sa, sb);
+  if (block != Blockwise::kNone) {
+    const bool fp8_result = o.scalar_type() == at::kFloat8_e4m3fn || o.scalar_type() == at::kFloat8_e5m2;
+    const at::Tensor acc = o.scalar_type() == at::kFloat && o.is_contiguous() ? o : gemm::scratch(zc, {M, N}, at::kFloat);
+    blockwise_accumulate(zc, acc, a, b, sa, sb, block);
+    if (bias) at::Tensor(acc).add_(bias->to(at::kFloat).reshape({1, N}));
+    if (scale_result && fp8_result) at::Tensor(acc).mul_(1.0f / scale_result->item<float>());
+    if (!acc.is_same(o)) at::Tensor(o).copy_(acc);  // the one rounding
+    return;
+  }
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
   const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
@@ -268,10 +335,38 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   at::Tensor(o).copy_(acc);  // the one rounding
 }
 
+// A neuron operand of a queued low-precision GEMM (any dtype: fp8 codes, fp32 scales, a bias).
+bool queueable_operand(const at::Tensor& ref, const at::Tensor& t) {
+  return t.is_privateuseone() && t.device() == ref.device() && t.layout() == c10::kStrided && !t.is_conj() &&
+         !t.is_neg();
+}
+
+bool queueable_operand(const at::Tensor& ref, const std::optional<at::Tensor>& t) {
+  return !t.has_value() || !t->defined() || queueable_operand(ref, *t);
+}
+
+// With the execution engine on (or a graph capturing: vLLM's decode graphs of FP8 models) the
+// GEMM is queued when every operand is a neuron tensor of one device: check_scaled_mm reads
+// metadata only, so every error is raised at the call, and the kernel reads the scales' values
+// when it runs, after the queued kernels that computed them (a dynamic activation scale).
 at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
                      const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
                      const std::optional<at::Tensor>& scale_result,
                      std::optional<c10::ScalarType> out_dtype, bool use_fast_accum) {
+  if (may_enqueue() && queueable_operand(self, self) && queueable_operand(self, mat2) &&
+      queueable_operand(self, scale_a) && queueable_operand(self, scale_b) && queueable_operand(self, bias) &&
+      queueable_operand(self, scale_result)) {
+    check_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result);
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b), out;
+    const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
+    at::Tensor o = q.out(out, {a.size(0), b.size(1)}, out_dtype.value_or(a.scalar_type()));
+    q.enqueue("aten::_scaled_mm", [a, b, sa, sb, bi, sr, o] {
+      ZeroCopy zc(ZeroCopy::Queued{});
+      scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
+    });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), sa = zc.in(scale_a), sb = zc.in(scale_b);
   std::optional<at::Tensor> bi, sr;
@@ -500,7 +595,22 @@ void int_mm_via_fp32(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, con
   }
 }
 
+// Queued as _scaled_mm, for valid operands (int8 matrices that multiply); others run the
+// synchronous path, which raises CPU's errors.
 at::Tensor int_mm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (may_enqueue() && queueable_operand(self, self) && queueable_operand(self, mat2) && self.dim() == 2 &&
+      mat2.dim() == 2 && self.scalar_type() == at::kChar && mat2.scalar_type() == at::kChar &&
+      self.size(1) == mat2.size(0)) {
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), out;
+    at::Tensor o = q.out(out, {a.size(0), b.size(1)}, at::kInt);
+    q.enqueue("aten::_int_mm", [a, b, o]() mutable {
+      ZeroCopy zc(ZeroCopy::Queued{});
+      if (gemm::onednn_matmul_usable()) at::cpu::_int_mm_out(o, a, b);
+      else int_mm_via_fp32(zc, o, a, b);
+    });
+    return out;
+  }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2);
   zc.launch("aten::_int_mm");

@@ -590,3 +590,24 @@ def test_make_graphed_callables_refuses_what_it_cannot_replay():
     graphed = torch.neuron.make_graphed_callables(mlp(), (x,))
     with pytest.raises(TypeError, match="captured with 1 tensor arguments, called with 2"):
         graphed(x, x)
+
+
+def _fp8_layer(x, w8, w_scale):
+    """An FP8 W8A8 linear as vLLM's per-token layers run it: dynamic per-row activation scales,
+    then torch._scaled_mm with row-wise scales."""
+    scale = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=1.0 / (448 * 512))
+    q = (x * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return torch._scaled_mm(q, w8.t(), scale, w_scale, out_dtype=torch.bfloat16)
+
+
+def test_an_fp8_layer_is_captured_and_replays_its_eager_results(engine_mode):
+    gen = torch.Generator().manual_seed(3)
+    w8 = (torch.randn(24, 64, generator=gen) * 8).to(torch.float8_e4m3fn).to("neuron")
+    w_scale = (torch.rand(1, 24, generator=gen) + 0.5).to("neuron")
+    x = torch.empty(16, 64, device="neuron")
+    g, y = capture(lambda: _fp8_layer(x, w8, w_scale))
+    for seed in range(3):
+        xc = torch.randn(16, 64, generator=torch.Generator().manual_seed(seed)) * (seed + 1)
+        x.copy_(xc)
+        g.replay()
+        assert torch.equal(y.cpu(), _fp8_layer(xc.to("neuron"), w8, w_scale).cpu())

@@ -400,6 +400,63 @@ def test_scaled_mm_fp32_accumulator_across_blocking_edges(mkn, layouts, fp8_rout
     assert torch.equal(_bits(got16.cpu()), _bits(got.cpu().to(torch.bfloat16)))
 
 
+BLOCK_CONFIGS = ["1x128 x 128x128", "1x128 x 1x128", "128x128 x 1x128"]
+
+
+def _block_scales(config, m, k, n):
+    kb = -(-k // 128)
+    a_rows = config.startswith("1x128")
+    sa = torch.rand(m if a_rows else -(-m // 128), kb) + 0.5
+    sb = torch.rand(kb, -(-n // 128) if config.endswith("128x128") else n) + 0.5
+    # per element of a and b's K blocks
+    SA = sa if a_rows else sa.repeat_interleave(128, dim=0)[:m]
+    SB = sb.repeat_interleave(128, dim=1)[:, :n] if config.endswith("128x128") else sb
+    return sa, sb, SA.double(), SB.double()
+
+
+@pytest.mark.parametrize("mkn", [(5, 300, 200), (130, 256, 129), (12, 128, 256), (1, 64, 7), (3, 0, 4)], ids=str)
+@pytest.mark.parametrize("config", BLOCK_CONFIGS)
+def test_block_scaled_mm_scales_each_k_blocks_fp32_sum(config, mkn):
+    # DeepSeek-style block scaling (torch's three configurations): each 128-wide K block's
+    # exact products summed in fp32, times its two block scales, the blocks added in fp32,
+    # then the bias, one rounding
+    torch.manual_seed(13)
+    m, k, n = mkn
+    a, b = _fp8_operands(m, k, n, E4M3, E4M3)
+    sa, sb, SA, SB = _block_scales(config, m, k, n)
+    bias = torch.randn(n)
+    exact = torch.zeros(m, n, dtype=torch.float64) + bias.double()
+    absprod = torch.zeros(m, n, dtype=torch.float64)
+    for j, k0 in enumerate(range(0, k, 128)):
+        ad, bd = a[:, k0:k0 + 128].double(), b[k0:k0 + 128].double()
+        exact += (ad @ bd) * SA[:, j:j + 1] * SB[j]
+        absprod += (ad.abs() @ bd.abs()) * SA[:, j:j + 1] * SB[j]
+    args = (_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV))
+    got = torch._scaled_mm(*args, bias=bias.to(DEV), out_dtype=torch.float32)
+    # each block's sum, its two scalings and the additions: a few fp32 roundings of the terms
+    assert_tensore(got, exact, k + 4 * (k // 128 + 1), absprod=absprod, min_equal=0.0,
+                   atol=2.0 ** -22 * bias.double().abs())
+    got16 = torch._scaled_mm(*args, bias=bias.to(DEV), out_dtype=torch.bfloat16)
+    assert torch.equal(_bits(got16.cpu()), _bits(got.cpu().to(torch.bfloat16)))
+
+
+def test_block_scaled_mm_block_scales_are_not_row_scales():
+    # 1x128 x 128x128 with two K blocks: the second block's scales weigh the second block only
+    m, k, n = 4, 256, 8
+    a = torch.ones(m, k).to(E4M3)
+    b = torch.ones(n, k).to(E4M3).t()
+    sa = torch.tensor([[1.0, 2.0]]).expand(m, 2).contiguous()
+    sb = torch.tensor([[1.0], [3.0]])
+    got = torch._scaled_mm(_to_dev(a), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.float32)
+    assert torch.equal(got.cpu(), torch.full((m, n), 128.0 * 1 * 1 + 128.0 * 2 * 3))
+
+
+def test_scaled_mm_with_unknown_scale_shapes_names_every_configuration():
+    a, b = _fp8_operands(4, 256, 8, E4M3, E4M3)
+    with pytest.raises(ValueError, match=r"row-wise scales of shape \(4, 1\).*block scales: \(4, 2\) and \(2, 1\)"):
+        torch._scaled_mm(_to_dev(a), _to_dev(b), torch.ones(4, 3, device=DEV), torch.ones(3, 8, device=DEV))
+
+
 def test_scaled_mm_bf16_result_rounds_subnormals_and_nan_like_cpu(fp8_route):
     # Scales that take the fp32 results into the subnormal range (vcvtneps2bf16 would flush
     # them to zero) and a NaN row scale (CPU's conversion writes 0xFFFF for every NaN).

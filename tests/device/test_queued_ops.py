@@ -74,6 +74,16 @@ def same(got, want):
 
 
 CASES = {
+    # extrema (an FP8 layer's dynamic scales); whole reductions of a transposed block take the
+    # address-order walk (extrema.cpp)
+    "amax_rows": (lambda x: x.abs().amax(dim=-1, keepdim=True), lambda: (r(6, 33),)),
+    "amax_dims": (lambda x: x.amax((0, 2)), lambda: (r(3, 4, 5),)),
+    "amin_bf16": (lambda x: x.amin(1), lambda: (r(4, 40, dtype=torch.bfloat16),)),
+    "amax_int": (lambda x: x.amax(0), lambda: (torch.randint(-9, 9, (5, 7), generator=gen),)),
+    "amax_empty_rows": (lambda x: x.amax(1), lambda: (r(0, 3),)),
+    "amax_transposed_whole": (lambda x: x.t().amax((0, 1), keepdim=True), lambda: (r(64, 96),)),
+    "max_whole": (lambda x: x.abs().max(), lambda: (r(7, 9),)),
+    "min_whole_transposed": (lambda x: x.t().min(), lambda: (r(80, 64),)),
     # GEMM family (fp32 and bf16; operands transposed as autograd passes them)
     "mm": (torch.mm, lambda: (r(8, 16), r(16, 4))),
     "mm_transposed": (torch.mm, lambda: (r(16, 8).t(), r(4, 16).t())),
@@ -636,6 +646,15 @@ ERRORS = {
                                      "memory location"),
     "grouped_mm_offs_dtype": (lambda: torch._grouped_mm(n(r(10, 8)), n(r(3, 8, 4)), offs=n(torch.tensor([3, 3, 10]))),
                               "int32"),
+    "amax_repeated_dim": (lambda: n(r(3, 4)).amax((1, 1)), "appears multiple times"),
+    "amax_of_an_empty_dim": (lambda: n(r(0, 3)).amax(0), "zero-size|non-zero size|empty"),
+    "max_of_empty": (lambda: n(r(0, 3)).max(), "numel|empty|non-empty"),
+    "scaled_mm_shapes": (lambda: torch._scaled_mm(n(r(4, 32).to(torch.float8_e4m3fn)), n(r(16, 8).to(torch.float8_e4m3fn)),
+                                                  n(torch.ones(1)), n(torch.ones(1))), "cannot be multiplied"),
+    "scaled_mm_scales": (lambda: torch._scaled_mm(n(r(4, 32).to(torch.float8_e4m3fn)), n(r(8, 32).to(torch.float8_e4m3fn).t()),
+                                                  n(torch.ones(4)), n(torch.ones(1))), "scaling configuration"),
+    "int_mm_shapes": (lambda: torch._int_mm(n(torch.ones(17, 32, dtype=torch.int8)), n(torch.ones(16, 8, dtype=torch.int8))),
+                      "cannot be multiplied|size"),
 }
 
 
@@ -1143,3 +1162,53 @@ def test_in_place_index_ops_reading_slices_of_wider_buffers_queue_with_cpus_resu
     got = n(torch.zeros(4, 5))
     queued(lambda: got.index_put_((n(rows),), nwide[:2, :5]))
     same(got, want)
+
+
+def _fp8(*shape):
+    return (r(*shape) * 4).to(torch.float8_e4m3fn)
+
+
+SCALED_MM = {
+    "tensorwise_bf16": lambda: ((_fp8(16, 64), _fp8(24, 64).t(), torch.tensor([0.5]), torch.tensor([0.25])),
+                                dict(out_dtype=torch.bfloat16)),
+    "rowwise_bias_fp32": lambda: ((_fp8(16, 64), _fp8(24, 64).t(), torch.rand(16, 1) + 0.5, torch.rand(1, 24) + 0.5),
+                                  dict(bias=r(24), out_dtype=torch.float32)),
+    "tensorwise_fp16": lambda: ((_fp8(5, 32), _fp8(32, 7), torch.tensor([2.0]), torch.tensor([0.125])),
+                                dict(out_dtype=torch.float16)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALED_MM))
+def test_scaled_mm_queues_and_equals_the_synchronous_one(case):
+    # FP8 GEMMs queue (vLLM's FP8 layers in decode graphs, dynamic activation scales computed
+    # by the queued ops before them): the kernel reads the scales when it runs
+    args, kwargs = SCALED_MM[case]()
+    dev = [n(a) for a in args]
+    kwargs = {k: n(v) for k, v in kwargs.items()}
+    got = queued(lambda *a: torch._scaled_mm(*a, **kwargs), *dev)
+    engine.set_enabled(False)
+    try:
+        want = torch._scaled_mm(*dev, **kwargs)
+    finally:
+        engine.set_enabled(True)
+    same(got, want.cpu())
+
+
+def test_a_queued_scaled_mm_reads_a_scale_computed_by_the_ops_queued_before_it():
+    x, w = r(8, 64), _fp8(16, 64)
+    xd = n(x)
+    scale = (xd.abs().amax() / 448.0).reshape(1)  # queued, not yet computed
+    q = (xd * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    got = queued(lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32),
+                 q, n(w).t(), scale, n(torch.tensor([0.5])))
+    s = (x.abs().amax() / 448.0).reshape(1)
+    qc = (x * s.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    want = (qc.float() @ w.float().t()) * (s * 0.5)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_int_mm_queues_and_equals_the_synchronous_one():
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=gen)
+    b = torch.randint(-128, 128, (64, 24), dtype=torch.int8, generator=gen)
+    got = queued(torch._int_mm, n(a), n(b))
+    assert torch.equal(got.cpu(), a.int() @ b.int())
