@@ -58,7 +58,13 @@ def lora_hf(llama_dir, lora_dir) -> list:
 
 
 @pytest.fixture(scope="session")
-def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
+def fp8_checkpoint_dir(tmp_path_factory) -> str:
+    """A serialized block-FP8 checkpoint of a hidden-256 Llama."""
+    return tiny_models.build_fp8_block_checkpoint(str(tmp_path_factory.mktemp("tiny-fp8-block")))
+
+
+@pytest.fixture(scope="session")
+def engines(llama_dir, qwen_moe_dir, lora_dir, fp8_checkpoint_dir, tmp_path_factory) -> dict:
     """Every in-process engine of the serving tests, started once, one after the other."""
     runs = [
         # 3 blocks of 32 tokens (2 layers x 2 KV heads x 32 x fp32 x K,V = 32 KiB per block)
@@ -101,6 +107,22 @@ def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
              args=dict(ENGINE, enforce_eager=False, disable_log_stats=False, speculative_config={
                  "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                  "prompt_lookup_max": 3})),
+        # FP8 W8A8 through torch._scaled_mm (vLLM's online methods: per-tensor, per-channel and
+        # 128x128-block scales; bf16 models: vLLM's FP8 methods take no fp32 model), eagerly with
+        # every quantized layer checked, then compiled with and without decode graphs
+        dict(key="fp8_tensor", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_tensor")),
+        dict(key="fp8_channel", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel")),
+        dict(key="fp8_block", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_block")),
+        dict(key="fp8_checkpoint", scenario="fp8", model=fp8_checkpoint_dir,
+             args=dict(ENGINE, dtype="bfloat16", fp8_scheme="fp8_per_block")),
+        dict(key="fp8_graphs", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False)),
+        dict(key="fp8_compiled", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False,
+                       compilation_config={"cudagraph_mode": "NONE"})),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),

@@ -95,6 +95,36 @@ def build_qwen2_moe(path: str, seed: int = 0) -> str:
     return path
 
 
+def build_fp8_block_checkpoint(path: str) -> str:
+    """A serialized block-FP8 checkpoint (DeepSeek and Qwen3 FP8 checkpoints' format: vLLM's
+    ``fp8`` method, ``weight_block_size`` [128, 128], dynamic activations): a random Llama of
+    hidden size 256 (q/k/v shards of 256/128/128 rows, whole blocks), its projections stored as
+    e4m3 codes with ``weight_scale_inv`` per block (:func:`fp8_weight`), the rest bf16."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    build_llama(path, hidden=256)
+    file = os.path.join(path, "model.safetensors")
+    out = {}
+    for key, value in load_file(file).items():
+        if key.endswith("_proj.weight"):
+            codes, scale = fp8_weight([value.to(torch.bfloat16)], "fp8_per_block")
+            out[key], out[key.replace(".weight", ".weight_scale_inv")] = codes.contiguous(), scale.contiguous()
+        else:
+            out[key] = value.to(torch.bfloat16)
+    save_file(out, file)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["torch_dtype"] = "bfloat16"
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128], "fmt": "e4m3"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return path
+
+
 def build_lora(base: str, path: str, seed: int = 1, rank: int = 8) -> str:
     """A PEFT LoRA adapter for the model at ``base`` (attention and MLP projections), with
     random B matrices (PEFT starts them at zero: no effect), saved at ``path``."""
@@ -115,20 +145,126 @@ def build_lora(base: str, path: str, seed: int = 1, rank: int = 8) -> str:
     return path
 
 
+FP8_MAX = 448.0  # float8_e4m3fn
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # vLLM's smallest dynamic scale
+
+
+def _to_fp8(x):
+    import torch
+
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_weight(weights: list, scheme: str):
+    """vLLM's online FP8 quantization of one vLLM layer's weight (``weights``: the [out, in]
+    matrices it fuses, e.g. q, k and v): the e4m3 codes [sum(out), in] and the fp32 scale
+    ([1, 1] per tensor, [out, 1] per channel).
+
+    - ``"fp8_per_tensor"``: one scale ``amax / 448`` over the fused weight, codes
+      ``w * (1 / scale)`` rounded;
+    - ``"fp8_per_channel"``: a scale per output row, ``max(amax / 448, 1 / (448 * 512))``,
+      codes ``w / scale`` rounded;
+    - ``"fp8_per_block"``: a scale per 128x128 block (zero-padded at the edges),
+      ``max(amax, 1e-4) / 448``, codes ``w * (1 / scale)`` rounded; scale [out / 128, in / 128]."""
+    import torch
+
+    w = torch.cat([x.detach().float() for x in weights])
+    if scheme == "fp8_per_tensor":
+        s = (w.abs().max() / FP8_MAX).reshape(1, 1)
+        return _to_fp8(w * s.reciprocal()), s
+    if scheme == "fp8_per_block":
+        n, k = w.shape
+        nb, kb = -(-n // 128), -(-k // 128)
+        padded = torch.zeros(nb * 128, kb * 128)
+        padded[:n, :k] = w
+        blocks = padded.view(nb, 128, kb, 128)
+        s = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(1e-4) / FP8_MAX
+        codes = _to_fp8(blocks * (1.0 / s)).view(nb * 128, kb * 128)[:n, :k]
+        return codes, s.view(nb, kb)
+    s = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    return _to_fp8(w / s), s
+
+
+def _fp8_block_linear(x2, codes, scale):
+    """fp8_linear for 128x128 weight blocks: activations in dynamic 1x128 groups (scale
+    ``max(amax / 448, 1 / (448 * 512))``, codes ``x / scale`` rounded); per 128-wide K block the
+    exact products summed in fp32, times the activation group's and the weight block's scales,
+    the blocks added in fp32. ``scale`` is [out / 128, in / 128] or one row per output row."""
+    import torch
+
+    n, k = codes.shape
+    rows = scale if scale.shape[0] == n else scale.repeat_interleave(128, dim=0)[:n]
+    total = torch.zeros(x2.shape[0], n)
+    for j, k0 in enumerate(range(0, k, 128)):
+        xs = x2[:, k0:k0 + 128]
+        sa = (xs.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        qa = _to_fp8(xs / sa).float()
+        total += ((qa @ codes[:, k0:k0 + 128].float().t()) * sa) * rows[:, j].reshape(1, -1)
+    return total
+
+
+def fp8_linear(x, codes, scale, scheme: str):
+    """A quantized layer's output as TensorE computes it: the activation ``x`` [tokens, in]
+    quantized dynamically (per tensor for ``"fp8_per_tensor"``, per token for
+    ``"fp8_per_channel"``; scale ``max(amax / 448, 1 / (448 * 512))``, codes ``x * (1 / scale)``
+    rounded), the exact products of the codes summed in fp32, times both scales, rounded once to
+    ``x``'s dtype (``"fp8_per_block"``: :func:`_fp8_block_linear`)."""
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    if scheme == "fp8_per_block":
+        return _fp8_block_linear(x2, codes, scale).to(x.dtype).reshape(*x.shape[:-1], -1)
+    amax = x2.abs().amax() if scheme == "fp8_per_tensor" else x2.abs().amax(dim=-1, keepdim=True)
+    sa = (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    qa = _to_fp8(x2 * sa.reciprocal()).float()
+    y = (qa @ codes.float().t()) * (sa * scale.reshape(1, -1))
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def fp8_groups(layer) -> list:
+    """The projections of an HF Llama decoder layer as vLLM fuses them into its layers:
+    qkv_proj, o_proj, gate_up_proj, down_proj."""
+    a, m = layer.self_attn, layer.mlp
+    return [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+
+
+def fp8_quantize_(model, scheme: str) -> None:
+    """Make an HF Llama's projections compute as vLLM's online FP8 W8A8 method ``scheme``
+    (``"fp8_per_tensor"``, ``"fp8_per_channel"``, ``"fp8_per_block"``) on TensorE: :func:`fp8_weight` per fused
+    group, :func:`fp8_linear` per call."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for group in fp8_groups(layer):
+                codes, scale = fp8_weight([lin.weight for lin in group], scheme)
+                if scheme == "fp8_per_block":  # one scale row per output row, sliced per shard
+                    scale = scale.repeat_interleave(128, dim=0)[:codes.shape[0]]
+                row = 0
+                for lin in group:
+                    n = lin.weight.shape[0]
+                    c, sc = codes[row:row + n], scale if scale.numel() == 1 else scale[row:row + n]
+                    lin.forward = lambda x, c=c, sc=sc: fp8_linear(x, c, sc, scheme)
+                    row += n
+
+
 def hf_greedy(path: str, prompts: list[str], max_tokens: int,
-              with_logprobs: bool = False, adapter: str | None = None):
+              with_logprobs: bool = False, adapter: str | None = None, fp8: str | None = None,
+              dtype: str = "float32"):
     """Greedy continuation token ids from Hugging Face on CPU, fp32 (the oracle); with
     ``with_logprobs`` also the log-probability of each chosen token; with ``adapter`` (a PEFT
-    LoRA directory) through the adapter merged into the model."""
+    LoRA directory) through the adapter merged into the model; with ``fp8`` (a vLLM online
+    FP8 scheme) through :func:`fp8_quantize_`'s projections; ``dtype`` the model's (vLLM's FP8
+    methods take bf16 and fp16 models)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+    if fp8 is not None:
+        fp8_quantize_(model, fp8)
     ids_out, lp_out = [], []
     with torch.no_grad():
         for p in prompts:

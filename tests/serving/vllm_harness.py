@@ -189,6 +189,91 @@ def scenario_lora(model: str, engine_args: dict) -> dict:
     return res
 
 
+_FP8_CAPTURE: list[dict] = []
+
+
+def _capture_fp8_layers(model) -> None:
+    """Runs inside the worker (apply_model): a forward hook on every FP8 linear layer keeps
+    its first call's input, output, weight codes and weight scale (CPU copies)."""
+    import torch
+
+    captured: dict = {}
+    for name, mod in model.named_modules():
+        weight = getattr(mod, "weight", None)
+        scale = getattr(mod, "weight_scale_inv", None)  # block scales' name
+        scale = getattr(mod, "weight_scale", None) if scale is None else scale
+        if weight is None or weight.dtype != torch.float8_e4m3fn or scale is None:
+            continue
+
+        def hook(mod, inputs, output, name=name, scale=scale):
+            if name not in captured:
+                y = output[0] if isinstance(output, tuple) else output
+                captured[name] = [t.detach().cpu().clone() for t in (inputs[0], y, mod.weight, scale)]
+        mod.register_forward_hook(hook)
+    _FP8_CAPTURE.append(captured)
+
+
+def _fp8_layer_checks(model: str, scheme: str, captured: dict) -> dict:
+    """Per captured layer: the engine's output against TensorE's FP8 matmul of its own
+    operands (tiny_models.fp8_linear), and its weight codes and scale against the online
+    quantization of the checkpoint's weights in the model dtype (tiny_models.fp8_weight)."""
+    import torch
+    from safetensors.torch import load_file
+
+    import tiny_models
+
+    ckpt = load_file(os.path.join(model, "model.safetensors"))
+    parts = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    out = {}
+    for name, (x, y, w, ws) in captured.items():
+        # vLLM keeps a per-tensor or per-channel weight as [in, out] (a transposed [out, in]),
+        # a block-scaled one as [out, in]
+        codes = w if scheme == "fp8_per_block" else w.t()
+        ref = tiny_models.fp8_linear(x, codes, ws.float(), scheme)
+        # distance in units in the last place: adjacent bf16 values of one sign have adjacent
+        # int16 patterns (a sign change counts as far apart unless both sides are zero)
+        same_sign = (ref.float() * y.float() > 0) | ((ref == 0) & (y == 0))
+        bits = (ref.view(torch.int16).int() - y.view(torch.int16).int()).abs()
+        ulps = torch.where(same_sign, bits, torch.full_like(bits, 1 << 16)).max().item()
+        prefix, leaf = name.rsplit(".", 1)
+        keys = [f"{prefix}.{p}" for p in parts.get(leaf, (leaf,))]
+        if ckpt[keys[0] + ".weight"].dtype == torch.float8_e4m3fn:  # a serialized FP8 checkpoint
+            qw = torch.cat([ckpt[k + ".weight"] for k in keys])
+            sw = torch.cat([ckpt[k + ".weight_scale_inv"] for k in keys])
+        else:
+            qw, sw = tiny_models.fp8_weight([ckpt[k + ".weight"].to(x.dtype) for k in keys], scheme)
+        out[name] = {"tokens": int(x.reshape(-1, x.shape[-1]).shape[0]), "out_dtype": str(y.dtype),
+                     "max_ulps": ulps,
+                     "codes_equal": torch.equal(qw.view(torch.uint8), codes.contiguous().view(torch.uint8)),
+                     "scales_equal": torch.equal(sw.reshape(-1), ws.float().reshape(-1))}
+    return out
+
+
+def scenario_fp8(model: str, engine_args: dict) -> dict:
+    """An FP8 engine (``engine_args["quantization"]``, or an FP8 checkpoint whose scheme
+    ``engine_args["fp8_scheme"]`` names): greedy tokens, the ``_scaled_mm`` calls made, the
+    graph mode; eagerly also each quantized layer's checks (_fp8_layer_checks)."""
+    from vllm import LLM
+
+    import torchneuron
+
+    args = dict(engine_args)
+    scheme = args.pop("fp8_scheme", args.get("quantization"))  # a checkpoint's: named by the run
+    llm = LLM(model=model, **args)
+    eager = args.get("enforce_eager", False)
+    if eager:
+        llm.apply_model(_capture_fp8_layers)
+    before = torchneuron.get_executed_ops().get("aten::_scaled_mm", 0)
+    res = {"greedy": _ids(llm.generate(PROMPTS, _greedy()))}
+    res["scaled_mm_calls"] = torchneuron.get_executed_ops().get("aten::_scaled_mm", 0) - before
+    if eager:
+        res["fp8_layers"] = _fp8_layer_checks(model, scheme, _FP8_CAPTURE[-1])
+    cc = llm.llm_engine.vllm_config.compilation_config
+    res["compilation_mode"], res["cudagraph_mode"] = cc.mode.name, cc.cudagraph_mode.name
+    _shutdown(llm)
+    return res
+
+
 def scenario_init_error(model: str, engine_args: dict) -> dict:
     """Engine start that is expected to fail: the exception's type and text."""
     from vllm import LLM
@@ -251,7 +336,7 @@ def scenario_sleep(model: str, engine_args: dict) -> dict:
     return res
 
 
-SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "lora": scenario_lora,
+SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "lora": scenario_lora, "fp8": scenario_fp8,
              "init_error": scenario_init_error,
              "sleep": scenario_sleep}
 

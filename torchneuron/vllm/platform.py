@@ -101,9 +101,12 @@ class NeuronPlatform(Platform):
         return f"neuron-{props.platform}-chip{props.chip}-core{props.logical_core}"
 
     @classmethod
-    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
-        major, minor = torch.neuron.get_device_capability(device_id)
-        return DeviceCapability(major=major, minor=minor)
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability | None:
+        # None, as vLLM's CPU and TPU platforms: vLLM compares capabilities with CUDA SM
+        # versions (quantization methods' minimum capability, kernel choices), which a
+        # NeuronCore version (torch.neuron.get_device_capability, 3.0 on trn2) is not; as "30"
+        # it refused FP8 ("minimum capability 75")
+        return None
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:

@@ -45,10 +45,11 @@ class NeuronWorker(Worker):
     def init_device(self) -> None:
         import torchneuron.distributed as tnd
 
-        from . import moe, ops
+        from . import moe, ops, quantization
 
         moe.register()  # before the model is built
         ops.register()
+        quantization.register()
         count = torch.neuron.device_count()
         if self.local_rank >= count:
             raise RuntimeError(
