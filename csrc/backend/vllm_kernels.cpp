@@ -49,8 +49,14 @@ void check_floating(const at::Tensor& t, const char* what, const char* op) {
               " must be float32, float64, float16 or bfloat16, got ", d);
 }
 
+bool fp8_cache(const at::Tensor& kv_cache) {
+  return kv_cache.scalar_type() == at::kFloat8_e4m3fn || kv_cache.scalar_type() == at::kFloat8_e5m2;
+}
+
+// A KV cache of the model's dtype, or an FP8 one (vLLM's kv_cache_dtype "fp8", "fp8_e4m3",
+// "fp8_e5m2": codes written by the caller, keys and values dequantized by their scales here).
 void check_cache(const at::Tensor& kv_cache, const char* op) {
-  check_floating(kv_cache, "kv_cache", op);
+  if (!fp8_cache(kv_cache)) check_floating(kv_cache, "kv_cache", op);
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.is_contiguous(), op,
               ": kv_cache must be a contiguous [num_blocks, block_size, kv_heads, 2 * head_size] "
               "tensor (NEURON_ATTN's token-major layout), got shape ", kv_cache.sizes(),
@@ -162,9 +168,9 @@ template <typename T>
 void kv_write_kernel(const at::Tensor& key, const at::Tensor& value, const at::Tensor& cache,
                      const at::Tensor& slots, int64_t n) {
   const int64_t kvh = cache.size(2), d = cache.size(3) / 2, rows = cache.size(0) * cache.size(1);
-  T* base = cache.data_ptr<T>();
-  const T* k = key.const_data_ptr<T>();
-  const T* v = value.const_data_ptr<T>();
+  T* base = static_cast<T*>(cache.data_ptr());
+  const T* k = static_cast<const T*>(key.const_data_ptr());
+  const T* v = static_cast<const T*>(value.const_data_ptr());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = index_at(slots, i);
     if (slot < 0) continue;
@@ -202,6 +208,10 @@ void check_kv_write(const at::Tensor& key, const at::Tensor& value, const at::Te
 
 void run_kv_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                   const at::Tensor& slot_mapping) {
+  if (fp8_cache(kv_cache)) {  // FP8 codes (quantized by the caller): byte copies
+    kv_write_kernel<uint8_t>(key, value, kv_cache, slot_mapping, slot_mapping.size(0));
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, kv_cache.scalar_type(), "torchneuron::paged_kv_write", [&] {
     kv_write_kernel<scalar_t>(key, value, kv_cache, slot_mapping, slot_mapping.size(0));
   });
@@ -224,13 +234,16 @@ void paged_kv_write_cpu(const at::Tensor& key, const at::Tensor& value, const at
 // strides by the row size and maps many rows onto the same L1 sets); per query head the chunk's
 // scores, their exponentials against the running maximum, and the rescaled value accumulation.
 // fp32 accumulation in every dtype; half-precision rows are widened once per chunk.
-template <typename T>
+// C is the cache's element type: T, or an FP8 type whose rows are widened with the key and
+// value scales applied (each token row: per KV head, d key values then d value values).
+template <typename T, typename C = T>
 void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
-                   const at::Tensor& seq_lens, double scale, const at::Tensor& out) {
+                   const at::Tensor& seq_lens, double scale, const at::Tensor& out, float k_scale = 1.0f,
+                   float v_scale = 1.0f) {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t nblocks = cache.size(0), bs = cache.size(1), kvh = cache.size(2);
   const int64_t group = heads / kvh, max_blocks = block_table.size(1);
-  const T* base = cache.const_data_ptr<T>();
+  const C* base = static_cast<const C*>(cache.const_data_ptr());
   const T* qp = q.const_data_ptr<T>();
   T* op = out.data_ptr<T>();
   const bool bt32 = block_table.scalar_type() == at::kInt;
@@ -244,7 +257,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tenso
     auto expv = vec ? exp_avx2 : exp_scalar;
     auto pv = vec ? pv_avx2 : pv_scalar;
     std::vector<float> qf(heads * d), acc(heads * d), mx(heads), sum(heads);
-    std::vector<float> wide(std::is_same_v<T, float> ? 0 : kChunk * token_row);
+    std::vector<float> wide(std::is_same_v<C, float> ? 0 : kChunk * token_row);
     const float* rows[kChunk];
     const float* k[kChunk];
     const float* v[kChunk];
@@ -273,12 +286,19 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& cache, const at::Tenso
                                    : static_cast<const int64_t*>(bt)[r * bt_stride + col];
           TORCH_CHECK(blk >= 0 && blk < nblocks, "torchneuron::paged_decode_attention: request ",
                       r, " names block ", blk, " outside the KV cache (", nblocks, " blocks)");
-          const T* src = base + (blk * bs + t % bs) * token_row;
-          if constexpr (std::is_same_v<T, float>) {
+          const C* src = base + (blk * bs + t % bs) * token_row;
+          if constexpr (std::is_same_v<C, float>) {
             rows[j] = src;
-          } else {
+          } else if constexpr (std::is_same_v<C, T>) {
             float* w = wide.data() + j * token_row;
             for (int64_t c = 0; c < token_row; ++c) w[c] = static_cast<float>(src[c]);
+            rows[j] = w;
+          } else {  // FP8 codes: value * scale, in fp32
+            float* w = wide.data() + j * token_row;
+            for (int64_t h = 0; h < kvh; ++h) {
+              for (int64_t c = 0; c < d; ++c) w[h * 2 * d + c] = static_cast<float>(src[h * 2 * d + c]) * k_scale;
+              for (int64_t c = d; c < 2 * d; ++c) w[h * 2 * d + c] = static_cast<float>(src[h * 2 * d + c]) * v_scale;
+            }
             rows[j] = w;
           }
         }
@@ -328,7 +348,8 @@ void check_decode(const at::Tensor& query, const at::Tensor& kv_cache, const at:
               op, ": out must match query's shape ", query.sizes(), " and dtype ",
               query.scalar_type(), " with a dense last dim, got ", out.sizes(), " ",
               out.scalar_type());
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type(), op, ": query dtype ",
+  check_floating(query, "query", op);
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() || fp8_cache(kv_cache), op, ": query dtype ",
               query.scalar_type(), " differs from the kv_cache's ", kv_cache.scalar_type());
   TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= query.size(0) &&
                   seq_lens.dim() == 1 && seq_lens.size(0) >= query.size(0),
@@ -337,17 +358,25 @@ void check_decode(const at::Tensor& query, const at::Tensor& kv_cache, const at:
 }
 
 void run_decode(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
-                const at::Tensor& seq_lens, double scale, const at::Tensor& out) {
+                const at::Tensor& seq_lens, double scale, const at::Tensor& out, double k_scale,
+                double v_scale) {
+  const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query.scalar_type(), "torchneuron::paged_decode_attention", [&] {
-    decode_kernel<scalar_t>(query, kv_cache, block_table, seq_lens, scale, out);
+    if (kv_cache.scalar_type() == at::kFloat8_e4m3fn) {
+      decode_kernel<scalar_t, c10::Float8_e4m3fn>(query, kv_cache, block_table, seq_lens, scale, out, ks, vs);
+    } else if (kv_cache.scalar_type() == at::kFloat8_e5m2) {
+      decode_kernel<scalar_t, c10::Float8_e5m2>(query, kv_cache, block_table, seq_lens, scale, out, ks, vs);
+    } else {
+      decode_kernel<scalar_t>(query, kv_cache, block_table, seq_lens, scale, out);
+    }
   });
 }
 
 void paged_decode_attention_cpu(const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_table, const at::Tensor& seq_lens,
-                                double scale, const at::Tensor& out) {
+                                double scale, const at::Tensor& out, double k_scale, double v_scale) {
   check_decode(query, kv_cache, block_table, seq_lens, out);
-  run_decode(query, kv_cache, block_table, seq_lens, scale, out);
+  run_decode(query, kv_cache, block_table, seq_lens, scale, out, k_scale, v_scale);
 }
 
 
@@ -559,22 +588,25 @@ void paged_kv_write_neuron(const at::Tensor& key, const at::Tensor& value, const
 
 void paged_decode_attention_neuron(const at::Tensor& query, const at::Tensor& kv_cache,
                                    const at::Tensor& block_table, const at::Tensor& seq_lens,
-                                   double scale, const at::Tensor& out) {
-  if (may_enqueue() && queueable_like(query, kv_cache) && queueable_like(query, out) &&
-      queueable_index(query, block_table) && queueable_index(query, seq_lens)) {
+                                   double scale, const at::Tensor& out, double k_scale, double v_scale) {
+  const bool cache_ok = fp8_cache(kv_cache) ? kv_cache.is_privateuseone() && kv_cache.device() == query.device()
+                                            : queueable_like(query, kv_cache);
+  if (may_enqueue() && cache_ok && queueable_like(query, out) && queueable_index(query, block_table) &&
+      queueable_index(query, seq_lens)) {
     check_decode(query, kv_cache, block_table, seq_lens, out);
     QueuedCall q;
     at::Tensor qa = q.in(query), c = q.in(kv_cache), bt = q.in(block_table), sl = q.in(seq_lens);
     at::Tensor o = q.inout(out);
-    q.enqueue("torchneuron::paged_decode_attention",
-              [qa, c, bt, sl, scale, o] { run_decode(qa, c, bt, sl, scale, o); });
+    q.enqueue("torchneuron::paged_decode_attention", [qa, c, bt, sl, scale, o, k_scale, v_scale] {
+      run_decode(qa, c, bt, sl, scale, o, k_scale, v_scale);
+    });
     return;
   }
   ZeroCopy zc;
   at::Tensor q = zc.in(query), c = zc.in(kv_cache), bt = zc.in(block_table), sl = zc.in(seq_lens);
   at::Tensor o = zc.in_output(out);
   zc.launch("torchneuron::paged_decode_attention");
-  paged_decode_attention_cpu(q, c, bt, sl, scale, o);
+  paged_decode_attention_cpu(q, c, bt, sl, scale, o, k_scale, v_scale);
   zc.sync_inputs();
 }
 
@@ -662,7 +694,7 @@ TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
   m.def("weak_ref_tensor(Tensor input) -> Tensor");
   m.def("paged_kv_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_decode_attention(Tensor query, Tensor kv_cache, Tensor block_table, "
-        "Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
+        "Tensor seq_lens, float scale, Tensor(a!) out, float k_scale=1.0, float v_scale=1.0) -> ()");
   m.def("rotary_embedding_(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");

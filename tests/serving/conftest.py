@@ -25,10 +25,10 @@ def qwen_moe_dir(tmp_path_factory) -> str:
     return tiny_models.build_qwen2_moe(str(tmp_path_factory.mktemp("tiny-qwen2-moe")))
 
 
-def _oracle(path: str) -> dict:
+def _oracle(path: str, **kwargs) -> dict:
     long = long_prompt()
     ids, lps = tiny_models.hf_greedy(path, PROMPTS + [long, long + PREFIX_SUFFIX], MAX_TOKENS,
-                                     with_logprobs=True)
+                                     with_logprobs=True, **kwargs)
     n = len(PROMPTS)
     return {"greedy": ids[:n], "long": ids[n], "prefix": ids[n + 1],
             "greedy_logprobs": lps[:n], "long_logprobs": lps[n], "prefix_logprobs": lps[n + 1]}
@@ -38,6 +38,12 @@ def _oracle(path: str) -> dict:
 def llama_hf(llama_dir) -> dict:
     """Hugging Face greedy tokens on CPU in fp32: the oracle."""
     return _oracle(llama_dir)
+
+
+@pytest.fixture(scope="session")
+def llama_kv_fp8_hf(llama_dir) -> dict:
+    """The oracle of an FP8 KV cache: HF with its cached keys and values rounded to e4m3."""
+    return _oracle(llama_dir, kv_fp8=True)
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +70,7 @@ def fp8_checkpoint_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def engines(llama_dir, qwen_moe_dir, lora_dir, fp8_checkpoint_dir, tmp_path_factory) -> dict:
+def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
     """Every in-process engine of the serving tests, started once, one after the other."""
     runs = [
         # 3 blocks of 32 tokens (2 layers x 2 KV heads x 32 x fp32 x K,V = 32 KiB per block)
@@ -107,22 +113,6 @@ def engines(llama_dir, qwen_moe_dir, lora_dir, fp8_checkpoint_dir, tmp_path_fact
              args=dict(ENGINE, enforce_eager=False, disable_log_stats=False, speculative_config={
                  "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                  "prompt_lookup_max": 3})),
-        # FP8 W8A8 through torch._scaled_mm (vLLM's online methods: per-tensor, per-channel and
-        # 128x128-block scales; bf16 models: vLLM's FP8 methods take no fp32 model), eagerly with
-        # every quantized layer checked, then compiled with and without decode graphs
-        dict(key="fp8_tensor", scenario="fp8", model=llama_dir,
-             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_tensor")),
-        dict(key="fp8_channel", scenario="fp8", model=llama_dir,
-             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel")),
-        dict(key="fp8_block", scenario="fp8", model=llama_dir,
-             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_block")),
-        dict(key="fp8_checkpoint", scenario="fp8", model=fp8_checkpoint_dir,
-             args=dict(ENGINE, dtype="bfloat16", fp8_scheme="fp8_per_block")),
-        dict(key="fp8_graphs", scenario="fp8", model=llama_dir,
-             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False)),
-        dict(key="fp8_compiled", scenario="fp8", model=llama_dir,
-             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False,
-                       compilation_config={"cudagraph_mode": "NONE"})),
         # two worker processes on neuron:0 and neuron:1, collectives over the neuron backend
         dict(key="tp2", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, tensor_parallel_size=2)),
@@ -134,3 +124,33 @@ def engines(llama_dir, qwen_moe_dir, lora_dir, fp8_checkpoint_dir, tmp_path_fact
                        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
     ]
     return run_engines(runs, tmp_path_factory.mktemp("engines"))
+
+
+@pytest.fixture(scope="session")
+def quant_engines(llama_dir, fp8_checkpoint_dir, tmp_path_factory) -> dict:
+    """The quantized engines (FP8 weights, an FP8 KV cache), in a harness of their own: with the
+    others in one, the fixture's start-up outlasted a test's time limit."""
+    runs = [
+        # FP8 W8A8 through torch._scaled_mm (vLLM's online methods: per-tensor, per-channel and
+        # 128x128-block scales; bf16 models: vLLM's FP8 methods take no fp32 model), eagerly with
+        # every quantized layer checked, then compiled with and without decode graphs
+        dict(key="fp8_tensor", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_tensor")),
+        dict(key="fp8_channel", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel")),
+        dict(key="fp8_block", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_block")),
+        # an FP8 KV cache (fp32 model): every attention path reads dequantized codes
+        dict(key="kv_fp8", scenario="greedy", model=llama_dir, args=dict(ENGINE, kv_cache_dtype="fp8")),
+        dict(key="kv_fp8_graphs", scenario="greedy", model=llama_dir,
+             args=dict(ENGINE, kv_cache_dtype="fp8", enforce_eager=False,
+                       compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})),
+        dict(key="fp8_checkpoint", scenario="fp8", model=fp8_checkpoint_dir,
+             args=dict(ENGINE, dtype="bfloat16", fp8_scheme="fp8_per_block")),
+        dict(key="fp8_graphs", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False)),
+        dict(key="fp8_compiled", scenario="fp8", model=llama_dir,
+             args=dict(ENGINE, dtype="bfloat16", quantization="fp8_per_channel", enforce_eager=False,
+                       compilation_config={"cudagraph_mode": "NONE"})),
+    ]
+    return run_engines(runs, tmp_path_factory.mktemp("quant-engines"))

@@ -61,11 +61,11 @@ def result_of(results: dict, key: str) -> dict:
 LOGPROB_ATOL = 1e-4
 
 
-def assert_matches_hf(run: dict, hf: dict, keys=("greedy", "long", "prefix")) -> None:
+def assert_matches_hf(run: dict, hf: dict, keys=("greedy", "long", "prefix"), atol: float = LOGPROB_ATOL) -> None:
     """Same greedy tokens as HF, and the same log-probabilities for them (fp32)."""
     import numpy as np
 
     for key in keys:
         assert run[key] == hf[key], key
         got, want = np.array(run[key + "_logprobs"]), np.array(hf[key + "_logprobs"])
-        np.testing.assert_allclose(got, want, rtol=0, atol=LOGPROB_ATOL, err_msg=key)
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=key)

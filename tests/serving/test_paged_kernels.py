@@ -59,6 +59,45 @@ def test_decode_attention_matches_sdpa_on_gathered_context(heads):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_over_an_fp8_cache_dequantizes_keys_and_values_by_their_scales(fp8, dtype):
+    # each cached key read as code * k_scale, each value as code * v_scale, in fp32
+    codes = (_cache() * 8).to(fp8)
+    k_scale, v_scale = 0.125, 0.5
+    q, table, lens = _decode_case(4 * KVH, dtype)
+    out = torch.full((len(lens), 4 * KVH, D), float("nan"), dtype=dtype, device="neuron")
+    torch.ops.torchneuron.paged_decode_attention(q.to("neuron"), codes.to("neuron"), table.to("neuron"),
+                                                 lens.to("neuron"), D ** -0.5, out, k_scale, v_scale)
+    deq = codes.float()
+    deq[..., :D] *= k_scale
+    deq[..., D:] *= v_scale
+    want = _reference_decode(q, deq, table, lens, D ** -0.5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.cpu().float(), want, atol=tol, rtol=tol)
+
+
+def test_kv_write_copies_fp8_codes_into_an_fp8_cache():
+    cache = torch.zeros(BLOCKS, BS, KVH, 2 * D, dtype=torch.float8_e4m3fn, device="neuron")
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(3, KVH, D, generator=g).to(torch.float8_e4m3fn)
+    v = torch.randn(3, KVH, D, generator=g).to(torch.float8_e4m3fn)
+    torch.ops.torchneuron.paged_kv_write(k.to("neuron"), v.to("neuron"), cache,
+                                         torch.tensor([5, -1, 17], device="neuron"))
+    rows = cache.cpu().view(torch.uint8).view(-1, KVH, 2 * D)
+    assert torch.equal(rows[5, :, :D], k[0].view(torch.uint8)) and torch.equal(rows[5, :, D:], v[0].view(torch.uint8))
+    assert torch.equal(rows[17, :, :D], k[2].view(torch.uint8))
+    assert int(rows.count_nonzero()) == int(torch.cat([k[0], v[0], k[2], v[2]]).view(torch.uint8).count_nonzero())
+
+
+def test_decode_attention_refuses_a_query_dtype_other_than_a_non_fp8_caches():
+    q, table, lens = _decode_case(KVH)
+    with pytest.raises(RuntimeError, match="differs from the kv_cache"):
+        torch.ops.torchneuron.paged_decode_attention(
+            q.to("neuron"), _cache(torch.bfloat16), table.to("neuron"), lens.to("neuron"), 1.0,
+            torch.empty(len(lens), KVH, D, device="neuron"))
+
+
 def test_decode_attention_reads_strided_query_and_writes_strided_out():
     # vLLM hands views of the fused qkv projection and of a larger output buffer
     cache = _cache()

@@ -28,13 +28,13 @@ CHECKPOINT = "fp8_checkpoint"  # a serialized block-FP8 checkpoint (vLLM's "fp8"
 
 
 @pytest.mark.parametrize("key", sorted(SCHEMES) + [CHECKPOINT])
-def test_every_projection_is_quantized_and_none_else(engines, key):
-    assert set(result_of(engines, key)["fp8_layers"]) == LAYERS
+def test_every_projection_is_quantized_and_none_else(quant_engines, key):
+    assert set(result_of(quant_engines, key)["fp8_layers"]) == LAYERS
 
 
 @pytest.mark.parametrize("key", sorted(SCHEMES) + [CHECKPOINT])
-def test_quantized_layers_compute_tensore_fp8_matmuls_of_their_operands(engines, key):
-    for name, layer in result_of(engines, key)["fp8_layers"].items():
+def test_quantized_layers_compute_tensore_fp8_matmuls_of_their_operands(quant_engines, key):
+    for name, layer in result_of(quant_engines, key)["fp8_layers"].items():
         assert layer["out_dtype"] == "torch.bfloat16"
         # exact products summed in fp32 (in another order), both scales, one rounding: the same
         # bf16 value or its neighbour
@@ -42,27 +42,27 @@ def test_quantized_layers_compute_tensore_fp8_matmuls_of_their_operands(engines,
 
 
 @pytest.mark.parametrize("key", sorted(SCHEMES) + [CHECKPOINT])
-def test_weights_are_the_checkpoints_quantized_with_vllms_scales(engines, key):
+def test_weights_are_the_checkpoints_quantized_with_vllms_scales(quant_engines, key):
     # (a serialized checkpoint's stored codes and block scales, fused as vLLM fuses the layers)
-    for name, layer in result_of(engines, key)["fp8_layers"].items():
+    for name, layer in result_of(quant_engines, key)["fp8_layers"].items():
         assert layer["codes_equal"] and layer["scales_equal"], (name, layer)
 
 
 @pytest.mark.parametrize("key", ["fp8_tensor", "fp8_channel", "fp8_block", CHECKPOINT, "fp8_graphs", "fp8_compiled"])
-def test_fp8_engines_generate_through_scaled_mm(engines, key):
-    r = result_of(engines, key)
+def test_fp8_engines_generate_through_scaled_mm(quant_engines, key):
+    r = result_of(quant_engines, key)
     assert [len(t) for t in r["greedy"]] == [16, 16, 16]
     assert r["scaled_mm_calls"] > 0
 
 
-def test_fp8_engines_differ_from_the_unquantized_model(engines):
-    # (the quantization is in the path: the bf16 model without it gives other tokens)
+def test_fp8_engines_differ_from_the_unquantized_model(engines, quant_engines):
+    # (the quantization is in the path: the model without it gives other tokens)
     plain = result_of(engines, "llama")["greedy"]
-    assert result_of(engines, "fp8_channel")["greedy"] != plain
+    assert result_of(quant_engines, "fp8_channel")["greedy"] != plain
 
 
-def test_fp8_decode_graphs_replay_the_compiled_models_tokens(engines):
-    graphs, compiled = result_of(engines, "fp8_graphs"), result_of(engines, "fp8_compiled")
+def test_fp8_decode_graphs_replay_the_compiled_models_tokens(quant_engines):
+    graphs, compiled = result_of(quant_engines, "fp8_graphs"), result_of(quant_engines, "fp8_compiled")
     assert graphs["cudagraph_mode"] == "FULL_DECODE_ONLY" and compiled["cudagraph_mode"] == "NONE"
     assert graphs["graph_replays"] > 0 and compiled["graph_replays"] == 0
     assert graphs["greedy"] == compiled["greedy"]

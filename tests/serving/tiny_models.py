@@ -248,12 +248,14 @@ def fp8_quantize_(model, scheme: str) -> None:
 
 def hf_greedy(path: str, prompts: list[str], max_tokens: int,
               with_logprobs: bool = False, adapter: str | None = None, fp8: str | None = None,
-              dtype: str = "float32"):
+              dtype: str = "float32", kv_fp8: bool = False):
     """Greedy continuation token ids from Hugging Face on CPU, fp32 (the oracle); with
     ``with_logprobs`` also the log-probability of each chosen token; with ``adapter`` (a PEFT
     LoRA directory) through the adapter merged into the model; with ``fp8`` (a vLLM online
     FP8 scheme) through :func:`fp8_quantize_`'s projections; ``dtype`` the model's (vLLM's FP8
-    methods take bf16 and fp16 models)."""
+    methods take bf16 and fp16 models); with ``kv_fp8`` through an FP8 KV cache of scale 1 (vLLM's
+    ``kv_cache_dtype="fp8"`` without scales: keys after the rotary embedding and values rounded
+    to e4m3, saturated, before attention reads them)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -265,6 +267,47 @@ def hf_greedy(path: str, prompts: list[str], max_tokens: int,
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
     if fp8 is not None:
         fp8_quantize_(model, fp8)
+    with _kv_fp8(model, kv_fp8):
+        return _generate(tok, model, prompts, max_tokens, with_logprobs)
+
+
+def _kv_fp8(model, enabled: bool):
+    """Context: the Llama's cached keys (after rotary) and values rounded to e4m3."""
+    import contextlib
+
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    @contextlib.contextmanager
+    def rounded():
+        if not enabled:
+            yield
+            return
+        rope = modeling_llama.apply_rotary_pos_emb
+
+        def fp8(x):
+            return x.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+
+        def rounded_rope(q, k, *args, **kwargs):
+            q, k = rope(q, k, *args, **kwargs)
+            return q, fp8(k)
+
+        projections = [layer.self_attn.v_proj for layer in model.model.layers]
+        for v_proj in projections:
+            v_proj.register_forward_hook(lambda mod, inputs, out: fp8(out))
+        modeling_llama.apply_rotary_pos_emb = rounded_rope
+        try:
+            yield
+        finally:
+            modeling_llama.apply_rotary_pos_emb = rope
+            for v_proj in projections:
+                v_proj._forward_hooks.clear()
+    return rounded()
+
+
+def _generate(tok, model, prompts, max_tokens, with_logprobs):
+    import torch
+
     ids_out, lp_out = [], []
     with torch.no_grad():
         for p in prompts:

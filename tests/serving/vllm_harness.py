@@ -167,6 +167,7 @@ def scenario_greedy(model: str, engine_args: dict) -> dict:
         res["rank_tp_backends"] = [st["tp_backend"] for st in states]
         res["attention_calls"] = attention.calls()
         res["neuron_kernels"] = _neuron_kernels()
+    res["num_gpu_blocks"] = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     _shutdown(llm)
     return res
 

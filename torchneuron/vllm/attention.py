@@ -30,8 +30,10 @@ values are strided views in SDPA's ``[kv_heads, tokens, head]`` order, without a
   hits and decode.
 
 Supported: decoder self-attention, MHA and GQA, fp32 / bf16 / fp16, any head size (NKI: at
-most 128), no sliding window, ALiBi, soft-cap, sinks or quantized KV cache (rejected when the
-model is loaded, with the reason).
+most 128), the model's dtype or an FP8 KV cache (``kv_cache_dtype="fp8"``/``"fp8_e4m3"``/
+``"fp8_e5m2"``: keys and values stored as ``x / scale`` rounded and saturated, read back as
+``code * scale`` in fp32 by every request, the layer's ``k_scale``/``v_scale``); no sliding
+window, ALiBi, soft-cap or sinks (rejected when the model is loaded, with the reason).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def calls() -> dict:
     return dict(_CALLS)
 
 
+# vLLM's FP8 KV-cache dtypes and the FP8 type each stores ("fp8" is e4m3, as on CUDA)
+_KV_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
 def _use_nki() -> bool:
     return os.environ.get("TORCHNEURON_NKI_SDPA", "0") == "1"
 
@@ -72,7 +78,7 @@ class NeuronAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
                                                      torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
@@ -188,7 +194,7 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         unsupported = [name for name, bad in (
             ("ALiBi", alibi_slopes is not None), ("sliding window", sliding_window is not None),
             ("logits soft-cap", bool(logits_soft_cap)), ("attention sinks", sinks is not None),
-            (f"KV cache dtype {kv_cache_dtype!r}", kv_cache_dtype != "auto"),
+            (f"KV cache dtype {kv_cache_dtype!r}", kv_cache_dtype not in _KV_FP8 and kv_cache_dtype != "auto"),
             (f"attention type {attn_type!r}", attn_type != AttentionType.DECODER)) if bad]
         if unsupported:
             raise NotImplementedError(
@@ -202,7 +208,12 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # FP8 cache: vLLM allocates it as uint8; the kernels see it as the FP8 type it holds
+        self.fp8_dtype = _KV_FP8.get(kv_cache_dtype)
         self.use_nki = _use_nki()
+        if self.use_nki and self.fp8_dtype is not None:
+            raise NotImplementedError("TORCHNEURON_NKI_SDPA=1 with an FP8 KV cache is not implemented: "
+                                      "the NKI attention kernel reads the model's dtype")
         if self.use_nki and head_size > 128:
             raise NotImplementedError(f"TORCHNEURON_NKI_SDPA=1: the NKI attention kernel "
                                       f"needs head_size <= 128, got {head_size}")
@@ -212,7 +223,19 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
                            value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         # one kernel call: no host sync on the padding test, no masked copies of key/value
-        torch.ops.torchneuron.paged_kv_write(key, value, token_major(kv_cache), slot_mapping)
+        tm = self._cache(kv_cache)
+        if self.fp8_dtype is not None:  # codes of key / k_scale, saturated (vLLM's CUDA rounding)
+            key, value = self._quantize(key, layer._k_scale_float), self._quantize(value, layer._v_scale_float)
+        torch.ops.torchneuron.paged_kv_write(key, value, tm, slot_mapping)
+
+    def _cache(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The layer's cache, token-major, as the FP8 type it holds when it is an FP8 cache."""
+        tm = token_major(kv_cache)
+        return tm if self.fp8_dtype is None else tm.view(self.fp8_dtype)
+
+    def _quantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        limit = torch.finfo(self.fp8_dtype).max
+        return (x.float() / scale).clamp(-limit, limit).to(self.fp8_dtype)
 
     # ---- attention ------------------------------------------------------------------------
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
@@ -227,7 +250,8 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         if attn_metadata is None:  # profiling run without a KV cache
             return output
         md = attn_metadata
-        tm = token_major(kv_cache)
+        tm = self._cache(kv_cache)
+        self._scales = (layer._k_scale_float, layer._v_scale_float)
         block_size = tm.shape[1]
         qs, lens = md.query_start, md.seq_lens_host
         first = 0
@@ -244,11 +268,16 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
             output[q0:q1].copy_(out.view(q1 - q0, self.num_heads, -1))
         return output
 
-    def _gather(self, tm: torch.Tensor, blocks: torch.Tensor, length: int):
-        """Cached keys and values of one request: views ``[kv_heads, length, head]``."""
+    def _gather(self, tm: torch.Tensor, blocks: torch.Tensor, length: int, dtype: torch.dtype):
+        """Cached keys and values of one request, ``[kv_heads, length, head]`` (views; an FP8
+        cache's dequantized to ``dtype``)."""
         rows = tm.index_select(0, blocks)  # [blocks, block_size, kv_heads, 2 * head]
         rows = rows.view(-1, rows.shape[2], rows.shape[3])[:length]
-        return _split(rows, self.head_size)
+        k, v = _split(rows, self.head_size)
+        if self.fp8_dtype is not None:  # dequantized in fp32, then the model's dtype
+            k = (k.float() * self._scales[0]).to(dtype)
+            v = (v.float() * self._scales[1]).to(dtype)
+        return k, v
 
     def _decodes(self, query, tm, md, output) -> None:
         """All decode requests in one paged-attention kernel call, written into ``output``."""
@@ -256,19 +285,21 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         nd = md.num_decodes
         torch.ops.torchneuron.paged_decode_attention(
             query[:nd], tm, md.block_table, md.seq_lens, self.scale,
-            output[:nd].view(nd, self.num_heads, self.head_size))
+            output[:nd].view(nd, self.num_heads, self.head_size), *self._scales)
 
     def _sdpa_request(self, q, k_new, v_new, tm, blocks, ctx):
         n = q.shape[0]
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, head]
-        if n == ctx:  # plain prefill: its own keys, top-left = bottom-right causal
+        # (an FP8 cache: every request reads the cached, quantized keys and values, as the
+        # decode kernel does and as vLLM's CUDA backends read their paged caches)
+        if n == ctx and self.fp8_dtype is None:  # plain prefill: its own keys, top-left = bottom-right causal
             _CALLS["prefill"] += 1
             out = F.scaled_dot_product_attention(
                 qh, k_new.transpose(0, 1).unsqueeze(0), v_new.transpose(0, 1).unsqueeze(0),
                 is_causal=True, scale=self.scale, enable_gqa=self.gqa)
         else:  # continuation: cached context + this step's tokens (already in the cache)
             _CALLS["continuation"] += 1
-            k, v = self._gather(tm, blocks, ctx)
+            k, v = self._gather(tm, blocks, ctx, q.dtype)
             pos_q = torch.arange(ctx - n, ctx, device=q.device)
             keep = torch.arange(ctx, device=q.device)[None, :] <= pos_q[:, None]
             out = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0),
@@ -284,7 +315,7 @@ class NeuronAttentionImpl(AttentionImpl[NeuronAttentionMetadata]):
         prior = ctx - n
         kwargs = {}
         if prior > 0:
-            k, v = self._gather(tm, blocks, prior)
+            k, v = self._gather(tm, blocks, prior, q.dtype)
             kwargs = dict(k_prior=k.contiguous(), v_prior=v.contiguous(), prior_used_len=prior)
         out = attention_cte(q.transpose(0, 1).contiguous(), k_new.transpose(0, 1).contiguous(),
                             v_new.transpose(0, 1).contiguous(), scale=self.scale,
