@@ -114,17 +114,22 @@ PYBIND11_MODULE(_C, m) {
     // How this host runs the GEMM family per dtype (docs/architecture.md, Precision).
     py::dict d;
     d["bf16_cpu_kernels"] = torchneuron::gemm::cpu_fast_bf16();
+    d["fp16_cpu_product_kernels"] = torchneuron::gemm::cpu_fast_fp16();
     d["lowp_gemm"] = std::string(torchneuron::gemm::lowp_route());
     d["fp8_cast_vectorized"] = torchneuron::fp8::vectorized();
     d["bf16_fp32_gemm_avx512"] = torchneuron::bf16_gemm::available();
     d["cpu_avx512_bf16"] = torchneuron::cpu_features::avx512bf16();
+    d["amx_bf16_gemm"] = torchneuron::gemm::amx_bf16();
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
-     "bf16 dot products, cpu_avx512_bf16), the fp16/bf16 "
-     "GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
-     "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted).");
+     "bf16 dot products, cpu_avx512_bf16), whether fp16 products do (oneDNN's fp16 kernels, "
+     "AVX512-FP16), the fp16/bf16 GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
+     "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted), whether "
+     "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel).");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
         "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
+  m.def("_set_amx_gemm_enabled", &torchneuron::gemm::set_amx_enabled, py::arg("enabled"),
+        "Testing: False routes bf16 accumulators and fp8 GEMMs as on a host without AMX, True back.");
   m.def("_lazy_init", &lazy_init);
   m.def("_is_initialized", &neuron::rt::is_initialized);
   m.def("_in_bad_fork", &neuron::rt::in_bad_fork);

@@ -6,7 +6,8 @@
 //
 // TensorE multiplies exactly and accumulates in fp32 (PSUM); the result is rounded once to
 // the output dtype. For fp32 CPU's kernels already do that fast, so fp32 runs CPU's kernels
-// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts). fp16 (and
+// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts), and so do fp16
+// products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
 // bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
 // path: products exact (a 16-bit float product has at most 22 significant bits), fp32
 // accumulation, one rounding. Which path depends on the host (docs/benchmarks.md):
@@ -31,6 +32,7 @@
 #include <ATen/ops/result_type.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -67,16 +69,37 @@ namespace torchneuron::gemm {
 // bf16 took 41 ms against 11.7 ms in fp32 (conv2d 2.9x, attention fwd+bwd 2.6x fp32's time).
 bool cpu_fast_bf16() { return cpu_features::avx512bf16() && onednn_matmul_usable(); }
 
+namespace {
+// Whether ATen's CPU-capability table (cpuinfo) lists feature `k` for this host.
+bool cpu_has(const char* k) {
+  static const auto caps = at::cpu::get_cpu_capabilities();
+  auto it = caps.find(k);
+  return it != caps.end() && it->second.isBool() && it->second.toBool();
+}
+
+std::atomic<bool> amx_enabled{true};
+}  // namespace
+
+bool cpu_fast_fp16() {
+  static const bool isa = cpu_has("avx512_fp16") || cpu_has("amx_fp16");
+  return isa && onednn_matmul_usable();
+}
+
+// AMX (Intel Sapphire Rapids and later) multiplies bf16 tiles into fp32: MKL's bf16 x bf16 ->
+// fp32 GEMM uses it, returning the fp32 accumulator itself (1024^3 in 1.24-1.43 ms on 2 cores
+// against 6.8 ms for an fp32 GEMM). AMX needs the kernel's permission for its tile state
+// (init_amx asks).
+bool amx_bf16() {
+  static const bool host = cpu_has("amx_bf16") && cpu_has("amx_tile") && cblas_gemm_bf16bf16f32 != nullptr &&
+                           at::cpu::init_amx();
+  return amx_enabled.load(std::memory_order_relaxed) && host;
+}
+
+void set_amx_enabled(bool on) { amx_enabled.store(on); }
+
 bool onednn_matmul_usable() {
   // ATen's mkldnn_matmul raises unless the CPU has these (mkldnn_bf16_device_check).
-  static const bool isa = [] {
-    auto caps = at::cpu::get_cpu_capabilities();
-    auto has = [&](const char* k) {
-      auto it = caps.find(k);
-      return it != caps.end() && it->second.isBool() && it->second.toBool();
-    };
-    return has("avx512_bw") && has("avx512_vl") && has("avx512_dq");
-  }();
+  static const bool isa = cpu_has("avx512_bw") && cpu_has("avx512_vl") && cpu_has("avx512_dq");
   return isa && at::globalContext().userEnabledMkldnn();
 }
 
@@ -196,9 +219,12 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   // fp16 mixed / exact fp32 copies + sgemm / bf16 mixed: 1024x512x128 4.0 / 2.3 / 2.2;
   // 128x1024x512 4.1 / 2.5 / 2.1; 1024^3 32.9 / 31.0 / 29.5; 2048^3 266 / 291 / 258): it
   // made the fp16-AMP GPT step 1.24x the bf16 one.
+  // With AMX, MKL's bf16 GEMM is the fastest exact accumulator at every size (256^3: 25 us
+  // against 77 us for CPU's bf16 mm; 1024^3 1.43 ms against 6.8 ms for fp32 copies and sgemm).
+  const bool amx = a.scalar_type() == at::kBFloat16 && amx_bf16();
   const int64_t min_macs = a.scalar_type() == at::kHalf ? (int64_t{1} << 31) : (int64_t{1} << 25);
-  const bool large = batch * m * n * k >= min_macs;
-  const bool mkl = large && std::strcmp(lowp_route(), "mkl-mixed") == 0 && gemm != nullptr &&
+  const bool large = amx || batch * m * n * k >= min_macs;
+  const bool mkl = large && (amx || std::strcmp(lowp_route(), "mkl-mixed") == 0) && gemm != nullptr &&
                    a.scalar_type() == b.scalar_type() && acc.scalar_type() == at::kFloat &&
                    acc.is_contiguous() && fits_int(m) && fits_int(n) && fits_int(k);
   if (!mkl) {
@@ -229,12 +255,13 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 namespace torchneuron {
 namespace {
 
-using gemm::routed;
+// The products' rule (gemm.h); convolution's sites below call gemm::routed.
+using gemm::product_routed;
 
 // Routed operands (fp16; bf16 on hosts without fast bf16 kernels) of one product, of one
 // dtype and well-formed (anything else takes CPU's kernel, which also raises CPU's errors).
 bool half_pair(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
-  return routed(a) && a.scalar_type() == b.scalar_type() && a.dim() == dim && b.dim() == dim &&
+  return product_routed(a) && a.scalar_type() == b.scalar_type() && a.dim() == dim && b.dim() == dim &&
          a.size(-1) == b.size(-2) && (dim == 2 || a.size(0) == b.size(0));
 }
 
@@ -293,7 +320,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
-    if (routed(a)) {
+    if (product_routed(a)) {
       enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f);
     } else {
       q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
@@ -318,7 +345,7 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
     QueuedCall q;
     at::Tensor s = q.in(self), a = q.in(mat1), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
-    if (routed(a)) {
+    if (product_routed(a)) {
       enqueue_half_product(q, "aten::addmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
     } else {
       q.enqueue("aten::addmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::addmm_out(o, s, a, b, beta, alpha); });
@@ -347,7 +374,7 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-    if (routed(a)) {
+    if (product_routed(a)) {
       enqueue_half_product(q, "aten::bmm", a, b, o, std::nullopt, 0.0f, 1.0f);
     } else {
       q.enqueue("aten::bmm", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
@@ -373,7 +400,7 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
     QueuedCall q;
     at::Tensor s = q.in(self), a = q.in(batch1), b = q.in(batch2), out;
     at::Tensor o = q.out(out, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
-    if (routed(a)) {
+    if (product_routed(a)) {
       enqueue_half_product(q, "aten::baddbmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
     } else {
       q.enqueue("aten::baddbmm", [s, a, b, o, beta, alpha]() mutable {
@@ -405,7 +432,7 @@ at::Tensor baddbmm_hot(const at::Tensor& self, const at::Tensor& batch1, const a
 // can raise nothing: `out` already has the result's sizes and the operands' dtype (else CPU's
 // kernel resizes it or raises), no element of it is written twice, and it shares no memory with
 // the operands (a bias it is, in place, aside: addmm_ and baddbmm_ are out= calls on self).
-bool half_out(const at::Tensor& out) { return routed(out); }
+bool half_out(const at::Tensor& out) { return product_routed(out); }
 
 bool queueable_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c10::IntArrayRef sizes,
                    const at::Tensor* bias = nullptr) {
@@ -576,7 +603,7 @@ at::Tensor upcast_conv(ZeroCopy& zc, const at::Tensor& t, bool channels_last) {
 // (in neuron's layout, gemm::conv_strides; CPU has no out= convolution). The copy costs a pass over the output,
 // ~2 % of a 3x3 convolution's time.
 bool queueable_conv(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  return may_enqueue() && input.is_privateuseone() && c10::isFloatingType(input.scalar_type()) && !routed(input) &&
+  return may_enqueue() && input.is_privateuseone() && c10::isFloatingType(input.scalar_type()) && !gemm::routed(input) &&
          queueable_like(input, input) && queueable_like(input, weight) && queueable_opt(input, bias) &&
          input.dim() == weight.dim() && input.dim() >= 3 && input.numel() > 0 && weight.numel() > 0;
 }
@@ -620,7 +647,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   zc.trace_meta("transposed", transposed ? "true" : "false");
   zc.trace_meta("groups", std::to_string(groups.expect_int()));
   const auto dt = in.scalar_type();
-  const bool half = routed(in) && w.scalar_type() == dt && (!b || b->scalar_type() == dt);
+  const bool half = gemm::routed(in) && w.scalar_type() == dt && (!b || b->scalar_type() == dt);
   if (half) {
     const bool cl = !transposed && in.dim() == 4 && w.dim() == 4;
     in = upcast_conv(zc, in, cl);
@@ -665,7 +692,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   zc.trace_meta("transposed", transposed ? "true" : "false");
   zc.trace_meta("groups", std::to_string(groups.expect_int()));
   const auto dt = in.scalar_type();
-  const bool half = routed(in) && go.scalar_type() == dt && w.scalar_type() == dt;
+  const bool half = gemm::routed(in) && go.scalar_type() == dt && w.scalar_type() == dt;
   if (half) {
     const bool cl = !transposed && in.dim() == 4 && w.dim() == 4;
     go = upcast_conv(zc, go, cl);

@@ -15,12 +15,25 @@ namespace torchneuron::gemm {
 // (Intel Ice Lake) oneDNN emulates bf16 at 3.5x fp32's time.
 bool cpu_fast_bf16();
 
-// The GEMM family, convolution and attention in `t`'s dtype leave CPU's kernel for an exact
-// host path (products exact, fp32 accumulation, one rounding, as TensorE runs them): fp16
-// always (CPU's fp16 kernels are 10-400x slower than bf16 without AVX512-FP16/AMX); bf16 where
-// CPU's bf16 kernels are slow (!cpu_fast_bf16()).
+// Whether CPU's fp16 GEMMs are oneDNN's on this host: ATen takes them only with AVX512-FP16 or
+// AMX-FP16 (mkldnn_fp16_device_check), and they accumulate in fp32 there (TensorE's contract):
+// mm 1024^3 6.9 ms against 10.3 ms for exact fp32 copies and an fp32 GEMM (AMX host).
+bool cpu_fast_fp16();
+
+// Convolution and attention in `t`'s dtype leave CPU's kernel for an exact host path (products
+// exact, fp32 accumulation, one rounding, as TensorE runs them): fp16 always (CPU's fp16
+// kernels are 10-400x slower than bf16 without AVX512-FP16/AMX, and even with AVX512-FP16 its
+// fp16 convolution backward took 214 ms against 2.9 ms); bf16 where CPU's bf16 kernels are slow
+// (!cpu_fast_bf16()).
 inline bool routed(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
+}
+
+// The same for the products (mm, addmm, bmm, baddbmm, their out= forms, _grouped_mm): as
+// routed(), except that fp16 keeps CPU's kernels where they are oneDNN's (cpu_fast_fp16()).
+inline bool product_routed(const at::Tensor& t) {
+  return (t.scalar_type() == at::kHalf && !cpu_fast_fp16()) ||
+         (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
 }
 
 // A CPU tensor over a fresh buffer from the device's caching allocator (no page faults for
@@ -58,7 +71,15 @@ void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
 void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
                      float beta, float alpha);
 
-// Which host path matmul_lowp_f32 takes: "onednn-fp32" or "mkl-mixed".
+// Whether the CPU multiplies bf16 tiles on AMX (and MKL's bf16 x bf16 -> fp32 GEMM, which uses
+// it, is linked): then matmul_lowp_f32 runs bf16 operands on that GEMM at any size, and fp8
+// GEMMs widen their codes to bf16 for it (scaled_mm.cpp). set_amx_enabled(false), for tests,
+// makes the host look as if it had no AMX.
+bool amx_bf16();
+void set_amx_enabled(bool on);
+
+// Which host path matmul_lowp_f32 takes: "onednn-fp32" or "mkl-mixed" (bf16 operands on an AMX
+// host take MKL's GEMM either way).
 const char* lowp_route();
 
 // The layout of a convolution's result and gradients on neuron (torch.compile plans with the

@@ -457,11 +457,11 @@ at::Tensor abs(const at::Tensor& self) {
 // the group offsets on the host (offs.cpu()) before its per-group GEMMs. Queued, the same
 // composite runs later over the aliases, so the offsets are read when the kernel runs. Layout
 // and argument checks are the composite's own (GroupedMMUtils.h). Dtypes whose GEMMs leave CPU's
-// kernel (gemm.h, routed) keep the composite, whose per-group mm calls take that route.
+// kernel (gemm.h, product_routed) keep the composite, whose per-group mm calls take that route.
 constexpr char kGroupedMm[] = "aten::_grouped_mm";
 at::Tensor grouped_mm(const at::Tensor& self, const at::Tensor& mat2, const std::optional<at::Tensor>& offs,
                       const std::optional<at::Tensor>& bias, std::optional<c10::ScalarType> out_dtype) {
-  if (queueable(self) && queueable_like(self, mat2) && !gemm::routed(self) && !bias.has_value() &&
+  if (queueable(self) && queueable_like(self, mat2) && !gemm::product_routed(self) && !bias.has_value() &&
       (!offs.has_value() || queueable_index(self, *offs))) {
     at::native::_grouped_mm_validate_inputs(self, mat2, offs, bias, out_dtype);
     const c10::ScalarType dtype = at::native::_resolve_grouped_mm_out_dtype(self, mat2, out_dtype);

@@ -203,7 +203,83 @@ def test_precision_routes_describe_this_host():
     # bf16 dot products (AVX512-BF16): an AVX-512 CPU without them (Ice Lake) routes bf16 too.
     assert ROUTES["bf16_cpu_kernels"] == (ROUTES["lowp_gemm"] == "onednn-fp32" and ROUTES["cpu_avx512_bf16"])
     with open("/proc/cpuinfo") as f:
-        assert ROUTES["cpu_avx512_bf16"] == (" avx512_bf16" in f.read())
+        flags = f.read()
+    assert ROUTES["cpu_avx512_bf16"] == (" avx512_bf16" in flags)
+    # AMX is taken exactly where the CPU has its bf16 tiles (and torch links MKL, as its x86 builds do)
+    assert ROUTES["amx_bf16_gemm"] == (" amx_bf16" in flags and torch.backends.mkl.is_available())
+    # fp16 products keep CPU's kernels exactly where they are oneDNN's (AVX512-FP16 or AMX-FP16)
+    fp16_onednn = (" avx512_fp16" in flags or " amx_fp16" in flags) and ROUTES["lowp_gemm"] == "onednn-fp32"
+    assert ROUTES["fp16_cpu_product_kernels"] == fp16_onednn
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "linear"])
+def test_fp16_products_run_cpus_onednn_kernels_where_they_accumulate_in_fp32(op):
+    # With AVX512-FP16, CPU's fp16 GEMMs are oneDNN's, fp32-accumulating and faster than exact
+    # fp32 copies (gemm.h, cpu_fast_fp16): neuron keeps them, bit for bit, and TensorE's
+    # contract with them (3,000 ones sum to 3,000; an fp16 accumulator would stop at 2,048).
+    if not ROUTES["fp16_cpu_product_kernels"]:
+        pytest.skip("CPU's fp16 GEMMs are not oneDNN's on this host: fp16 products are routed")
+    torch.manual_seed(5)
+    h = torch.float16
+    # (4,096-deep: oneDNN's fp16 kernel and an fp32 GEMM then sum in orders that differ in the bits)
+    a, b, c = torch.randn(2, 48, 4096, dtype=h), torch.randn(2, 4096, 72, dtype=h), torch.randn(2, 48, 72, dtype=h)
+    ones = torch.ones(2, 8, 3000, dtype=h), torch.ones(2, 3000, 8, dtype=h), torch.zeros(2, 8, 8, dtype=h)
+    call = {"mm": lambda x, y, z: x[0] @ y[0], "addmm": lambda x, y, z: torch.addmm(z[0], x[0], y[0], beta=0.5),
+            "bmm": lambda x, y, z: torch.bmm(x, y), "baddbmm": lambda x, y, z: torch.baddbmm(z, x, y, alpha=2.0),
+            "linear": lambda x, y, z: F.linear(x, y[0].t(), z[0, 0])}[op]
+    for args in ((a, b, c), ones):
+        want = call(*args)
+        got = call(*(t.to(DEV) for t in args)).cpu()
+        assert torch.equal(got, want)
+    assert (call(*(t.to(DEV) for t in ones)).cpu().float().abs() >= 2999).all()
+    # CPU's kernel allocates nothing but the result; the routed path would take fp32 copies of
+    # both operands from the device's pool (gemm.h, scratch) when it runs synchronously
+    dev_args = [t.to(DEV) for t in (a, b, c)]
+    torch.neuron.engine.set_enabled(False)
+    try:
+        before = torch.neuron.memory_stats()["allocation.all.allocated"]
+        call(*dev_args)
+        assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1
+    finally:
+        torch.neuron.engine.set_enabled(True)
+
+
+def _mkl_bf16_gemm(a, b_t):
+    """fp32 a @ b_t.T through MKL's bf16 x bf16 -> fp32 GEMM (libtorch_cpu exports it), a and b_t
+    row-major bf16 CPU tensors: the AMX route's accumulator, computed outside torchneuron."""
+    import ctypes
+    import os
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    f = lib.cblas_gemm_bf16bf16f32
+    f.restype = None
+    f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    (m, k), n = a.shape, b_t.shape[0]
+    c = torch.empty(m, n)
+    f(101, 111, 112, m, n, k, 1.0, a.data_ptr(), k, b_t.data_ptr(), k, 0.0, c.data_ptr(), n)  # row-major, B^T
+    return c
+
+
+def test_amx_route_takes_mkls_bf16_gemm_as_the_fp32_accumulator():
+    # On an AMX host an fp8 GEMM's fp32 sums are MKL's AMX bf16 GEMM over the exactly widened
+    # codes, bit for bit; the AVX512-BF16 kernel sums 2048-deep products in another order.
+    if not ROUTES["amx_bf16_gemm"]:
+        pytest.skip("this CPU has no AMX")
+    torch.manual_seed(0)
+    a = torch.randn(64, 2048).to(torch.float8_e4m3fn)
+    b_t = torch.randn(96, 2048).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0, device=DEV)
+    expect = _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16))
+    got = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+    assert torch.equal(got, expect)
+    if ROUTES["bf16_fp32_gemm_avx512"]:
+        _C._set_amx_gemm_enabled(False)
+        try:
+            other = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+        finally:
+            _C._set_amx_gemm_enabled(True)
+        assert not torch.equal(other, expect)  # the comparison tells the routes apart
+        assert torch.allclose(other, expect, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -340,17 +416,21 @@ def _to_dev(t):
     return t.to(DEV) if t.is_contiguous() else t.t().contiguous().to(DEV).t()
 
 
-@pytest.fixture(params=["avx512_bf16", "without"])
+@pytest.fixture(params=["amx", "avx512_bf16", "without"])
 def fp8_route(request):
-    """Each fp8 GEMM test on both host routes: bf16_gemm.cpp's AVX512-BF16 kernel reading the fp8
-    codes (where the CPU has it), and the route of hosts without it (widened copies, an fp32
-    accumulator, the epilogue as tensor ops)."""
+    """Each fp8 GEMM test on every host route this CPU has: MKL's AMX bf16 GEMM over widened
+    codes (AMX hosts), bf16_gemm.cpp's AVX512-BF16 kernel reading the fp8 codes, and the route of
+    hosts with neither (widened copies, an fp32 accumulator, the epilogue as tensor ops)."""
+    if request.param == "amx" and not ROUTES["amx_bf16_gemm"]:
+        pytest.skip("this CPU has no AMX (or torch no MKL)")
     if request.param == "avx512_bf16" and not ROUTES["bf16_fp32_gemm_avx512"]:
         pytest.skip("this CPU has no AVX512-BF16")
+    _C._set_amx_gemm_enabled(request.param == "amx")
     _C._set_bf16_gemm_enabled(request.param == "avx512_bf16")
     try:
         yield request.param
     finally:
+        _C._set_amx_gemm_enabled(True)
         _C._set_bf16_gemm_enabled(True)
 
 
@@ -556,17 +636,18 @@ def test_scaled_mm_reads_every_fp8_code_exactly(dtype, out_dtype, fp8_route):
     assert torch.equal(got.isinf() & (got > 0), want.isinf() & (want > 0))
 
 
-def test_scaled_mm_fp8_output_divides_by_scale_result_like_cpu(fp8_route):
+def test_scaled_mm_fp8_output_divides_by_scale_result_then_rounds_once(fp8_route):
+    # CPU's semantics (scale_result divides an fp8 result), TensorE's numerics: the exact product,
+    # scaled and divided, rounded once to e4m3. (CPU's own kernel is not the oracle: on AMX hosts
+    # oneDNN's fp8 path rounds 5 of these 1,536 results, near e4m3 ties, to the other neighbour.)
     torch.manual_seed(10)
     a, b = _fp8_operands(32, 64, 48, E4M3, E4M3)
     s, sr = torch.tensor(0.125), torch.tensor(4.0)
     got = torch._scaled_mm(_to_dev(a), _to_dev(b), s.to(DEV), s.to(DEV), scale_result=sr.to(DEV),
                            out_dtype=E4M3)
-    want = torch._scaled_mm(a, b, s, s, scale_result=sr, out_dtype=E4M3)
+    exact = (a.double() @ b.double()) * (0.125 * 0.125) / 4.0
     assert got.dtype == E4M3
-    diff = (got.cpu().float() - want.float()).abs()
-    assert (diff <= ulp(want.double(), torch.bfloat16).float() * 2).all()  # e4m3 ulp is 2^-3
-    assert (got.cpu().float() == want.float()).float().mean() > 0.95
+    assert torch.equal(got.cpu().float(), exact.float().to(E4M3).float())
 
 
 def test_scaled_mm_out_variant_writes_into_out():
