@@ -162,6 +162,8 @@ def test_16_bit_matrix_vector_ops_keep_cpus_kernels_on_avx512_hosts(op, dtype):
     # oneDNN is usable: an fp32 copy of the matrix cost 3x (gemm.cpp, gemv_routed).
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("routed on hosts without AVX-512")
+    if dtype == torch.float16 and op != "dot" and ROUTES["fp16_cpu_product_kernels"]:
+        pytest.skip("CPU's fp16 gemv is oneDNN's matmul here: neuron's fp16 gemv kernel runs instead")
     torch.manual_seed(1)
     m, v, c = rand(64, 1024, dtype=dtype), rand(1024, dtype=dtype), rand(64, dtype=dtype)
     run = {"mv": lambda m, v, c: torch.mv(m, v),
@@ -173,6 +175,67 @@ def test_16_bit_matrix_vector_ops_keep_cpus_kernels_on_avx512_hosts(op, dtype):
     # The result is the one device allocation: the routed path adds fp32 copies and a sum.
     assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1
     assert torch.equal(got.cpu(), run(m, v, c))
+
+
+GEMV_F16 = pytest.mark.skipif(not ROUTES["fp16_cpu_product_kernels"],
+                              reason="neuron's fp16 gemv kernel runs where CPU's fp16 GEMMs are oneDNN's")
+
+
+def _gemv_matrix(rows, k, layout):
+    """An fp16 (rows x k) matrix on neuron, row-major, column-major, or either with a leading
+    dimension larger than its extent (a slice of a wider or taller matrix)."""
+    m = rand(rows, k)
+    if layout == "rows":
+        return m, m.to(DEV)
+    if layout == "cols":
+        return m, m.t().contiguous().to(DEV).t()
+    if layout == "rows_ld":
+        wide = torch.zeros(rows, k + 24, dtype=m.dtype)
+        wide[:, 5:5 + k] = m
+        return m, wide.to(DEV)[:, 5:5 + k]
+    tall = torch.zeros(k, rows + 40, dtype=m.dtype)
+    tall[:, 3:3 + rows] = m.t()
+    return m, tall.to(DEV)[:, 3:3 + rows].t()
+
+
+@GEMV_F16
+@pytest.mark.parametrize("layout", ["rows", "cols", "rows_ld", "cols_ld"])
+@pytest.mark.parametrize("rows,k", [(1, 1), (7, 15), (130, 64), (300, 1000), (129, 4096)])
+def test_fp16_gemv_kernel_reads_either_layout_with_fp32_sums(rows, k, layout):
+    # Every block and tail of the kernel (64-column steps, 16-column steps, scalar columns;
+    # 128-row blocks and the remaining rows) against the exact value rounded once.
+    torch.manual_seed(rows * 7 + k)
+    m, md = _gemv_matrix(rows, k, layout)
+    v, c = rand(k), rand(rows)
+    got = torch.mv(md, v.to(DEV))
+    absprod = m.double().abs() @ v.double().abs()
+    assert_tensore(got, m.double() @ v.double(), k, absprod=absprod, min_equal=0.95)
+    got = torch.addmv(c.to(DEV), md, v.to(DEV), beta=0.5, alpha=2.0)
+    exact = 0.5 * c.double() + 2.0 * (m.double() @ v.double())
+    assert_tensore(got, exact, k, absprod=2.0 * absprod, min_equal=0.95)
+
+
+@GEMV_F16
+def test_fp16_gemv_kernel_allocates_only_the_result_and_follows_blas_scalars():
+    torch.manual_seed(0)
+    m, v = rand(64, 256), rand(256)
+    md, vd = m.to(DEV), v.to(DEV)
+    torch.mv(md, vd)
+    before = torch.neuron.memory_stats()["allocation.all.allocated"]
+    torch.mv(md, vd)
+    assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1  # no fp32 copies
+    nan_self = torch.full((64,), float("nan"), dtype=torch.float16)
+    # beta = 0 ignores self (NaN included); alpha = 0 reads no product; a broadcast self
+    got = torch.addmv(nan_self.to(DEV), md, vd, beta=0.0)
+    assert_tensore(got, m.double() @ v.double(), 256, absprod=m.double().abs() @ v.double().abs(), min_equal=0.95)
+    nan_m = m.clone()
+    nan_m[3, 7] = float("nan")
+    c = rand(64)
+    assert torch.equal(torch.addmv(c.to(DEV), nan_m.to(DEV), vd, beta=0.5, alpha=0.0).cpu(), (0.5 * c.float()).half())
+    s = rand(1)
+    got = torch.addmv(s.to(DEV), md, vd, beta=1.0, alpha=1.0).cpu()
+    assert_tensore(got, s.double() + m.double() @ v.double(), 256, absprod=m.double().abs() @ v.double().abs(),
+                   min_equal=0.95)
 
 
 @pytest.mark.parametrize("dtype", HALF)
