@@ -9,9 +9,9 @@
 //   - bf16 output with tensor-wise scales (and no bias or a bf16 bias), large enough for
 //     oneDNN: exact bf16 copies (fp8.h's vectorized conversion) into one oneDNN bf16
 //     GEMM whose epilogue applies scale_a * scale_b (and adds the bias) and rounds once;
-//   - anything else on an AMX host (gemm::amx_bf16()): exact bf16 copies into MKL's bf16 x
-//     bf16 -> fp32 GEMM (AMX tiles; 5.8x faster than the AVX512-BF16 kernel below at 1024^3
-//     there), then the epilogue over its fp32 accumulator;
+//   - anything else on an AMX host (gemm::amx_bf16()) with 128 rows or more: exact bf16
+//     copies into MKL's bf16 x bf16 -> fp32 GEMM (AMX tiles; 5x faster than the AVX512-BF16
+//     kernel below at 1024^3 there), then the epilogue over its fp32 accumulator;
 //   - anything else where the CPU has AVX512-BF16: bf16_gemm.h's kernel reads the fp8 codes
 //     (widened while packed) and applies alpha, the row/column scales and the bias to its fp32
 //     sums, writing a bf16/fp32 result itself (other dtypes round from its fp32 result);
@@ -68,8 +68,15 @@ bool fp8(const at::Tensor& t) {
 // fp32 copies.
 bool mixed_route() { return gemm::amx_bf16() || std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
 
-// Whether bf16_gemm.h's kernel takes the fp8 GEMMs it can (AVX512-BF16 without AMX).
-bool fused_route() { return bf16_gemm::available() && !gemm::amx_bf16(); }
+// Whether bf16_gemm.h's kernel takes an fp8 GEMM of `rows` rows of A that it can: with
+// AVX512-BF16, unless AMX is there and the product has rows enough for MKL's AMX GEMM to pay
+// for widening B to bf16 and packing it (AMX host, row-wise -> bf16, ms, AMX / this kernel:
+// 1024x1024x1024 2.16 / 10.6, 256x4096x4096 18.4 / 47.2, 64x4096x4096 13.7 / 13.1,
+// 16x4096x4096 12.3 / 4.7, 16x1024x1024 0.30 / 0.25: decode shapes stay on this kernel).
+constexpr int64_t kAmxMinRows = 128;
+bool fused_route(int64_t rows) {
+  return bf16_gemm::available() && (!gemm::amx_bf16() || rows < kAmxMinRows);
+}
 
 // An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
 at::Tensor widen_for_gemm(ZeroCopy& zc, const at::Tensor& t) {
@@ -306,7 +313,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
                            gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K);
   const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
-  if (fused_route() && !onednn_bf16) {
+  if (fused_route(M) && !onednn_bf16) {
     // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32
     // result itself; another dtype is rounded from its fp32 result.
     const bool direct = dt == at::kBFloat16 || dt == at::kFloat;
@@ -483,7 +490,8 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
   at::Tensor out, o;
   // One group: og = round((ag @ bg) * rs[i] * cs[j]). The fused route reads the fp8 slices; the
   // unfused one widens both operands once (`aw`, `bw`, sliced like a and b) and accumulates in fp32.
-  const bool fused = fused_route();
+  // (rows per group: a's rows over the groups for a 2-d a, a group's rows for a 3-d one)
+  const bool fused = fused_route(a2 ? a.size(0) / std::max<int64_t>(1, b2 ? 1 : b.size(0)) : a.size(1));
   const at::Tensor aw = fused ? a : widen_for_gemm(zc, a), bw = fused ? b : widen_for_gemm(zc, b);
   auto product = [&](const at::Tensor& ag, const at::Tensor& bg, const float* rs, const float* cs,
                      const at::Tensor& og) {
