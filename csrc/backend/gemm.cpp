@@ -555,10 +555,11 @@ at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::T
   at::Tensor s = zc.in(self), m = zc.in(mat), v = zc.in(vec), o = zc.in_output(out);
   zc.launch("aten::addmv.out");
   const auto dt = m.scalar_type();
-  const bool half = gemv_routed(m) && v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
-                    v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
-  if (gemv_f16_kernel(m) && v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
-      v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)})) {
+  // operands of one dtype that multiply (anything else: CPU's kernel, which raises CPU's errors)
+  const bool well_formed = v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
+                           v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
+  const bool half = well_formed && gemv_routed(m);
+  if (well_formed && gemv_f16_kernel(m)) {
     at::native::resize_output(o, {m.size(0)});
     if (gemv_f16::gemv(o, s, m, v, beta.toFloat(), alpha.toFloat())) {
       zc.sync_inputs();

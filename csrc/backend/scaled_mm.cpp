@@ -261,6 +261,12 @@ void blockwise_accumulate(ZeroCopy& zc, const at::Tensor& acc, const at::Tensor&
 }
 
 // ---- _scaled_mm ----------------------------------------------------------------------------
+// Row-wise scaling: scale_a [M, 1] and scale_b [1, N].
+bool rowwise_scales(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
+  return sa.dim() == 2 && sa.size(0) == a.size(0) && sa.size(1) == 1 && sb.dim() == 2 && sb.size(0) == 1 &&
+         sb.size(1) == b.size(1);
+}
+
 void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
                      const at::Tensor& sb, const std::optional<at::Tensor>& bias,
                      const std::optional<at::Tensor>& scale_result) {
@@ -274,8 +280,7 @@ void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
                     "_scaled_mm: scale_a and scale_b must be float32, got ", sa.scalar_type(), " and ",
                     sb.scalar_type());
   const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
-  const bool rowwise = sa.dim() == 2 && sa.size(0) == a.size(0) && sa.size(1) == 1 && sb.dim() == 2 &&
-                       sb.size(0) == 1 && sb.size(1) == b.size(1);
+  const bool rowwise = rowwise_scales(a, b, sa, sb);
   const int64_t M = a.size(0), Kb = ceil_div(a.size(1), 128), N = b.size(1);
   TORCH_CHECK_VALUE(tensorwise || rowwise || blockwise_kind(a, b, sa, sb) != Blockwise::kNone,
                     "_scaled_mm: invalid scaling configuration: use tensor-wise scales (one element "
@@ -295,9 +300,8 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
                     const std::optional<at::Tensor>& scale_result) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
-  // (exact shapes: with one K block, 1x128 x 128x128 scales are [M, 1] and [1, ceil(N / 128)])
-  const bool rowwise = sa.dim() == 2 && sa.size(0) == M && sa.size(1) == 1 && sb.dim() == 2 && sb.size(0) == 1 &&
-                       sb.size(1) == N;
+  // (row-wise first: with one K block, 1x128 x 128x128 scales are [M, 1] and [1, ceil(N / 128)])
+  const bool rowwise = rowwise_scales(a, b, sa, sb);
   const Blockwise block = tensorwise || rowwise ? Blockwise::kNone : blockwise_kind(a, b, sa, sb);
   if (block != Blockwise::kNone) {
     const bool fp8_result = o.scalar_type() == at::kFloat8_e4m3fn || o.scalar_type() == at::kFloat8_e5m2;

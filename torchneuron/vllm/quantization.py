@@ -18,10 +18,13 @@ build of vLLM declares without arguments (placeholders). :func:`register` fills 
   CUDA kernels compute (static per tensor, per channel/token or per group; dynamic per tensor
   or per token with ``scale_ub``), in torch ops on the device. Other devices keep vLLM's code.
 
-Not implemented: FP8 MoE experts, an FP8 KV cache (``NEURON_ATTN``), int8 and 4-bit formats.
+Not implemented: FP8 MoE experts, int8 and 4-bit formats. (The FP8 KV cache is the attention
+backend's: ``attention.py``.)
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -88,6 +91,15 @@ def _row_scales(s: torch.Tensor, n: int) -> torch.Tensor:
     return s.expand(n, 1).contiguous() if s.shape[0] == 1 and n != 1 else s
 
 
+def _on_neuron() -> tuple[bool, str | None]:
+    """The ``is_supported`` answer of the neuron kernels: yes on the neuron platform only."""
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "neuron":
+        return False, "runs on the neuron platform only"
+    return True, None
+
+
 def _kernel_class():
     from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
         FP8ScaledMMLinearKernel)
@@ -98,11 +110,7 @@ def _kernel_class():
 
         @classmethod
         def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
-            from vllm.platforms import current_platform
-
-            if current_platform.device_type != "neuron":
-                return False, "runs on the neuron platform only"
-            return True, None
+            return _on_neuron()
 
         @classmethod
         def can_implement(cls, c) -> tuple[bool, str | None]:
@@ -125,10 +133,7 @@ def _kernel_class():
             if bias is not None and bias.dtype != out_dtype:
                 bias = bias.to(out_dtype)
             out = torch._scaled_mm(A, B, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
-            tokens = 1
-            for d in output_shape[:-1]:
-                tokens *= d
-            return out[:tokens].view(*output_shape)
+            return out[:math.prod(output_shape[:-1])].view(*output_shape)
 
     return NeuronFP8ScaledMMLinearKernel
 
@@ -145,11 +150,7 @@ def _block_kernel_class():
 
         @classmethod
         def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
-            from vllm.platforms import current_platform
-
-            if current_platform.device_type != "neuron":
-                return False, "runs on the neuron platform only"
-            return True, None
+            return _on_neuron()
 
     return NeuronBlockFP8ScaledMMLinearKernel
 
