@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/allocator.h"
+#include "backend/amx_gemm.h"
 #include "backend/bf16_gemm.h"
 #include "backend/fp8.h"
 #include "backend/fusion.h"
@@ -120,12 +121,14 @@ PYBIND11_MODULE(_C, m) {
     d["bf16_fp32_gemm_avx512"] = torchneuron::bf16_gemm::available();
     d["cpu_avx512_bf16"] = torchneuron::cpu_features::avx512bf16();
     d["amx_bf16_gemm"] = torchneuron::gemm::amx_bf16();
+    d["amx_fp8_kernel"] = torchneuron::amx_gemm::available();
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
      "bf16 dot products, cpu_avx512_bf16), whether fp16 products do (oneDNN's fp16 kernels, "
      "AVX512-FP16), the fp16/bf16 GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
      "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted), whether "
-     "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel).");
+     "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel), "
+     "whether fp8 GEMMs with B column-major run on the AMX kernel (amx_fp8_kernel, amx_gemm.h; ahead of both).");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
         "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
   m.def("_set_amx_gemm_enabled", &torchneuron::gemm::set_amx_enabled, py::arg("enabled"),

@@ -142,10 +142,10 @@ void pack_lines(const Matrix& lines, int64_t l0, int64_t end, int64_t k0, int64_
   const int64_t n = std::min(W, end - l0);
   stage.resize(static_cast<size_t>(W * kc));
   if (!lines.trans) {  // line l's k values are contiguous
-    for (int64_t l = 0; l < n; ++l) lines.widen(p + (l0 + l) * lines.ld + k0, stage.data() + l * kc, kc);
+    lines.widen(p + l0 * lines.ld + k0, lines.ld, n, kc, stage.data(), kc);
     pack_panel<W>(View{stage.data(), kc, false}, 0, n, 0, kc, out);
   } else {  // each k holds the lines contiguously
-    for (int64_t c = 0; c < kc; ++c) lines.widen(p + (k0 + c) * lines.ld + l0, stage.data() + c * n, n);
+    lines.widen(p + k0 * lines.ld + l0, lines.ld, kc, n, stage.data(), n);
     pack_panel<W>(View{stage.data(), n, true}, 0, n, 0, kc, out);
   }
 }
@@ -233,6 +233,15 @@ bool available() {
 
 void set_enabled(bool on) { enabled.store(on); }
 
+void pack_pairs32(const Matrix& lines, int64_t l0, int64_t end, int64_t k0, int64_t kc, uint16_t* out) {
+  thread_local std::vector<uint16_t> stage;
+  pack_lines<kNR>(lines, l0, end, k0, kc, out, stage);
+}
+
+void epilogue(const float* work, int64_t ldw, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const Output& o) {
+  store(work, ldw, i0, rows, j0, cols, o);
+}
+
 void gemm(int64_t m, int64_t n, int64_t k, const Matrix& a, const Matrix& b, const Output& out) {
   if (m <= 0 || n <= 0) return;
   const int64_t kp_all = (std::max<int64_t>(k, 0) + 1) / 2;  // k pairs of a packed panel
@@ -302,6 +311,8 @@ void gemm(int64_t m, int64_t n, int64_t k, const Matrix& a, const Matrix& b, con
 bool available() { return false; }
 void set_enabled(bool) {}
 void gemm(int64_t, int64_t, int64_t, const Matrix&, const Matrix&, const Output&) {}
+void pack_pairs32(const Matrix&, int64_t, int64_t, int64_t, int64_t, uint16_t*) {}
+void epilogue(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const Output&) {}
 #endif
 
 }  // namespace torchneuron::bf16_gemm

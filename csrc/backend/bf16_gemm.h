@@ -22,8 +22,9 @@ bool available();
 // Tests turn the kernel off to exercise the routes of hosts without AVX512-BF16.
 void set_enabled(bool enabled);
 
-// Writes the exact bf16 bit patterns of n 1-byte codes (e.g. an fp8 format's values).
-using Widen = void (*)(const uint8_t* src, uint16_t* dst, int64_t n);
+// Writes the exact bf16 bit patterns of `rows` rows of n 1-byte codes (e.g. an fp8 format's
+// values), src row r at src + r * ld, dst row r at dst + r * ldd.
+using Widen = void (*)(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd);
 
 // A rows x cols operand: element (r, c) at p[r * ld + c], or p[c * ld + r] if trans; p holds bf16
 // bit patterns, or 1-byte codes that `widen` maps to bf16 when it is set.
@@ -51,5 +52,16 @@ struct Output {
 
 // out = epilogue(A @ B) for A m x k and B k x n (see Matrix, Output). Requires available().
 void gemm(int64_t m, int64_t n, int64_t k, const Matrix& a, const Matrix& b, const Output& out);
+
+// The pieces amx_gemm.h shares (both require AVX-512BW):
+// packs lines [l0, min(l0 + 32, end)) of `lines` (element (line, k) is Matrix element (line, k))
+// over k [k0, k0 + kc) as [(kc + 1) / 2][32][2] bf16: the values at k and k + 1 of each line side
+// by side (vdpbf16ps' operand, AMX's VNNI layout), zeros past `end` and past k0 + kc; fp8 codes
+// are widened on the way.
+void pack_pairs32(const Matrix& lines, int64_t l0, int64_t end, int64_t k0, int64_t kc, uint16_t* out);
+
+// Output's epilogue for the final fp32 sums of result rows [i0, i0 + rows) x columns
+// [j0, j0 + cols), held in work (row i's sums at work + i * ldw).
+void epilogue(const float* work, int64_t ldw, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const Output& o);
 
 }  // namespace torchneuron::bf16_gemm

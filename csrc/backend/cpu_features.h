@@ -22,11 +22,16 @@ inline bool avx512bf16() {
   static const bool yes = avx512bw() && __builtin_cpu_supports("avx512bf16");
   return yes;
 }
+inline bool avx512vbmi() {
+  static const bool yes = avx512bw() && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+}
 #else
 inline bool avx2() { return false; }
 inline bool avx2_fma() { return false; }
 inline bool avx512bw() { return false; }
 inline bool avx512bf16() { return false; }
+inline bool avx512vbmi() { return false; }
 #endif
 
 }  // namespace torchneuron::cpu_features

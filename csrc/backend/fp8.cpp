@@ -162,6 +162,60 @@ __attribute__((target("avx512f,avx512bw"))) void widen_avx512(const uint8_t* src
 }
 #endif
 
+#if defined(__x86_64__)
+// bf16 results as two byte tables (AVX512-VBMI): vpermi2b looks up 64 codes at once in 128
+// bytes, so the high bytes of bf16_of's 256 entries take two lookups and a blend on the sign
+// bit, the low bytes one (they do not depend on the sign: a NaN's is 0xC0 either way), and byte
+// unpacks interleave them into words; 64 codes in ~11 instructions against ~24 for the word
+// tables above. Exactly bf16_of's entries (NaNs included), by construction.
+struct ByteTables {
+  alignas(64) uint8_t high[256];
+  alignas(64) uint8_t low[128];
+};
+
+const ByteTables& bytes_of(c10::ScalarType t) {
+  auto build = [](const std::array<uint16_t, 256>& b) {
+    ByteTables bt{};
+    for (int i = 0; i < 256; ++i) bt.high[i] = static_cast<uint8_t>(b[i] >> 8);
+    for (int i = 0; i < 128; ++i) {
+      TORCH_INTERNAL_ASSERT((b[i] & 0xFF) == (b[i + 128] & 0xFF));
+      bt.low[i] = static_cast<uint8_t>(b[i] & 0xFF);
+    }
+    return bt;
+  };
+  static const ByteTables e4m3 = build(bf16_of(at::kFloat8_e4m3fn));
+  static const ByteTables e5m2 = build(bf16_of(at::kFloat8_e5m2));
+  return t == at::kFloat8_e4m3fn ? e4m3 : e5m2;
+}
+
+// Rows r < rows: dst[r * ldd + i] = bf16 of src[r * ld + i] for i < n (tables loaded once).
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void widen_vbmi(const uint8_t* src, int64_t ld, int64_t rows,
+                                                                      int64_t n, uint16_t* dst, int64_t ldd,
+                                                                      const ByteTables& bt, const uint16_t* table) {
+  const __m512i h0 = _mm512_load_si512(bt.high), h1 = _mm512_load_si512(bt.high + 64);
+  const __m512i h2 = _mm512_load_si512(bt.high + 128), h3 = _mm512_load_si512(bt.high + 192);
+  const __m512i l0 = _mm512_load_si512(bt.low), l1 = _mm512_load_si512(bt.low + 64);
+  // Byte unpacks interleave within 128-bit lanes: with the input's 8-byte groups in the order
+  // 0 4 1 5 2 6 3 7, the low unpacks hold codes 0-31 in order and the high ones 32-63.
+  const __m512i order = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* s = src + r * ld;
+    uint16_t* d = dst + r * ldd;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const __m512i x = _mm512_permutexvar_epi64(order, _mm512_loadu_si512(s + i));
+      const __m512i pos = _mm512_permutex2var_epi8(h0, x, h1);  // index bits 0-6: codes 0-127
+      const __m512i neg = _mm512_permutex2var_epi8(h2, x, h3);  // codes 128-255
+      const __m512i high = _mm512_mask_mov_epi8(pos, _mm512_movepi8_mask(x), neg);
+      const __m512i low = _mm512_permutex2var_epi8(l0, x, l1);
+      _mm512_storeu_si512(d + i, _mm512_unpacklo_epi8(low, high));
+      _mm512_storeu_si512(d + i + 32, _mm512_unpackhi_epi8(low, high));
+    }
+    widen_table(s + i, d + i, n - i, table);
+  }
+}
+#endif
+
 // ---- fp32 / bf16 -> fp8: c10's algorithm ------------------------------------------------------
 inline uint8_t narrow_scalar(float f, bool e4m3) {
   return e4m3 ? c10::Float8_e4m3fn(f).x : c10::Float8_e5m2(f).x;
@@ -266,6 +320,10 @@ bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType t
     const uint32_t* t32 = f32_of(from).data();
     const uint16_t* t16 = bf16_of(from).data();
 #if defined(__x86_64__)
+    if (to == at::kBFloat16 && cpu_features::avx512vbmi()) {
+      widen_vbmi(s, 0, 1, n, static_cast<uint16_t*>(dst), 0, bytes_of(from), t16);
+      return true;
+    }
     if (cpu_features::avx512bw()) {
       const uint16_t* up = upper_of(from).data();
       if (to == at::kFloat) widen_avx512<true>(s, dst, n, up, t32, t16);
@@ -288,6 +346,17 @@ bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType t
     return true;
   }
   return false;
+}
+
+void widen_rows_bf16(const uint8_t* src, int64_t ld, c10::ScalarType from, int64_t rows, int64_t n, uint16_t* dst,
+                     int64_t ldd) {
+#if defined(__x86_64__)
+  if (cpu_features::avx512vbmi()) {
+    widen_vbmi(src, ld, rows, n, dst, ldd, bytes_of(from), bf16_of(from).data());
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) convert(src + r * ld, from, dst + r * ldd, at::kBFloat16, n);
 }
 
 bool try_copy(const at::Tensor& dst, const at::Tensor& src) {

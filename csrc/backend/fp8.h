@@ -24,6 +24,12 @@ inline bool is_fp8(c10::ScalarType t) {
 // Returns false (doing nothing) for any other pair of dtypes.
 bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType to, int64_t n);
 
+// dst[r * ldd + i] = the bf16 value of code src[r * ld + i] (fp8 format `from`) for r < rows,
+// i < n: convert's results, with one dispatch for a block of rows (GEMM kernels widening the
+// rows of a tile call it per block).
+void widen_rows_bf16(const uint8_t* src, int64_t ld, c10::ScalarType from, int64_t rows, int64_t n, uint16_t* dst,
+                     int64_t ldd);
+
 // dst.copy_(src) for CPU tensors of the same sizes and the same dense layout whose dtypes
 // `convert` handles (parallel over the elements). Returns false, doing nothing, otherwise.
 bool try_copy(const at::Tensor& dst, const at::Tensor& src);

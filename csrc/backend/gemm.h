@@ -78,6 +78,10 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 bool amx_bf16();
 void set_amx_enabled(bool on);
 
+// Whether the CPU has AMX's bf16 tiles and the OS granted their state (amx_gemm.h's kernel runs
+// them itself; MKL not needed). set_amx_enabled(false) turns this off too.
+bool amx_tiles();
+
 // Which host path matmul_lowp_f32 takes: "onednn-fp32" or "mkl-mixed" (bf16 operands on an AMX
 // host take MKL's GEMM either way).
 const char* lowp_route();

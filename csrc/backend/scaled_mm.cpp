@@ -6,12 +6,15 @@
 // GEMM is a bf16 GEMM on exactly converted operands (fp8.h): products exact, fp32 accumulation.
 // CPU's own _scaled_mm (without AMX) widens to fp32 through a scalar conversion and runs
 // MKL's sgemm: 5-7x a bf16 matmul. Here, in order of preference:
+//   - on an AMX host with B column-major (any scaling but the DeepSeek block ones): amx_gemm.h's
+//     kernel reads the fp8 codes (the weight widened in cache, the activations packed once) and
+//     its epilogue applies alpha, the row/column scales and the bias and rounds once;
 //   - bf16 output with tensor-wise scales (and no bias or a bf16 bias), large enough for
 //     oneDNN: exact bf16 copies (fp8.h's vectorized conversion) into one oneDNN bf16
 //     GEMM whose epilogue applies scale_a * scale_b (and adds the bias) and rounds once;
 //   - anything else on an AMX host (gemm::amx_bf16()) with 128 rows or more: exact bf16
-//     copies into MKL's bf16 x bf16 -> fp32 GEMM (AMX tiles; 5x faster than the AVX512-BF16
-//     kernel below at 1024^3 there), then the epilogue over its fp32 accumulator;
+//     copies into MKL's bf16 x bf16 -> fp32 GEMM (AMX tiles), then the epilogue over its fp32
+//     accumulator;
 //   - anything else where the CPU has AVX512-BF16: bf16_gemm.h's kernel reads the fp8 codes
 //     (widened while packed) and applies alpha, the row/column scales and the bias to its fp32
 //     sums, writing a bf16/fp32 result itself (other dtypes round from its fp32 result);
@@ -35,6 +38,7 @@
 #endif
 
 #include "allocator.h"
+#include "amx_gemm.h"
 #include "bf16_gemm.h"
 #include "enqueue.h"
 #include "cpu_features.h"
@@ -68,14 +72,20 @@ bool fp8(const at::Tensor& t) {
 // fp32 copies.
 bool mixed_route() { return gemm::amx_bf16() || std::strcmp(gemm::lowp_route(), "mkl-mixed") == 0; }
 
-// Whether bf16_gemm.h's kernel takes an fp8 GEMM of `rows` rows of A that it can: with
-// AVX512-BF16, unless AMX is there and the product has rows enough for MKL's AMX GEMM to pay
-// for widening B to bf16 and packing it (AMX host, row-wise -> bf16, ms, AMX / this kernel:
-// 1024x1024x1024 2.16 / 10.6, 256x4096x4096 18.4 / 47.2, 64x4096x4096 13.7 / 13.1,
-// 16x4096x4096 12.3 / 4.7, 16x1024x1024 0.30 / 0.25: decode shapes stay on this kernel).
+// Whether an fp8 GEMM reads its codes in a kernel of ours (widened in cache, the epilogue on
+// its fp32 sums), and which:
+//  - amx_gemm.h's AMX kernel wherever AMX tiles are usable and B's columns run along k (B
+//    column-major: nn.Linear's weight.t(), the layout _scaled_mm requires on CUDA), at every
+//    size (AMX host, row-wise -> bf16, ratio to a bf16 matmul of the shape: 16x4096x4096 0.68,
+//    1024^3 0.61, 2048^3 1.08; MKL's AMX GEMM on widened copies was 11.1, 1.0 and 1.5);
+//  - else bf16_gemm.h's AVX512-BF16 kernel, unless AMX is there and the product has rows enough
+//    for MKL's AMX GEMM to pay for widening B to bf16 and packing it (AMX / this kernel, ms:
+//    1024^3 2.16 / 10.6, 64x4096x4096 13.7 / 13.1, 16x4096x4096 12.3 / 4.7).
 constexpr int64_t kAmxMinRows = 128;
-bool fused_route(int64_t rows) {
-  return bf16_gemm::available() && (!gemm::amx_bf16() || rows < kAmxMinRows);
+bool columns_along_k(const at::Tensor& b) { return b.stride(-2) == 1 && b.stride(-1) != 1; }
+bool amx_kernel(const at::Tensor& b) { return amx_gemm::available() && columns_along_k(b); }
+bool fused_route(int64_t rows, const at::Tensor& b) {
+  return amx_kernel(b) || (bf16_gemm::available() && (!gemm::amx_bf16() || rows < kAmxMinRows));
 }
 
 // An fp8 operand widened exactly to the dtype the host GEMM reads (bf16 or fp32).
@@ -102,8 +112,8 @@ void fp32_accumulate(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 // separate scale pass. Its products come in the order of the unfused epilogue (scaled_epilogue
 // and the tensor ops below), with the same rounding.
 template <bool E4M3>
-void widen_codes(const uint8_t* src, uint16_t* dst, int64_t n) {
-  fp8::convert(src, E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2, dst, at::kBFloat16, n);
+void widen_codes(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd) {
+  fp8::widen_rows_bf16(src, ld, E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2, rows, n, dst, ldd);
 }
 
 // A 2-d fp8 tensor as the kernel reads it: either dimension of unit stride, read in place (any
@@ -127,21 +137,29 @@ bf16_gemm::Matrix fp8_matrix(const at::Tensor& t, std::vector<at::Tensor>& keep)
   return mt;
 }
 
-// o (2-d, bf16 or fp32, unit column stride) = epilogue(a @ b) for fp8 a and b; rs/cs/bias may be
-// null (see bf16_gemm::Output). Requires bf16_gemm::available().
+// The product o (2-d, bf16 or fp32, unit column stride) = epilogue(a @ b) for fp8 a and b as the
+// kernels take it; rs/cs/bias may be null (see bf16_gemm::Output), copies of odd layouts go to keep.
+amx_gemm::Product fused_product(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b, float alpha,
+                                const float* rs, const float* cs, const float* bias, std::vector<at::Tensor>& keep) {
+  TORCH_INTERNAL_ASSERT(o.dim() == 2 && (o.stride(1) == 1 || o.size(1) <= 1));
+  amx_gemm::Product p{a.size(0), b.size(1), a.size(1), fp8_matrix(a, keep), fp8_matrix(b, keep), {}};
+  if (o.scalar_type() == at::kBFloat16) p.out.bf16 = static_cast<uint16_t*>(o.data_ptr());
+  else p.out.f32 = o.data_ptr<float>();
+  p.out.ld = o.stride(0);
+  p.out.alpha = alpha;
+  p.out.row_scale = rs;
+  p.out.col_scale = cs;
+  p.out.bias = bias;
+  return p;
+}
+
+// Runs fused_product(...) on the AMX kernel (amx_kernel(b)) or the AVX512-BF16 one.
 void fused_scaled_mm(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b, float alpha, const float* rs,
                      const float* cs, const float* bias) {
-  TORCH_INTERNAL_ASSERT(o.dim() == 2 && (o.stride(1) == 1 || o.size(1) <= 1));
   std::vector<at::Tensor> keep;
-  bf16_gemm::Output out;
-  if (o.scalar_type() == at::kBFloat16) out.bf16 = static_cast<uint16_t*>(o.data_ptr());
-  else out.f32 = o.data_ptr<float>();
-  out.ld = o.stride(0);
-  out.alpha = alpha;
-  out.row_scale = rs;
-  out.col_scale = cs;
-  out.bias = bias;
-  bf16_gemm::gemm(a.size(0), b.size(1), a.size(1), fp8_matrix(a, keep), fp8_matrix(b, keep), out);
+  const amx_gemm::Product p = fused_product(o, a, b, alpha, rs, cs, bias, keep);
+  if (amx_kernel(b)) amx_gemm::gemm(p.m, p.n, p.k, p.a, p.b, p.out);
+  else bf16_gemm::gemm(p.m, p.n, p.k, p.a, p.b, p.out);
 }
 
 // o = round(acc * row_scale[i] * col_scale[j]) for acc (M x N, contiguous fp32) and o 2-d of
@@ -315,9 +333,9 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
   const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
-                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K);
+                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K) && !amx_kernel(b);
   const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
-  if (fused_route(M) && !onednn_bf16) {
+  if (fused_route(M, b) && !onednn_bf16) {
     // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32
     // result itself; another dtype is rounded from its fp32 result.
     const bool direct = dt == at::kBFloat16 || dt == at::kFloat;
@@ -495,10 +513,18 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
   // One group: og = round((ag @ bg) * rs[i] * cs[j]). The fused route reads the fp8 slices; the
   // unfused one widens both operands once (`aw`, `bw`, sliced like a and b) and accumulates in fp32.
   // (rows per group: a's rows over the groups for a 2-d a, a group's rows for a 3-d one)
-  const bool fused = fused_route(a2 ? a.size(0) / std::max<int64_t>(1, b2 ? 1 : b.size(0)) : a.size(1));
+  const bool fused = fused_route(a2 ? a.size(0) / std::max<int64_t>(1, b2 ? 1 : b.size(0)) : a.size(1), b);
   const at::Tensor aw = fused ? a : widen_for_gemm(zc, a), bw = fused ? b : widen_for_gemm(zc, b);
+  // On the AMX kernel the groups run together once all are known (one pair of parallel regions).
+  const bool batched = fused && amx_kernel(b);
+  std::vector<amx_gemm::Product> groups;
+  std::vector<at::Tensor> keep;
   auto product = [&](const at::Tensor& ag, const at::Tensor& bg, const float* rs, const float* cs,
                      const at::Tensor& og) {
+    if (batched) {
+      groups.push_back(fused_product(og, ag, bg, 1.0f, rs, cs, nullptr, keep));
+      return;
+    }
     if (fused) {
       fused_scaled_mm(og, ag, bg, 1.0f, rs, cs, nullptr);
       return;
@@ -585,6 +611,7 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
       start = end;
     }
   }
+  if (batched) amx_gemm::gemm(groups);
   (void)use_fast_accum;  // PSUM accumulates in fp32 either way
   zc.sync_inputs();
   return out;

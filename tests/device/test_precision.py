@@ -270,6 +270,8 @@ def test_precision_routes_describe_this_host():
     assert ROUTES["cpu_avx512_bf16"] == (" avx512_bf16" in flags)
     # AMX is taken exactly where the CPU has its bf16 tiles (and torch links MKL, as its x86 builds do)
     assert ROUTES["amx_bf16_gemm"] == (" amx_bf16" in flags and torch.backends.mkl.is_available())
+    # the AMX fp8 kernel needs the tiles only (amx_gemm.h)
+    assert ROUTES["amx_fp8_kernel"] == (" amx_bf16" in flags and " amx_tile" in flags)
     # fp16 products keep CPU's kernels exactly where they are oneDNN's (AVX512-FP16 or AMX-FP16)
     fp16_onednn = (" avx512_fp16" in flags or " amx_fp16" in flags) and ROUTES["lowp_gemm"] == "onednn-fp32"
     assert ROUTES["fp16_cpu_product_kernels"] == fp16_onednn
@@ -323,41 +325,83 @@ def _mkl_bf16_gemm(a, b_t):
     return c
 
 
-def test_decode_shaped_fp8_gemms_stay_on_the_avx512_bf16_kernel_on_amx_hosts():
-    # Below 128 rows, widening B for MKL's AMX GEMM costs more than it saves (16x4096x4096:
-    # 12.3 ms against 4.7 ms): the AVX512-BF16 kernel's bits, not MKL's.
-    if not (ROUTES["amx_bf16_gemm"] and ROUTES["bf16_fp32_gemm_avx512"]):
-        pytest.skip("this CPU has not both AMX and AVX512-BF16")
+@pytest.mark.parametrize("mkn", [(2, 2048, 96), (16, 2048, 96), (17, 300, 65), (40, 33, 31), (160, 4100, 64),
+                                 (96, 1, 8)], ids=str)
+def test_amx_kernel_sums_equal_mkls_amx_gemm_and_take_no_scratch(mkn):
+    # On an AMX host an fp8 GEMM with B column-major runs amx_gemm.cpp's kernel. TDPBF16PS adds
+    # the exact products in k order, as MKL's AMX GEMM does, so the fp32 sums equal MKL's bit for
+    # bit at every shape: decode rows (16 or fewer: the half-width path), tails of 32 in every
+    # dimension, several k chunks and panel groups (160 x 4100). The AVX512-BF16 kernel sums in
+    # another order (2048-deep: other bits), and MKL's route widens copies of both operands and
+    # an fp32 accumulator from the device's pool, where the kernel reads the codes in place.
+    if not ROUTES["amx_fp8_kernel"]:
+        pytest.skip("this CPU has no AMX tiles")
     torch.manual_seed(0)
-    a = torch.randn(16, 2048).to(torch.float8_e4m3fn)
-    b_t = torch.randn(96, 2048).to(torch.float8_e4m3fn)
+    m, k, n = mkn
+    a = (torch.randn(m, k) * 4).to(torch.float8_e4m3fn)
+    b_t = (torch.randn(n, k) * 4).to(torch.float8_e4m3fn)
     one = torch.tensor(1.0, device=DEV)
-    got = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
-    _C._set_amx_gemm_enabled(False)
+    ad, bd = a.to(DEV), b_t.to(DEV).t()
+    torch.neuron.engine.set_enabled(False)
     try:
-        kernel = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+        before = torch.neuron.memory_stats()["allocation.all.allocated"]
+        got = torch._scaled_mm(ad, bd, one, one, out_dtype=torch.float32)
+        assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1
     finally:
-        _C._set_amx_gemm_enabled(True)
-    assert torch.equal(got, kernel)
-    assert not torch.equal(got, _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16)))
+        torch.neuron.engine.set_enabled(True)
+    assert torch.equal(got.cpu(), _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16)))
 
 
-def test_amx_route_takes_mkls_bf16_gemm_as_the_fp32_accumulator():
-    # On an AMX host an fp8 GEMM's fp32 sums are MKL's AMX bf16 GEMM over the exactly widened
-    # codes, bit for bit; the AVX512-BF16 kernel sums 2048-deep products in another order.
+def test_amx_kernel_bits_of_a_row_do_not_depend_on_the_batch():
+    # A token's result is the same whether it is decoded alone (the half-width path), with 15
+    # others, or in a batch of 40 (full-width panels): each sum is its own k-ordered chain.
+    # (MKL takes another kernel for one row, so it is no oracle there.)
+    if not ROUTES["amx_fp8_kernel"]:
+        pytest.skip("this CPU has no AMX tiles")
+    torch.manual_seed(1)
+    a = (torch.randn(40, 1000) * 4).to(torch.float8_e4m3fn).to(DEV)
+    b = (torch.randn(70, 1000) * 4).to(torch.float8_e4m3fn).to(DEV).t()
+    sa, sb = torch.rand(40, 1, device=DEV) + 0.5, torch.rand(1, 70, device=DEV) + 0.5
+    outs = [torch._scaled_mm(a[:rows], b, sa[:rows], sb, out_dtype=torch.bfloat16).cpu() for rows in (1, 16, 40)]
+    assert torch.equal(_bits(outs[0][0]), _bits(outs[2][0]))
+    assert torch.equal(_bits(outs[1]), _bits(outs[2][:16]))
+
+
+def test_amx_kernel_k_padding_is_zero_after_a_product_with_inf_and_nan():
+    # k pads to a multiple of 32 with zeros on both sides: a stale Inf or NaN left in the
+    # kernel's buffers by an earlier product would make 0 x Inf = NaN in every padded sum.
+    if not ROUTES["amx_fp8_kernel"]:
+        pytest.skip("this CPU has no AMX tiles")
+    torch.manual_seed(2)
+    E5M2 = torch.float8_e5m2
+    inf_a = torch.full((40, 1024), float("inf")).to(E5M2)
+    nan_b = torch.full((64, 1024), float("nan")).to(E5M2)
+    one = torch.tensor(1.0, device=DEV)
+    torch._scaled_mm(inf_a.to(DEV), nan_b.to(DEV).t(), one, one, out_dtype=torch.float32)
+    a = (torch.randn(40, 100) * 4).to(E5M2)  # (one k chunk: its padding is where the NaNs were)
+    b_t = (torch.randn(64, 100) * 4).to(E5M2)
+    got = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+    assert torch.equal(got, _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16)))
+
+
+def test_amx_route_takes_mkls_bf16_gemm_as_the_fp32_accumulator_for_row_major_b():
+    # A row-major B (its columns strided) is not the AMX kernel's: on an AMX host, from 128 rows,
+    # its fp32 sums are MKL's AMX bf16 GEMM over the exactly widened codes, bit for bit; the
+    # AVX512-BF16 kernel sums 2048-deep products in another order.
     if not ROUTES["amx_bf16_gemm"]:
         pytest.skip("this CPU has no AMX")
     torch.manual_seed(0)
-    a = torch.randn(128, 2048).to(torch.float8_e4m3fn)  # (rows enough for AMX: scaled_mm.cpp)
+    a = torch.randn(128, 2048).to(torch.float8_e4m3fn)  # (rows enough for MKL: scaled_mm.cpp)
     b_t = torch.randn(96, 2048).to(torch.float8_e4m3fn)
     one = torch.tensor(1.0, device=DEV)
     expect = _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16))
-    got = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+    b_rows = b_t.t().contiguous().to(DEV)
+    got = torch._scaled_mm(a.to(DEV), b_rows, one, one, out_dtype=torch.float32).cpu()
     assert torch.equal(got, expect)
     if ROUTES["bf16_fp32_gemm_avx512"]:
         _C._set_amx_gemm_enabled(False)
         try:
-            other = torch._scaled_mm(a.to(DEV), b_t.to(DEV).t(), one, one, out_dtype=torch.float32).cpu()
+            other = torch._scaled_mm(a.to(DEV), b_rows, one, one, out_dtype=torch.float32).cpu()
         finally:
             _C._set_amx_gemm_enabled(True)
         assert not torch.equal(other, expect)  # the comparison tells the routes apart
@@ -500,10 +544,11 @@ def _to_dev(t):
 
 @pytest.fixture(params=["amx", "avx512_bf16", "without"])
 def fp8_route(request):
-    """Each fp8 GEMM test on every host route this CPU has: MKL's AMX bf16 GEMM over widened
-    codes (AMX hosts; with the AVX512-BF16 kernel off, every shape takes it), bf16_gemm.cpp's
-    AVX512-BF16 kernel reading the fp8 codes, and the route of hosts with neither (widened
-    copies, an fp32 accumulator, the epilogue as tensor ops)."""
+    """Each fp8 GEMM test on every host route this CPU has: on AMX hosts amx_gemm.cpp's kernel
+    (B column-major) or MKL's AMX bf16 GEMM over widened codes (B row-major; with the
+    AVX512-BF16 kernel off, at every size), bf16_gemm.cpp's AVX512-BF16 kernel reading the fp8
+    codes, and the route of hosts with neither (widened copies, an fp32 accumulator, the
+    epilogue as tensor ops)."""
     if request.param == "amx" and not ROUTES["amx_bf16_gemm"]:
         pytest.skip("this CPU has no AMX (or torch no MKL)")
     if request.param == "avx512_bf16" and not ROUTES["bf16_fp32_gemm_avx512"]:

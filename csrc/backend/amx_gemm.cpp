@@ -1,0 +1,310 @@
+// bf16 x bf16 -> fp32 GEMM on AMX tiles (see amx_gemm.h).
+//
+// Roles: AMX multiplies a row-major tile (16 rows x 32 bf16) by a tile in pair layout (16 k
+// pairs x 16 columns x 2). B's columns (the weight's rows) are contiguous along k, so they are
+// the row operand after a plain widening, and A (the activations, few at decode) is the one
+// packed into pairs, once per call. The eight tile registers hold a 2 x 2 block of 16 x 16 fp32
+// accumulators (32 weight rows x 32 activation rows), two weight tiles and two activation tiles.
+//
+// Work is split into tasks of (32 weight rows, a group of activation panels of 32 rows, the group
+// sized so its packed rows stay in L2). A task walks k in chunks of 256: it widens its weight rows'
+// chunk into `stage` (16 KiB, L1; one widening call for the block), then runs each panel of the
+// group through the chunk, the accumulators parked in `sums` between chunks (kept in tiles when
+// the group is one panel), and sends each finished 32 x 32 block through the epilogue, transposed
+// back in registers. Every tile is whole: k past its end is zeros in stage and in the packed
+// panels, activation rows past m are zeros, weight rows past n are whatever stage held (their
+// sums are not stored).
+#include "amx_gemm.h"
+#include "gemm.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace torchneuron::amx_gemm {
+
+bool available() { return gemm::amx_tiles(); }
+
+bool supports(const bf16_gemm::Matrix&, const bf16_gemm::Matrix& b) { return b.trans; }
+
+#if defined(__x86_64__)
+namespace {
+
+constexpr int64_t kBlock = 32;  // weight rows of a task, activation rows of a panel
+constexpr int64_t kStep = 32;   // k values of one tile row (64 bytes of bf16)
+constexpr int64_t kChunk = 256; // k values staged at a time: 32 rows x 256 bf16 = 16 KiB, in L1
+
+// The LDTILECFG operand: palette 1, tiles 0-7 of 16 rows x 64 bytes. A constant in memory:
+// GCC's _tile_loadconfig tells the compiler it reads 8 bytes of it, not 64.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+constexpr TileConfig kTiles{};
+
+// The tile intrinsics are asm statements that declare no memory effects: a compiler barrier
+// keeps the stores of stage before the tile loads and the tile stores before the reads of acc_t.
+inline void barrier() { asm volatile("" ::: "memory"); }
+
+// The first 64-byte boundary at or after p (buffers are allocated 64 bytes long): a tile row
+// that straddles two cache lines costs two loads.
+template <class T>
+T* aligned(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
+// out (rows of ldo floats) = the transpose of the 16 x 16 block at in (rows of ldi floats):
+// unpacks pair rows within 128-bit lanes, then two rounds of lane shuffles gather each column.
+__attribute__((target("avx512f"))) void transpose16(const float* in, int64_t ldi, float* out, int64_t ldo) {
+  __m512 r[16], t[16], u[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * ldi);
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // u[4g + q]: rows 4g..4g+3 of columns q, q + 4, q + 8, q + 12 (one per 128-bit lane)
+#pragma GCC unroll 4
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d t0 = _mm512_castps_pd(t[g]), t1 = _mm512_castps_pd(t[g + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[g + 2]), t3 = _mm512_castps_pd(t[g + 3]);
+    u[g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0x88), v1 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0xDD);
+    const __m512 w0 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0x88);
+    const __m512 w1 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0xDD);
+    _mm512_storeu_ps(out + (q + 0) * ldo, _mm512_shuffle_f32x4(v0, w0, 0x88));
+    _mm512_storeu_ps(out + (q + 4) * ldo, _mm512_shuffle_f32x4(v1, w1, 0x88));
+    _mm512_storeu_ps(out + (q + 8) * ldo, _mm512_shuffle_f32x4(v0, w0, 0xDD));
+    _mm512_storeu_ps(out + (q + 12) * ldo, _mm512_shuffle_f32x4(v1, w1, 0xDD));
+  }
+}
+
+// stage[r][0:32 steps] = bf16 values k in [k0, k0 + 32 steps) of weight row n0 + r (B's
+// column), r < min(32, n - n0): one widening call for the block (or bf16 copied), zeros past k.
+void stage_rows(const bf16_gemm::Matrix& b, int64_t n0, int64_t n, int64_t k0, int64_t kc, int64_t steps,
+                uint16_t* stage) {
+  const int64_t rows = std::clamp<int64_t>(n - n0, 0, kBlock), width = steps * kStep;
+  if (b.widen != nullptr) {
+    b.widen(static_cast<const uint8_t*>(b.p) + n0 * b.ld + k0, b.ld, rows, kc, stage, kChunk);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(stage + r * kChunk, static_cast<const uint16_t*>(b.p) + (n0 + r) * b.ld + k0,
+                  static_cast<size_t>(kc) * 2);
+    }
+  }
+  // k padding must be zeros on both sides (0 x a stale Inf is NaN); rows past n may hold
+  // anything: their sums are never stored.
+  if (kc < width) {
+    for (int64_t r = 0; r < rows; ++r) std::fill(stage + r * kChunk + kc, stage + r * kChunk + width, 0);
+  }
+}
+
+// The packed activations: panel p's pair row kk (k values 2 kk and 2 kk + 1 of its `lines`
+// rows side by side) at data + p * panel + kk * lines * 2.
+struct Packed {
+  uint16_t* data;
+  int64_t panel;  // uint16 per panel
+  int64_t lines;  // rows per pair row: 32, or 16 when m <= 16 (see run)
+};
+
+// One task: weight rows [n0, n0 + 32) against activation panels [p0, p1).
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void task(int64_t n0, int64_t p0, int64_t p1,
+                                                                        int64_t m, int64_t n, int64_t k,
+                                                                        const Packed& pa, const bf16_gemm::Matrix& b,
+                                                                        const bf16_gemm::Output& out) {
+  const int64_t steps = std::max<int64_t>(1, (k + kStep - 1) / kStep);
+  // One panel: its accumulators stay in tiles over all of k; more: each panel's are parked in
+  // `sums` between chunks.
+  const bool resident = p1 - p0 == 1;
+  thread_local std::vector<uint16_t> stage_buf(kChunk * kBlock + 32);
+  thread_local std::vector<float> sums_buf;
+  if (!resident && static_cast<int64_t>(sums_buf.size()) < (p1 - p0) * kBlock * kBlock + 16) {
+    sums_buf.resize(static_cast<size_t>((p1 - p0) * kBlock * kBlock + 16));
+  }
+  uint16_t* stage = aligned(stage_buf.data());
+  float* sums = aligned(sums_buf.data());
+  alignas(64) float acc_t[kBlock * kBlock];  // [weight row][activation row]
+  alignas(64) float acc[kBlock * kBlock];    // [activation row][weight row]: the result's layout
+  const uint16_t* w = stage;
+  const int64_t xs = pa.lines * 4;  // bytes per pair row
+  for (int64_t s0 = 0; s0 < steps; s0 += kChunk / kStep) {
+    const int64_t k0 = s0 * kStep, cs = std::min(kChunk / kStep, steps - s0);
+    const bool last = s0 + cs == steps;
+    barrier();  // this chunk's stage stores after the last chunk's tile loads
+    stage_rows(b, n0, n, k0, std::clamp<int64_t>(k - k0, 0, cs * kStep), cs, stage);
+    barrier();
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* x = pa.data + p * pa.panel + s0 * 16 * pa.lines * 2;
+      float* park = resident ? nullptr : sums + (p - p0) * kBlock * kBlock;
+      if (s0 == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else if (!resident) {
+        _tile_loadd(0, park, kBlock * 4);
+        _tile_loadd(1, park + 16, kBlock * 4);
+        _tile_loadd(2, park + 16 * kBlock, kBlock * 4);
+        _tile_loadd(3, park + 16 * kBlock + 16, kBlock * 4);
+      }
+      if (m - p * kBlock > 16) {
+        for (int64_t s = 0; s < cs; ++s) {
+          _tile_loadd(4, w + s * kStep, kChunk * 2);               // weight rows 0-15
+          _tile_loadd(5, w + 16 * kChunk + s * kStep, kChunk * 2);  // weight rows 16-31
+          _tile_loadd(6, x + s * 16 * pa.lines * 2, xs);          // activation rows 0-15
+          _tile_loadd(7, x + s * 16 * pa.lines * 2 + 32, xs);     // activation rows 16-31
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      } else {  // activation rows 16-31 are padding (a few tokens): half the products
+        for (int64_t s = 0; s < cs; ++s) {
+          _tile_loadd(4, w + s * kStep, kChunk * 2);
+          _tile_loadd(5, w + 16 * kChunk + s * kStep, kChunk * 2);
+          _tile_loadd(6, x + s * 16 * pa.lines * 2, xs);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(2, 5, 6);
+        }
+      }
+      if (!last && resident) continue;
+      float* dst = last ? acc_t : park;
+      _tile_stored(0, dst, kBlock * 4);
+      _tile_stored(1, dst + 16, kBlock * 4);
+      _tile_stored(2, dst + 16 * kBlock, kBlock * 4);
+      _tile_stored(3, dst + 16 * kBlock + 16, kBlock * 4);
+      barrier();
+      if (!last) continue;
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 2; ++j) {
+          transpose16(acc_t + (i * 16) * kBlock + j * 16, kBlock, acc + (j * 16) * kBlock + i * 16, kBlock);
+        }
+      }
+      const int64_t m0 = p * kBlock;
+      bf16_gemm::epilogue(acc, kBlock, m0, std::min(kBlock, m - m0), n0, std::min(kBlock, n - n0), out);
+    }
+  }
+}
+
+// One product's plan: its packed activations, panel groups and tasks (blocks x groups, the
+// weight block varying fastest: a thread's consecutive tasks share one group's packed rows in L2).
+struct Plan {
+  const Product* p;
+  int64_t steps, panel, panels, group, blocks, tasks;
+  Packed packed;
+};
+
+Plan plan(const Product& pr) {
+  Plan pl{};
+  pl.p = &pr;
+  pl.steps = std::max<int64_t>(1, (pr.k + kStep - 1) / kStep);
+  pl.panel = pl.steps * kStep * kBlock;  // uint16 per packed panel, zero-padded: a multiple of 64 bytes
+  pl.panels = (pr.m + kBlock - 1) / kBlock;
+  // Panels per group: their packed rows within ~1 MiB, so a group stays in L2 while the weight
+  // blocks stream past it (each group widens the weight again: fewer, larger groups are better).
+  pl.group = std::clamp<int64_t>((int64_t{1} << 20) / (pl.panel * 2), 1, pl.panels);
+  pl.blocks = (pr.n + kBlock - 1) / kBlock;
+  pl.tasks = pl.blocks * ((pl.panels + pl.group - 1) / pl.group);
+  return pl;
+}
+
+// Packs panel q of a product's activations (zeros past k's pairs).
+void pack(const Plan& pl, int64_t q, uint16_t* base) {
+  const Product& pr = *pl.p;
+  uint16_t* dst = base + q * pl.panel;
+  const int64_t written = (pr.k + 1) / 2 * kBlock * 2;  // pack_pairs32 fills (k + 1) / 2 pairs
+  if (pr.k > 0) bf16_gemm::pack_pairs32(pr.a, q * kBlock, pr.m, 0, pr.k, dst);
+  std::fill(dst + written, dst + pl.panel, 0);
+}
+
+// Tasks [t0, t1) of all the plans' tasks, numbered plan after plan.
+__attribute__((target("amx-tile,amx-bf16"))) void tasks(int64_t t0, int64_t t1, const std::vector<Plan>& plans) {
+  _tile_loadconfig(&kTiles);
+  size_t i = 0;
+  int64_t first = 0;  // number of plans[i]'s first task
+  for (int64_t t = t0; t < t1; ++t) {
+    while (t - first >= plans[i].tasks) first += plans[i++].tasks;
+    const Plan& pl = plans[i];
+    const int64_t g = (t - first) / pl.blocks, blk = (t - first) % pl.blocks;
+    const Product& pr = *pl.p;
+    task(blk * kBlock, g * pl.group, std::min(pl.panels, (g + 1) * pl.group), pr.m, pr.n, pr.k, pl.packed, pr.b,
+         pr.out);
+  }
+  _tile_release();  // the tile state is large: leave it free for context switches
+}
+
+void run(const std::vector<Product>& products) {
+  std::vector<Plan> plans;
+  int64_t packed_size = 0, panels = 0, total = 0;
+  for (const Product& pr : products) {
+    if (pr.m <= 0 || pr.n <= 0) continue;
+    plans.push_back(plan(pr));
+    packed_size += plans.back().panels * plans.back().panel;
+    panels += plans.back().panels;
+    total += plans.back().tasks;
+  }
+  if (plans.empty()) return;
+  // The activations in pair layout, shared by every task. Kept per calling thread: a fresh buffer
+  // would be zero-filled and page-faulted on every call.
+  thread_local std::vector<uint16_t> packed;
+  if (static_cast<int64_t>(packed.size()) < packed_size + 32) packed.resize(static_cast<size_t>(packed_size + 32));
+  uint16_t* base = aligned(packed.data());
+  std::vector<std::pair<size_t, int64_t>> panel_of;  // (plan, panel) of every panel to pack
+  panel_of.reserve(static_cast<size_t>(panels));
+  for (size_t i = 0; i < plans.size(); ++i) {
+    plans[i].packed = Packed{base, plans[i].panel, kBlock};
+    base += plans[i].panels * plans[i].panel;
+    for (int64_t q = 0; q < plans[i].panels; ++q) panel_of.emplace_back(i, q);
+  }
+  at::parallel_for(0, panels, 1, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const auto [i, panel] = panel_of[static_cast<size_t>(q)];
+      pack(plans[i], panel, plans[i].packed.data);
+    }
+  });
+  for (Plan& pl : plans) {
+    if (pl.p->m > 16) continue;
+    // A few tokens (decode): rows 16-31 of the one panel are zeros. Its pair rows shrink to the
+    // first 16 lines, so each activation tile is 1 KiB of consecutive bytes, half the reads.
+    uint16_t* pa = pl.packed.data;
+    for (int64_t kk = 0; kk < pl.steps * kStep / 2; ++kk) std::memmove(pa + kk * 32, pa + kk * 64, 64);
+    pl.packed.lines = 16;
+  }
+  at::parallel_for(0, total, 1, [&](int64_t t0, int64_t t1) { tasks(t0, t1, plans); });
+}
+
+}  // namespace
+
+void gemm(const std::vector<Product>& products) {
+  TORCH_INTERNAL_ASSERT(available());
+  for (const Product& p : products) TORCH_INTERNAL_ASSERT(supports(p.a, p.b));
+  run(products);
+}
+
+void gemm(int64_t m, int64_t n, int64_t k, const bf16_gemm::Matrix& a, const bf16_gemm::Matrix& b,
+          const bf16_gemm::Output& out) {
+  gemm({Product{m, n, k, a, b, out}});
+}
+#else
+void gemm(const std::vector<Product>&) {}
+void gemm(int64_t, int64_t, int64_t, const bf16_gemm::Matrix&, const bf16_gemm::Matrix&, const bf16_gemm::Output&) {}
+#endif
+
+}  // namespace torchneuron::amx_gemm
