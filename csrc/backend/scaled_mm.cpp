@@ -23,6 +23,7 @@
 // use_fast_accum is accepted and ignored: PSUM accumulates in fp32 either way.
 // Semantics otherwise follow CPU's kernel (scale_result divides an fp8 output, the default
 // output dtype is mat_a's).
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_int_mm_cpu_dispatch.h>
@@ -426,9 +427,44 @@ at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const 
                           std::optional<c10::ScalarType> out_dtype, bool use_fast_accum, at::Tensor& out) {
   TORCH_CHECK_VALUE(!out_dtype || *out_dtype == out.scalar_type(),
                     "_scaled_mm: out_dtype must match the output's dtype (", out.scalar_type(), ")");
-  at::Tensor r = scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out.scalar_type(), use_fast_accum);
-  at::native::resize_output(out, r.sizes());
-  out.copy_(r);
+  // A contiguous neuron `out` of the result's shape (torch.compile's extern call passes one) is
+  // written in place; anything else (resizing, another layout, an alias of an input) takes a
+  // result and a copy.
+  const bool direct = self.dim() == 2 && mat2.dim() == 2 && out.is_privateuseone() && out.device() == self.device() &&
+                      out.dim() == 2 && out.size(0) == self.size(0) && out.size(1) == mat2.size(1) &&
+                      out.is_contiguous() && !out.is_conj() && !out.is_neg() &&
+                      at::get_overlap_status(out, self) == at::MemOverlapStatus::No &&
+                      at::get_overlap_status(out, mat2) == at::MemOverlapStatus::No &&
+                      (!bias || !bias->defined() || at::get_overlap_status(out, *bias) == at::MemOverlapStatus::No);
+  if (!direct) {
+    at::Tensor r = scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out.scalar_type(), use_fast_accum);
+    at::native::resize_output(out, r.sizes());
+    out.copy_(r);
+    return out;
+  }
+  if (may_enqueue() && queueable_operand(self, self) && queueable_operand(self, mat2) &&
+      queueable_operand(self, scale_a) && queueable_operand(self, scale_b) && queueable_operand(self, bias) &&
+      queueable_operand(self, scale_result)) {
+    check_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result);
+    QueuedCall q;
+    at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b), o = q.into(out);
+    const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
+    q.enqueue("aten::_scaled_mm.out", [a, b, sa, sb, bi, sr, o] {
+      ZeroCopy zc(ZeroCopy::Queued{});
+      scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
+    });
+    return out;
+  }
+  ZeroCopy zc;
+  at::Tensor a = zc.in(self), b = zc.in(mat2), sa = zc.in(scale_a), sb = zc.in(scale_b);
+  std::optional<at::Tensor> bi, sr;
+  if (bias.has_value() && bias->defined()) bi = zc.in(*bias);
+  if (scale_result.has_value() && scale_result->defined()) sr = zc.in(*scale_result);
+  at::Tensor o = zc.in_output(out);
+  zc.launch("aten::_scaled_mm.out");
+  check_scaled_mm(a, b, sa, sb, bi, sr);
+  scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
+  zc.sync_inputs();
   return out;
 }
 

@@ -183,3 +183,35 @@ def test_plain_inductor_cache_keys_carry_the_codegen_version():
         "print(custom_backend_passes['neuron'].uuid() == 'torchneuron-codegen-' + _source_hash())\n")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True"]
+
+
+def _e5m2_casts(x, codes):
+    # bf16 operands make Inductor convert 32 lanes at a time (two fp32 registers)
+    return x.float().to(torch.float8_e5m2), (codes.float() * x.float()).to(torch.bfloat16)
+
+
+def test_compiled_e5m2_casts_equal_cpu_bit_for_bit():
+    # ATen vectorizes Inductor's two-register fp8 conversions for e4m3 only; kernels.py declares
+    # the e5m2 pair from ATen's one-register conversions. Every bf16 bit pattern (subnormals,
+    # Inf, NaN, every rounding case of the narrowing) against CPU, and every e5m2 code widened.
+    x = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    codes = torch.arange(256, dtype=torch.uint8).repeat(256).view(torch.float8_e5m2)
+    y, prod = torch.compile(_e5m2_casts, backend="neuron")(x.to(DEV), codes.to(DEV))
+    want_y, want_prod = _e5m2_casts(x, codes)
+    assert torch.equal(y.cpu().view(torch.uint8), want_y.view(torch.uint8))
+    assert torch.equal(prod.cpu().view(torch.int16), want_prod.view(torch.int16))
+
+
+def test_kernels_using_e5m2_pair_conversions_get_their_declaration():
+    # The generated source names the conversions kernels.py declares (if Inductor stops emitting
+    # them, this says so), and only kernels using them get the declaration.
+    args = torch.randn(4096, device=DEV, dtype=torch.bfloat16), torch.randn(4096).to(torch.float8_e5m2).to(DEV)
+    _, code = run_and_get_code(torch.compile(_e5m2_casts, backend="neuron"), *args)
+    source = "\n".join(code)
+    assert "convert<at::Float8_e5m2,1,float,2>" in source and "convert<float,2,at::Float8_e5m2,1>" in source
+    prelude = "#include <torch/csrc/inductor/cpp_prefix.h>\n"
+    uses = prelude + "void k() { at::vec::convert<at::Float8_e5m2,1,float,2>(v); }"
+    declared = kernels._with_vec_converts(uses)
+    assert declared.index("struct VecConvert<Float8_e5m2, 1, float, 2>") < declared.index("void k()")
+    plain = prelude + "void k() { at::vec::convert<at::Float8_e4m3fn,1,float,2>(v); }"
+    assert kernels._with_vec_converts(plain) == plain

@@ -787,6 +787,34 @@ def test_scaled_mm_out_variant_writes_into_out():
     assert torch.equal(out.cpu(), torch._scaled_mm(_to_dev(a), _to_dev(b), s, s, out_dtype=torch.bfloat16).cpu())
 
 
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+def test_scaled_mm_out_writes_a_contiguous_out_in_place(engine):
+    # torch.compile calls _scaled_mm with out=: the result goes straight into it (one allocation
+    # fewer than the functional call, no copy), queued or not; a transposed or wrongly sized out
+    # still gets the result, through a copy.
+    torch.manual_seed(4)
+    a, b = _fp8_operands(40, 96, 72, E4M3, E4M3)
+    ad, bd = _to_dev(a), _to_dev(b)
+    sa, sb = torch.rand(40, 1, device=DEV) + 0.5, torch.rand(1, 72, device=DEV) + 0.5
+    want = torch._scaled_mm(ad, bd, sa, sb, out_dtype=torch.bfloat16).cpu()
+    torch.neuron.engine.set_enabled(engine)
+    try:
+        def allocations(call):
+            before = torch.neuron.memory_stats()["allocation.all.allocated"]
+            call()
+            return torch.neuron.memory_stats()["allocation.all.allocated"] - before
+        out = torch.empty(40, 72, device=DEV, dtype=torch.bfloat16)
+        functional = allocations(lambda: torch._scaled_mm(ad, bd, sa, sb, out_dtype=torch.bfloat16))
+        assert allocations(lambda: torch._scaled_mm(ad, bd, sa, sb, out_dtype=torch.bfloat16, out=out)) == functional - 1
+        assert torch.equal(_bits(out.cpu()), _bits(want))
+        for other in (torch.empty(72, 40, device=DEV, dtype=torch.bfloat16).t(),
+                      torch.empty(0, device=DEV, dtype=torch.bfloat16)):
+            torch._scaled_mm(ad, bd, sa, sb, out_dtype=torch.bfloat16, out=other)
+            assert torch.equal(_bits(other.cpu()), _bits(want))
+    finally:
+        torch.neuron.engine.set_enabled(True)
+
+
 def test_scaled_mm_rejects_bad_scales_and_dtypes_with_clear_errors():
     a, b = _fp8_operands(16, 32, 24, E4M3, E4M3)
     A, B = _to_dev(a), _to_dev(b)
