@@ -160,10 +160,14 @@ def compiled_linear_case(dev, dt):
     return lambda: f(x)
 
 
-def scaled_mm_case(n, rowwise=False, out_dtype=torch.bfloat16):
+def scaled_mm_case(n, rowwise=False, out_dtype=torch.bfloat16, m=None, k=None):
+    """fp8 _scaled_mm of an m x k activation and a k x n column-major weight (m = k = n unless
+    given) vs a bf16 matmul of the same shape and layout."""
+    m, k = m or n, k or n
+
     def make(dev, dt):
-        a = torch.randn(n, n, device=dev)
-        b = torch.randn(n, n, device=dev)
+        a = torch.randn(m, k, device=dev)
+        b = torch.randn(k, n, device=dev)
         if dt == torch.bfloat16:  # the baseline: a bf16 matmul of the same shape and layout
             a16, b16 = a.bfloat16(), b.bfloat16().t().contiguous().t()
             return lambda: a16 @ b16
@@ -171,7 +175,7 @@ def scaled_mm_case(n, rowwise=False, out_dtype=torch.bfloat16):
             return None
         a8, b8 = a.to(FP8), b.t().contiguous().to(FP8).t()  # b column-major, as _scaled_mm wants
         if rowwise:
-            sa, sb = torch.rand(n, 1, device=dev) + 0.5, torch.rand(1, n, device=dev) + 0.5
+            sa, sb = torch.rand(m, 1, device=dev) + 0.5, torch.rand(1, n, device=dev) + 0.5
         else:
             sa, sb = torch.tensor(0.5, device=dev), torch.tensor(2.0, device=dev)
         return lambda: torch._scaled_mm(a8, b8, sa, sb, out_dtype=out_dtype)
@@ -323,6 +327,9 @@ CASES = [
     ("_scaled_mm 1024 rowwise->bf16", scaled_mm_case(1024, rowwise=True), ("bf16", "fp8"), ("fp8", 1.0)),
     ("_scaled_mm 1024 tensorwise->fp32", scaled_mm_case(1024, out_dtype=torch.float32), ("bf16", "fp8"),
      ("fp8", 1.0)),
+    ("_scaled_mm decode 16x4096->4096 rowwise", scaled_mm_case(4096, rowwise=True, m=16), ("bf16", "fp8"),
+     ("fp8", 1.0)),
+    ("_scaled_mm 2048 rowwise->bf16", scaled_mm_case(2048, rowwise=True), ("bf16", "fp8"), ("fp8", 1.0)),
     ("_scaled_grouped_mm 1024x512, 4x512x512", scaled_grouped_mm_case, ("bf16", "fp8"), ("fp8", 1.0)),
     ("fp8 cast round trip 1024x1024", fp8_cast_case, ("bf16", "fp8"), None),
     ("_int_mm 1024", int_mm_case(1024), ("bf16", "int8"), ("int8", 1.0)),

@@ -11,7 +11,8 @@
 // chunk into `stage` (16 KiB, L1; one widening call for the block), then runs each panel of the
 // group through the chunk, the accumulators parked in `sums` between chunks (kept in tiles when
 // the group is one panel), and sends each finished 32 x 32 block through the epilogue, transposed
-// back in registers. Every tile is whole: k past its end is zeros in stage and in the packed
+// back in registers. A panel's rows 0-15 and 16-31 are packed apart, so every activation tile is
+// 1 KiB of consecutive bytes, and a panel of at most 16 rows (decode) runs half the products. Every tile is whole: k past its end is zeros in stage and in the packed
 // panels, activation rows past m are zeros, weight rows past n are whatever stage held (their
 // sums are not stored).
 #include "amx_gemm.h"
@@ -116,12 +117,11 @@ void stage_rows(const bf16_gemm::Matrix& b, int64_t n0, int64_t n, int64_t k0, i
   }
 }
 
-// The packed activations: panel p's pair row kk (k values 2 kk and 2 kk + 1 of its `lines`
-// rows side by side) at data + p * panel + kk * lines * 2.
+// The packed activations: panel p (32 rows) at data + p * panel, its rows 0-15 then its rows
+// 16-31, each as [k pair][16 rows][2] (the values at k and k + 1 side by side: AMX's pair layout).
 struct Packed {
   uint16_t* data;
   int64_t panel;  // uint16 per panel
-  int64_t lines;  // rows per pair row: 32, or 16 when m <= 16 (see run)
 };
 
 // One task: weight rows [n0, n0 + 32) against activation panels [p0, p1).
@@ -143,7 +143,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void task(int64_t 
   alignas(64) float acc_t[kBlock * kBlock];  // [weight row][activation row]
   alignas(64) float acc[kBlock * kBlock];    // [activation row][weight row]: the result's layout
   const uint16_t* w = stage;
-  const int64_t xs = pa.lines * 4;  // bytes per pair row
+  const int64_t half = steps * kStep * 16;  // uint16 from a panel's rows 0-15 to its rows 16-31
   for (int64_t s0 = 0; s0 < steps; s0 += kChunk / kStep) {
     const int64_t k0 = s0 * kStep, cs = std::min(kChunk / kStep, steps - s0);
     const bool last = s0 + cs == steps;
@@ -151,7 +151,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void task(int64_t 
     stage_rows(b, n0, n, k0, std::clamp<int64_t>(k - k0, 0, cs * kStep), cs, stage);
     barrier();
     for (int64_t p = p0; p < p1; ++p) {
-      const uint16_t* x = pa.data + p * pa.panel + s0 * 16 * pa.lines * 2;
+      const uint16_t* x = pa.data + p * pa.panel + s0 * 16 * 32;
       float* park = resident ? nullptr : sums + (p - p0) * kBlock * kBlock;
       if (s0 == 0) {
         _tile_zero(0);
@@ -168,8 +168,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void task(int64_t 
         for (int64_t s = 0; s < cs; ++s) {
           _tile_loadd(4, w + s * kStep, kChunk * 2);               // weight rows 0-15
           _tile_loadd(5, w + 16 * kChunk + s * kStep, kChunk * 2);  // weight rows 16-31
-          _tile_loadd(6, x + s * 16 * pa.lines * 2, xs);          // activation rows 0-15
-          _tile_loadd(7, x + s * 16 * pa.lines * 2 + 32, xs);     // activation rows 16-31
+          _tile_loadd(6, x + s * 16 * 32, 64);         // activation rows 0-15
+          _tile_loadd(7, x + half + s * 16 * 32, 64);  // activation rows 16-31
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(1, 4, 7);
           _tile_dpbf16ps(2, 5, 6);
@@ -179,7 +179,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void task(int64_t 
         for (int64_t s = 0; s < cs; ++s) {
           _tile_loadd(4, w + s * kStep, kChunk * 2);
           _tile_loadd(5, w + 16 * kChunk + s * kStep, kChunk * 2);
-          _tile_loadd(6, x + s * 16 * pa.lines * 2, xs);
+          _tile_loadd(6, x + s * 16 * 32, 64);
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(2, 5, 6);
         }
@@ -229,9 +229,16 @@ Plan plan(const Product& pr) {
 void pack(const Plan& pl, int64_t q, uint16_t* base) {
   const Product& pr = *pl.p;
   uint16_t* dst = base + q * pl.panel;
-  const int64_t written = (pr.k + 1) / 2 * kBlock * 2;  // pack_pairs32 fills (k + 1) / 2 pairs
-  if (pr.k > 0) bf16_gemm::pack_pairs32(pr.a, q * kBlock, pr.m, 0, pr.k, dst);
-  std::fill(dst + written, dst + pl.panel, 0);
+  const int64_t pairs = pl.steps * kStep / 2, written = (pr.k + 1) / 2;  // pack_pairs32 fills (k + 1) / 2
+  thread_local std::vector<uint16_t> both;  // [pair][32 rows][2]
+  if (static_cast<int64_t>(both.size()) < pl.panel) both.resize(static_cast<size_t>(pl.panel));
+  if (pr.k > 0) bf16_gemm::pack_pairs32(pr.a, q * kBlock, pr.m, 0, pr.k, both.data());
+  // Rows 0-15 then rows 16-31, each [pair][16 rows][2]: a tile is 1 KiB of consecutive bytes.
+  for (int64_t h = 0; h < 2; ++h) {
+    uint16_t* half = dst + h * pairs * 32;
+    for (int64_t kk = 0; kk < written; ++kk) std::memcpy(half + kk * 32, both.data() + kk * 64 + h * 32, 64);
+    std::fill(half + written * 32, half + pairs * 32, 0);
+  }
 }
 
 // Tasks [t0, t1) of all the plans' tasks, numbered plan after plan.
@@ -269,7 +276,7 @@ void run(const std::vector<Product>& products) {
   std::vector<std::pair<size_t, int64_t>> panel_of;  // (plan, panel) of every panel to pack
   panel_of.reserve(static_cast<size_t>(panels));
   for (size_t i = 0; i < plans.size(); ++i) {
-    plans[i].packed = Packed{base, plans[i].panel, kBlock};
+    plans[i].packed = Packed{base, plans[i].panel};
     base += plans[i].panels * plans[i].panel;
     for (int64_t q = 0; q < plans[i].panels; ++q) panel_of.emplace_back(i, q);
   }
@@ -279,14 +286,6 @@ void run(const std::vector<Product>& products) {
       pack(plans[i], panel, plans[i].packed.data);
     }
   });
-  for (Plan& pl : plans) {
-    if (pl.p->m > 16) continue;
-    // A few tokens (decode): rows 16-31 of the one panel are zeros. Its pair rows shrink to the
-    // first 16 lines, so each activation tile is 1 KiB of consecutive bytes, half the reads.
-    uint16_t* pa = pl.packed.data;
-    for (int64_t kk = 0; kk < pl.steps * kStep / 2; ++kk) std::memmove(pa + kk * 32, pa + kk * 64, 64);
-    pl.packed.lines = 16;
-  }
   at::parallel_for(0, total, 1, [&](int64_t t0, int64_t t1) { tasks(t0, t1, plans); });
 }
 
