@@ -12,9 +12,9 @@
 // group through the chunk, the accumulators parked in `sums` between chunks (kept in tiles when
 // the group is one panel), and sends each finished 32 x 32 block through the epilogue, transposed
 // back in registers. A panel's rows 0-15 and 16-31 are packed apart, so every activation tile is
-// 1 KiB of consecutive bytes, and a panel of at most 16 rows (decode) runs half the products. Every tile is whole: k past its end is zeros in stage and in the packed
-// panels, activation rows past m are zeros, weight rows past n are whatever stage held (their
-// sums are not stored).
+// 1 KiB of consecutive bytes, and a panel of at most 16 rows (decode) runs half the products.
+// Every tile is whole: k past its end is zeros in stage and in the packed panels, activation rows
+// past m are zeros, weight rows past n are whatever stage held (their sums are not stored).
 #include "amx_gemm.h"
 #include "gemm.h"
 
@@ -40,7 +40,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // weight rows of a task, activation rows of a panel
 constexpr int64_t kStep = 32;   // k values of one tile row (64 bytes of bf16)
-constexpr int64_t kChunk = 256; // k values staged at a time: 32 rows x 256 bf16 = 16 KiB, in L1
+constexpr int64_t kChunk = 256;  // k values staged at a time: 32 rows x 256 bf16 = 16 KiB, in L1
 
 // The LDTILECFG operand: palette 1, tiles 0-7 of 16 rows x 64 bytes. A constant in memory:
 // GCC's _tile_loadconfig tells the compiler it reads 8 bytes of it, not 64.
@@ -57,7 +57,7 @@ constexpr TileConfig kTiles{};
 // keeps the stores of stage before the tile loads and the tile stores before the reads of acc_t.
 inline void barrier() { asm volatile("" ::: "memory"); }
 
-// The first 64-byte boundary at or after p (buffers are allocated 64 bytes long): a tile row
+// The first 64-byte boundary at or after p (buffers are allocated 64 bytes longer): a tile row
 // that straddles two cache lines costs two loads.
 template <class T>
 T* aligned(T* p) {
