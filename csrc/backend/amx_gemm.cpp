@@ -289,12 +289,44 @@ void run(const std::vector<Product>& products) {
   at::parallel_for(0, total, 1, [&](int64_t t0, int64_t t1) { tasks(t0, t1, plans); });
 }
 
+// Rows [r0, r1) of a product: the same B, A's and the result's rows from r0.
+Product rows_of(const Product& p, int64_t r0, int64_t r1) {
+  Product s = p;
+  s.m = r1 - r0;
+  const int64_t width = p.a.widen != nullptr ? 1 : 2;  // bytes of an element of A
+  s.a.p = static_cast<const char*>(p.a.p) + r0 * (p.a.trans ? 1 : p.a.ld) * width;
+  if (s.out.f32 != nullptr) s.out.f32 += r0 * p.out.ld;
+  else s.out.bf16 += r0 * p.out.ld;
+  if (s.out.row_scale != nullptr) s.out.row_scale += r0;
+  return s;
+}
+
+// The packed activations are a buffer kept per calling thread: bounded, so a large product runs
+// as slices of rows (each packed, then multiplied) and the buffer stays below ~16 MiB.
+constexpr int64_t kPackedBytes = int64_t{16} << 20;
+
 }  // namespace
 
 void gemm(const std::vector<Product>& products) {
   TORCH_INTERNAL_ASSERT(available());
-  for (const Product& p : products) TORCH_INTERNAL_ASSERT(supports(p.a, p.b));
-  run(products);
+  std::vector<Product> batch;
+  int64_t bytes = 0;
+  for (const Product& p : products) {
+    TORCH_INTERNAL_ASSERT(supports(p.a, p.b));
+    const int64_t row_bytes = std::max<int64_t>(1, (p.k + kStep - 1) / kStep) * kStep * 2;  // packed, per row
+    const int64_t rows = std::max<int64_t>(kBlock, kPackedBytes / row_bytes / kBlock * kBlock);
+    for (int64_t r0 = 0; r0 < p.m; r0 += rows) {
+      const int64_t r1 = std::min(p.m, r0 + rows), need = (r1 - r0 + kBlock - 1) / kBlock * kBlock * row_bytes;
+      if (!batch.empty() && bytes + need > kPackedBytes) {
+        run(batch);
+        batch.clear();
+        bytes = 0;
+      }
+      batch.push_back(r0 == 0 && r1 == p.m ? p : rows_of(p, r0, r1));
+      bytes += need;
+    }
+  }
+  run(batch);
 }
 
 void gemm(int64_t m, int64_t n, int64_t k, const bf16_gemm::Matrix& a, const bf16_gemm::Matrix& b,

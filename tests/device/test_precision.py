@@ -352,6 +352,21 @@ def test_amx_kernel_sums_equal_mkls_amx_gemm_and_take_no_scratch(mkn):
     assert torch.equal(got.cpu(), _mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16)))
 
 
+def test_amx_kernel_runs_a_product_too_large_to_pack_at_once_in_row_slices():
+    # The packed activations are held to ~16 MiB per calling thread: 4100 rows of 2048 (16.8 MB
+    # packed) run as two slices of rows, each row's sums and scales still its own.
+    if not ROUTES["amx_fp8_kernel"]:
+        pytest.skip("this CPU has no AMX tiles")
+    torch.manual_seed(3)
+    a = (torch.randn(4100, 2048) * 4).to(torch.float8_e4m3fn)
+    b_t = (torch.randn(40, 2048) * 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(4100, 1) + 0.5, torch.rand(1, 40) + 0.5
+    want = ((_mkl_bf16_gemm(a.to(torch.bfloat16), b_t.to(torch.bfloat16)) * sa) * sb).to(torch.bfloat16)
+    for ad in (a.to(DEV), a.t().contiguous().to(DEV).t()):  # A row-major and column-major
+        got = torch._scaled_mm(ad, b_t.to(DEV).t(), sa.to(DEV), sb.to(DEV), out_dtype=torch.bfloat16).cpu()
+        assert torch.equal(_bits(got), _bits(want))
+
+
 def test_amx_kernel_bits_of_a_row_do_not_depend_on_the_batch():
     # A token's result is the same whether it is decoded alone (the half-width path), with 15
     # others, or in a batch of 40 (full-width panels): each sum is its own k-ordered chain.
