@@ -390,19 +390,21 @@ bool queueable_operand(const at::Tensor& ref, const std::optional<at::Tensor>& t
 // GEMM is queued when every operand is a neuron tensor of one device: check_scaled_mm reads
 // metadata only, so every error is raised at the call, and the kernel reads the scales' values
 // when it runs, after the queued kernels that computed them (a dynamic activation scale).
-at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
-                     const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
-                     const std::optional<at::Tensor>& scale_result,
-                     std::optional<c10::ScalarType> out_dtype, bool use_fast_accum) {
+// The product goes into `out` (an existing neuron tensor of the result's shape and dtype, written
+// in place) or, with `out` undefined, into a new result of `dtype`; returns the result.
+at::Tensor run_scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                         const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& scale_result, c10::ScalarType dtype, at::Tensor out) {
+  const char* name = out.defined() ? "aten::_scaled_mm.out" : "aten::_scaled_mm";
   if (may_enqueue() && queueable_operand(self, self) && queueable_operand(self, mat2) &&
       queueable_operand(self, scale_a) && queueable_operand(self, scale_b) && queueable_operand(self, bias) &&
       queueable_operand(self, scale_result)) {
     check_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result);
     QueuedCall q;
-    at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b), out;
+    at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b);
     const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
-    at::Tensor o = q.out(out, {a.size(0), b.size(1)}, out_dtype.value_or(a.scalar_type()));
-    q.enqueue("aten::_scaled_mm", [a, b, sa, sb, bi, sr, o] {
+    at::Tensor o = out.defined() ? q.into(out) : q.out(out, {a.size(0), b.size(1)}, dtype);
+    q.enqueue(name, [a, b, sa, sb, bi, sr, o] {
       ZeroCopy zc(ZeroCopy::Queued{});
       scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
     });
@@ -413,12 +415,24 @@ at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::T
   std::optional<at::Tensor> bi, sr;
   if (bias.has_value() && bias->defined()) bi = zc.in(*bias);
   if (scale_result.has_value() && scale_result->defined()) sr = zc.in(*scale_result);
-  zc.launch("aten::_scaled_mm");
+  at::Tensor o = out.defined() ? zc.in_output(out) : at::Tensor();
+  zc.launch(name);
   check_scaled_mm(a, b, sa, sb, bi, sr);
-  at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, out_dtype.value_or(a.scalar_type()));
-  scaled_mm_into(zc, zc.in_output(out), a, b, sa, sb, bi, sr);
+  if (!out.defined()) {
+    out = pooled(zc, {a.size(0), b.size(1)}, dtype);
+    o = zc.in_output(out);
+  }
+  scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
   zc.sync_inputs();
   return out;
+}
+
+at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
+                     const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& scale_result,
+                     std::optional<c10::ScalarType> out_dtype, bool use_fast_accum) {
+  return run_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype.value_or(self.scalar_type()),
+                       at::Tensor());
 }
 
 at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& scale_a,
@@ -442,29 +456,7 @@ at::Tensor& scaled_mm_out(const at::Tensor& self, const at::Tensor& mat2, const 
     out.copy_(r);
     return out;
   }
-  if (may_enqueue() && queueable_operand(self, self) && queueable_operand(self, mat2) &&
-      queueable_operand(self, scale_a) && queueable_operand(self, scale_b) && queueable_operand(self, bias) &&
-      queueable_operand(self, scale_result)) {
-    check_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result);
-    QueuedCall q;
-    at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b), o = q.into(out);
-    const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
-    q.enqueue("aten::_scaled_mm.out", [a, b, sa, sb, bi, sr, o] {
-      ZeroCopy zc(ZeroCopy::Queued{});
-      scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
-    });
-    return out;
-  }
-  ZeroCopy zc;
-  at::Tensor a = zc.in(self), b = zc.in(mat2), sa = zc.in(scale_a), sb = zc.in(scale_b);
-  std::optional<at::Tensor> bi, sr;
-  if (bias.has_value() && bias->defined()) bi = zc.in(*bias);
-  if (scale_result.has_value() && scale_result->defined()) sr = zc.in(*scale_result);
-  at::Tensor o = zc.in_output(out);
-  zc.launch("aten::_scaled_mm.out");
-  check_scaled_mm(a, b, sa, sb, bi, sr);
-  scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
-  zc.sync_inputs();
+  run_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out.scalar_type(), out);
   return out;
 }
 
