@@ -237,11 +237,13 @@ PYBIND11_MODULE(_C, m) {
     return py::dict(py::arg("enqueued") = s.enqueued, py::arg("executed") = s.executed,
                     py::arg("drains") = s.drains, py::arg("fused") = s.fused, py::arg("regions") = s.regions,
                     py::arg("kernels_compiled") = f.compiled, py::arg("kernels_failed") = f.failed,
-                    py::arg("kernels_requested") = f.requested);
+                    py::arg("kernels_requested") = f.requested, py::arg("tiled") = f.tiled);
   });
   // Adaptive Eager (backend/fusion.h; torchneuron/compile/eager_fusion.py compiles).
   m.def("_fusion_set_enabled", &torchneuron::fusion::set_enabled, py::arg("on"));
   m.def("_fusion_enabled", &torchneuron::fusion::enabled);
+  m.def("_fusion_set_tiles_enabled", &torchneuron::fusion::set_tiles_enabled, py::arg("on"));
+  m.def("_fusion_tiles_enabled", &torchneuron::fusion::tiles_enabled);
   m.def("_fusion_install", [](const py::bytes& signature, uintptr_t kernel) {
     torchneuron::fusion::install(std::string(signature), kernel);
   });

@@ -123,6 +123,8 @@ struct Block {
   // The execution engine's last enqueued sequence number when the block was last freed: a
   // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
   uint64_t freed_at = 0;
+  // ... and when it was last allocated (Adaptive Eager, allocated_at).
+  uint64_t allocated_at = 0;
   uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
   bool oversize = false;   // allocated at least max_split_size_mb (counted in oversize_allocations)
   uint64_t mem_pool = 0;   // the MemPool its segment belongs to (0: the device's own)
@@ -764,6 +766,7 @@ Block* malloc_block(int device, size_t nbytes) {
     count_free_split(c, rest, +1);
   }
   block->allocated = true;
+  block->allocated_at = neuron::rt::engine::last();
   block->requested = nbytes;
   block->context = ctx;
   block->oversize = block->size >= max_split;
@@ -1254,6 +1257,13 @@ int NeuronAllocator::device_of(const void* ptr) {
     return std::prev(it)->second->device;
   }
   return -1;
+}
+
+uint64_t allocated_at(const c10::DataPtr& data) {
+  if (data.get_deleter() != &delete_block || data.get_context() == nullptr) return 0;
+  const Block* b = static_cast<const Block*>(data.get_context());
+  std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
+  return b->allocated_at;
 }
 
 bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by) {

@@ -59,6 +59,10 @@ class NeuronAllocator : public c10::DeviceAllocator {
 };
 
 NeuronAllocator* device_allocator();
+// The execution engine's last enqueued sequence number when the caching allocator's block
+// holding `data` was allocated (0 for memory it did not allocate from a block): work enqueued
+// up to then cannot have used this allocation (Adaptive Eager's fuser, fusion.cpp).
+uint64_t allocated_at(const c10::DataPtr& data);
 
 // Graph capture (graph.cpp). Between begin_graph_allocations(pool) and end_graph_allocations()
 // every neuron allocation comes from graph memory pool `pool`, CUDA's graph-private pool: its

@@ -2,6 +2,8 @@
 #include "fusion.h"
 #include "allocator.h"
 #include "enqueue.h"
+#include "fp8.h"
+#include "tile_fusion.h"
 #include "zero_copy.h"
 
 #include <ATen/Config.h>
@@ -23,6 +25,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -34,8 +39,10 @@ namespace torchneuron::fusion {
 
 namespace {
 
-constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2};    // buffers: out, then inputs
-constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0};  // Python numbers, in order
+constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2};    // buffers: out, then inputs
+constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2};  // Python numbers, in order
+// The precompiled family (tile_fusion.h), which a region never mixes with the generated one.
+constexpr bool is_tiled(Kind k) { return k >= kWiden; }
 // ATen computes float sqrt with MKL's vmsSqrt, and the generated kernels call it too
 // (eager_fusion.py); a build without MKL computes it otherwise, so sqrt does not fuse there.
 constexpr bool kSqrtFuses = AT_MKL_ENABLED();
@@ -50,7 +57,12 @@ struct Record {
   int64_t numel;
   int device = -1;
   std::array<void*, 4> ptr{};  // [0] is written
+  std::array<c10::ScalarType, 4> dtype{c10::ScalarType::Float, c10::ScalarType::Float, c10::ScalarType::Float,
+                                       c10::ScalarType::Float};
   std::array<float, 2> scalar{};
+  const float* value = nullptr;  // kScale: the 0-dim factor's bytes, read when the region runs
+  // The precompiled family: when the output's memory was allocated (allocator.h, allocated_at).
+  uint64_t out_allocated = 0;
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
   const char* hot = nullptr;
   const c10::OperatorName* boxed = nullptr;
@@ -225,6 +237,11 @@ struct Group {
   c10::SmallVector<float, 16> scalars;
   c10::SmallVector<uint8_t, 16> written;   // slots some kernel writes
   c10::SmallVector<uint8_t, 4> unstored;  // ... whose final values nobody can read
+  c10::SmallVector<c10::ScalarType, 16> dtypes;     // of each slot
+  c10::SmallVector<uint8_t, 16> born;  // slots a kernel of the region writes before any reads them
+  c10::SmallVector<uint8_t, 16> dead;  // ... whose memory a later buffer of the region took
+  c10::SmallVector<tile_fusion::Step, 8> steps;     // the precompiled family's kernels
+  size_t slot_bytes(uint8_t slot) const { return static_cast<size_t>(numel) * c10::elementSize(dtypes[slot]); }
 };
 // In a signature, after the kernels: the slots the kernel does not store (eager_fusion.py).
 constexpr char kUnstored = static_cast<char>(0xFF);
@@ -266,6 +283,10 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
       case kAddcdiv: at::cpu::addcdiv_out(t[0], t[1], t[2], t[3], static_cast<double>(s[0])); break;
       case kLerpScalar: at::cpu::lerp_out(t[0], t[1], t[2], static_cast<double>(s[0])); break;
       case kSqrt: at::cpu::sqrt_out(t[0], t[1]); break;
+      case kWiden:
+      case kNarrow:
+      case kScale:
+      case kClamp: break;  // (the precompiled family leaves no remainders)
     }
     at_op += 1 + kArity[kind];
     at_scalar += kScalars[kind];
@@ -285,18 +306,31 @@ void run_group(KernelFn kernel, const Group& g) {
 namespace detail {
 // Off by default until it wins on bench/engine.py (docs/benchmarks.md, Execution engine).
 bool g_on = env_flag("TORCH_NEURONX_ENABLE_CONCATENATION", false);
+// On unless TORCH_NEURONX_ENABLE_CONCATENATION=0: it compiles nothing, and a fused group only
+// saves memory passes (docs/benchmarks.md, torchao's float8 casts).
+bool g_tiles = env_flag("TORCH_NEURONX_ENABLE_CONCATENATION", true);
 }
 
 namespace {
 neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs);
 void flush();
 }  // namespace
+void install_fuser() noexcept;
 
 // The engine asks the fuser only while fusion is on: off, no queued kernel pays for looking.
+void install_fuser() noexcept {
+  if (detail::g_on || detail::g_tiles) neuron::rt::engine::set_fuser(&fuse, &flush);
+  else neuron::rt::engine::set_fuser(nullptr, nullptr);
+}
+
 void set_enabled(bool on) noexcept {
   detail::g_on = on;
-  if (on) neuron::rt::engine::set_fuser(&fuse, &flush);
-  else neuron::rt::engine::set_fuser(nullptr, nullptr);
+  install_fuser();
+}
+
+void set_tiles_enabled(bool on) noexcept {
+  detail::g_tiles = on;
+  install_fuser();
 }
 
 neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
@@ -339,6 +373,78 @@ neuron::rt::engine::Record list_sqrt(const std::vector<at::Tensor>& outs, const 
   return recs;
 }
 
+namespace {
+// An operand of the precompiled family: a neuron tensor of `dtype` with like's sizes and
+// strides, non-overlapping and dense, so that the i-th element in memory of one is the i-th of
+// the others (the order ATen's iterator walks them in, and the fused kernel's).
+bool dense_like(const at::Tensor& t, const at::Tensor& like, c10::ScalarType dtype) {
+  return t.defined() && t.is_privateuseone() && t.device() == like.device() && t.scalar_type() == dtype &&
+         t.layout() == c10::kStrided && t.sizes().equals(like.sizes()) && t.strides().equals(like.strides()) &&
+         t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
+}
+
+std::shared_ptr<Record> tiled(Kind kind, const at::Tensor& out, c10::ScalarType out_type, const at::Tensor& self,
+                              c10::ScalarType self_type, const char* hot) {
+  if (!out.defined() || out.numel() < min_fused_numel() || !dense_like(self, self, self_type) ||
+      !dense_like(out, self, out_type)) {
+    return nullptr;
+  }
+  auto r = std::make_shared<Record>();
+  r->kind = kind;
+  r->numel = out.numel();
+  r->device = out.get_device();
+  r->ptr[0] = const_cast<void*>(out.const_data_ptr());
+  r->ptr[1] = const_cast<void*>(self.const_data_ptr());
+  r->dtype[0] = out_type;
+  r->dtype[1] = self_type;
+  r->out_allocated = allocated_at(out.storage().data_ptr());
+  r->hot = hot;
+  return r;
+}
+
+// A clamp bound as ATen's float kernel reads it (Scalar::to<float>), if it is a real number in
+// float's range (a checked conversion would raise) and not NaN.
+bool bound_of(const std::optional<at::Scalar>& s, float* out) {
+  if (!s.has_value() || s->isComplex() || s->isSymbolic()) return false;
+  const double v = s->toDouble();
+  if (!(std::abs(v) <= static_cast<double>(std::numeric_limits<float>::max()))) return false;
+  *out = s->to<float>();
+  return true;
+}
+}  // namespace
+
+neuron::rt::engine::Record cast(const at::Tensor& out, const at::Tensor& self) {
+  static constexpr char kCopy[] = "Memcpy DtoD";  // the queued copy's name (ops.cpp)
+  const auto from = self.scalar_type(), to = out.scalar_type();
+  if (from == at::kBFloat16 && to == at::kFloat) return tiled(kWiden, out, to, self, from, kCopy);
+  if (from == at::kFloat && fp8::is_fp8(to)) return tiled(kNarrow, out, to, self, from, kCopy);
+  return nullptr;
+}
+
+neuron::rt::engine::Record scale(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                 const at::Tensor& other) {
+  const bool swap = self.dim() == 0 && other.dim() != 0;
+  const at::Tensor& big = swap ? other : self;
+  const at::Tensor& factor = swap ? self : other;
+  if (factor.dim() != 0 || !factor.is_privateuseone() || factor.device() != big.device() ||
+      factor.scalar_type() != at::kFloat || factor.is_conj() || factor.is_neg() || factor.const_data_ptr() == nullptr ||
+      factor.unsafeGetTensorImpl()->is_wrapped_number()) {
+    return nullptr;
+  }
+  auto r = tiled(kScale, out, at::kFloat, big, at::kFloat, name);
+  if (r != nullptr) r->value = static_cast<const float*>(factor.const_data_ptr());
+  return r;
+}
+
+neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                 const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi) {
+  float l = 0.f, h = 0.f;
+  if (!bound_of(lo, &l) || !bound_of(hi, &h)) return nullptr;
+  auto r = tiled(kClamp, out, at::kFloat, self, at::kFloat, name);
+  if (r != nullptr) r->scalar = {l, h};
+  return r;
+}
+
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
   const auto& name = op.schema().operator_name();
   if (name.name.size() < 8) return nullptr;
@@ -365,6 +471,43 @@ neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit
 
 namespace {
 
+// Counts the ops of the first n records as executed (a fused kernel still ran them).
+void track_records(const std::vector<const void*>& records, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Record& r = *static_cast<const Record*>(records[i]);
+    if (r.hot != nullptr) track_hot(r.hot);
+    else if (r.boxed != nullptr) track_fallback(*r.boxed);
+  }
+}
+
+// A region of the precompiled family: each group through tile_fusion::run, at once.
+template <class Groups>
+neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<const void*>& records, size_t n) {
+  try {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (static_cast<int>(g) == g_fail_after.load(std::memory_order_relaxed)) {
+        g_fail_after.store(-1);
+        throw std::runtime_error("injected fault after " + std::to_string(g) + " groups (fusion::fail_after)");
+      }
+      const Group& grp = groups[g];
+      c10::SmallVector<tile_fusion::Slot, 16> slots;
+      for (size_t s = 0; s < grp.buffers.size(); ++s) {
+        const bool stored = std::find(grp.unstored.begin(), grp.unstored.end(), s) == grp.unstored.end();
+        slots.push_back({grp.buffers[s], grp.dtypes[s], stored});
+      }
+      tile_fusion::run(grp.steps.data(), grp.steps.size(), slots.data(), slots.size(), grp.numel);
+    }
+  } catch (const std::exception& ex) {
+    return {n, 0, error_text(ex)};
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_stats.tiled += groups.size();
+  }
+  track_records(records, n);
+  return {n, 0, {}};
+}
+
 // The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
 // group's kernel is compiled.
 neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs) {
@@ -374,11 +517,19 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     uintptr_t end;
     uint32_t group;
     uint32_t slot;
+    uint64_t last;  // the last kernel of the region using it
   };
   std::map<uintptr_t, Buf> bufs;
   c10::SmallVector<Group, 4> groups;
+  // A region is of one family: the generated kernels' or the precompiled one's.
+  const bool tiles = is_tiled(static_cast<const Record*>(records[0])->kind);
+  // (A graph capture records both families whatever is on: only the families on fuse.)
+  if (!(tiles ? detail::g_tiles : detail::g_on)) return {0, 1, {}};
+  // The 0-dim factors the region's kScale kernels read: no kernel of the region may write them.
+  c10::SmallVector<uintptr_t, 4> values;
   // Adds one record to the region; false (and nothing changed) if it must end before it.
-  auto add = [&](const Record& r) {
+  auto add = [&](const Record& r, uint64_t seq) {
+    if (is_tiled(r.kind) != tiles) return false;
     uint32_t g = 0;
     while (g < groups.size() && groups[g].numel != r.numel) ++g;
     const bool new_group = g == groups.size();
@@ -386,48 +537,107 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     // Slots of this kernel's buffers; a buffer partially overlapping one seen before (or seen
     // with another element count) ends the region here.
     std::array<uint32_t, 4> slots{};
-    c10::SmallVector<void*, 4> fresh;
+    struct Fresh {
+      void* ptr;
+      size_t bytes;
+      c10::ScalarType dtype;
+      bool born;
+    };
+    c10::SmallVector<Fresh, 4> fresh;
+    c10::SmallVector<uintptr_t, 4> kill;  // buffers seen before whose memory this kernel's output took
+    c10::SmallVector<uintptr_t, 4> used;  // buffers seen before that this kernel uses
     bool conflict = false;
-    const size_t bytes = static_cast<size_t>(r.numel) * sizeof(float);
-    // Whether [begin, begin + bytes) meets a buffer seen before or another fresh one of this
-    // kernel (all of them `bytes` long: same group).
-    auto overlaps = [&](uintptr_t begin) {
+    // The buffers seen before that [begin, begin + bytes) meets (they never overlap each other).
+    auto seen_meeting = [&](uintptr_t begin, size_t bytes) {
+      c10::SmallVector<uintptr_t, 4> hits;
+      auto it = bufs.lower_bound(begin);
+      if (it != bufs.begin() && std::prev(it)->second.end > begin) --it;
+      for (; it != bufs.end() && it->first < begin + bytes; ++it) {
+        if (it->second.end > begin) hits.push_back(it->first);
+      }
+      return hits;
+    };
+    // Whether the output of this kernel may take the memory of `hits`: the precompiled family
+    // only, an output it does not also read, whose memory the allocator handed out after every
+    // kernel using them was enqueued. Their memory was allocated before their first kernel, so
+    // it is another allocation, freed before this one: they are dead (nothing after this kernel
+    // reads them) and, written by the region before any read (born), never need storing (they
+    // stay in the tiles), so this output's writes clobber nothing still to be read. (A view of
+    // the same allocation was allocated before their first kernel: it never passes.)
+    auto may_take = [&](uint8_t i, const c10::SmallVector<uintptr_t, 4>& hits) {
+      if (!tiles || i != 0 || r.out_allocated == 0) return false;
+      for (uint8_t j = 1; j < kArity[r.kind]; ++j) {
+        if (r.ptr[j] == r.ptr[0]) return false;
+      }
+      return std::all_of(hits.begin(), hits.end(), [&](uintptr_t h) {
+        const Buf& b = bufs.at(h);
+        return r.out_allocated >= b.last && groups[b.group].born[b.slot];
+      });
+    };
+    // Whether [begin, begin + bytes) meets another fresh buffer of this kernel or a factor a
+    // kScale kernel of the region reads (buffers seen before: seen_meeting).
+    auto overlaps = [&](uintptr_t begin, size_t bytes) {
       auto meets = [&](uintptr_t b, uintptr_t e) { return b < begin + bytes && begin < e; };
-      auto next = bufs.lower_bound(begin);
-      if (next != bufs.end() && meets(next->first, next->second.end)) return true;
-      if (next != bufs.begin() && meets(std::prev(next)->first, std::prev(next)->second.end)) return true;
-      return std::any_of(fresh.begin(), fresh.end(), [&](void* f) {
-        const auto fb = reinterpret_cast<uintptr_t>(f);
-        return meets(fb, fb + bytes);
+      if (std::any_of(values.begin(), values.end(), [&](uintptr_t v) { return meets(v, v + sizeof(float)); })) {
+        return true;
+      }
+      return std::any_of(fresh.begin(), fresh.end(), [&](const Fresh& f) {
+        const auto fb = reinterpret_cast<uintptr_t>(f.ptr);
+        return meets(fb, fb + f.bytes);
       });
     };
     for (uint8_t i = 0; i < kArity[r.kind] && !conflict; ++i) {
       const auto begin = reinterpret_cast<uintptr_t>(r.ptr[i]);
+      const size_t bytes = static_cast<size_t>(r.numel) * c10::elementSize(r.dtype[i]);
       auto it = bufs.find(begin);
-      if (it != bufs.end()) {
-        conflict = it->second.group != g || it->second.end != begin + bytes;
+      if (it != bufs.end() && it->second.group == g && it->second.end == begin + bytes &&
+          groups[g].dtypes[it->second.slot] == r.dtype[i]) {
         slots[i] = it->second.slot;
+        used.push_back(begin);
         continue;
       }
-      const auto same = std::find(fresh.begin(), fresh.end(), r.ptr[i]);
+      const auto same = std::find_if(fresh.begin(), fresh.end(), [&](const Fresh& f) { return f.ptr == r.ptr[i]; });
       if (same != fresh.end()) {
+        conflict = same->bytes != bytes || same->dtype != r.dtype[i];
         slots[i] = static_cast<uint32_t>(nbufs + (same - fresh.begin()));
         continue;
       }
-      conflict = overlaps(begin);
+      // A buffer partially overlapping one seen before (or seen with another element count or
+      // dtype) ends the region, unless its memory is dead buffers' (may_take).
+      const auto hits = seen_meeting(begin, bytes);
+      if (!hits.empty()) {
+        conflict = !may_take(i, hits);
+        kill.append(hits.begin(), hits.end());
+      }
+      conflict = conflict || overlaps(begin, bytes);
       slots[i] = static_cast<uint32_t>(nbufs + fresh.size());
-      fresh.push_back(r.ptr[i]);
+      const bool born = i == 0 && std::none_of(r.ptr.begin() + 1, r.ptr.begin() + kArity[r.kind],
+                                               [&](void* p) { return p == r.ptr[0]; });
+      fresh.push_back({r.ptr[i], bytes, r.dtype[i], born});
+    }
+    if (r.value != nullptr) {  // a factor inside memory the region touches could change under it
+      const auto v = reinterpret_cast<uintptr_t>(r.value);
+      conflict = conflict || overlaps(v, sizeof(float)) || !seen_meeting(v, sizeof(float)).empty();
     }
     if (conflict || nbufs + fresh.size() > kMaxSlots) return false;
+    if (r.value != nullptr) values.push_back(reinterpret_cast<uintptr_t>(r.value));
+    for (uintptr_t k : kill) {  // dead: never stored, and no longer found by address
+      const Buf& b = bufs.at(k);
+      groups[b.group].dead.push_back(static_cast<uint8_t>(b.slot));
+      bufs.erase(k);
+    }
+    for (uintptr_t u : used) bufs.at(u).last = seq;
     if (new_group) {
       groups.emplace_back();
       groups.back().numel = r.numel;
     }
     Group& grp = groups[g];
-    for (void* f : fresh) {
-      const auto begin = reinterpret_cast<uintptr_t>(f);
-      bufs.emplace(begin, Buf{begin + bytes, g, static_cast<uint32_t>(grp.buffers.size())});
-      grp.buffers.push_back(f);
+    for (const Fresh& f : fresh) {
+      const auto begin = reinterpret_cast<uintptr_t>(f.ptr);
+      bufs.emplace(begin, Buf{begin + f.bytes, g, static_cast<uint32_t>(grp.buffers.size()), seq});
+      grp.buffers.push_back(f.ptr);
+      grp.dtypes.push_back(f.dtype);
+      grp.born.push_back(f.born);
     }
     if (std::find(grp.written.begin(), grp.written.end(), slots[0]) == grp.written.end()) {
       grp.written.push_back(static_cast<uint8_t>(slots[0]));
@@ -435,13 +645,22 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     grp.signature.push_back(static_cast<char>(r.kind));
     for (uint8_t i = 0; i < kArity[r.kind]; ++i) grp.signature.push_back(static_cast<char>(slots[i]));
     for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
+    if (tiles) {
+      static constexpr tile_fusion::Op kOps[] = {tile_fusion::Op::Widen, tile_fusion::Op::Narrow,
+                                                 tile_fusion::Op::Scale, tile_fusion::Op::Clamp};
+      tile_fusion::Step st{kOps[r.kind - kWiden], static_cast<uint8_t>(slots[0]), static_cast<uint8_t>(slots[1])};
+      st.lo = r.scalar[0];
+      st.hi = r.scalar[1];
+      st.value = r.value;
+      grp.steps.push_back(st);
+    }
     return true;
   };
   size_t n = 0, fused_records = 0;  // items, and the records they hold
   for (; n < records.size(); ++n) {
     const Record* r = static_cast<const Record*>(records[n]);
     if (r->count == 1) {
-      if (!add(*r)) break;
+      if (!add(*r, seqs[n])) break;
       ++fused_records;
       continue;
     }
@@ -455,7 +674,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     c10::SmallVector<Sizes, 4> before;
     for (const Group& grp : groups) before.push_back({grp.buffers.size(), grp.signature.size(), grp.scalars.size(), grp.written.size()});
     uint32_t e = 0;
-    while (e < r->count && add(r[e])) ++e;
+    while (e < r->count && add(r[e], seqs[n])) ++e;
     if (e < r->count) {
       groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(before.size()), groups.end());
       for (size_t g = 0; g < before.size(); ++g) {
@@ -480,12 +699,15 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     const int device = static_cast<const Record*>(records[0])->device;
     const uint64_t region_end = seqs[n - 1];
     for (Group& grp : groups) {
-      const size_t bytes = static_cast<size_t>(grp.numel) * sizeof(float);
       for (uint8_t slot : grp.written) {
-        if (device_allocator()->is_free(device, grp.buffers[slot], bytes, region_end)) grp.unstored.push_back(slot);
+        const bool dead = std::find(grp.dead.begin(), grp.dead.end(), slot) != grp.dead.end();
+        if (dead || device_allocator()->is_free(device, grp.buffers[slot], grp.slot_bytes(slot), region_end)) {
+          grp.unstored.push_back(slot);
+        }
       }
     }
   }
+  if (tiles) return run_tiled(groups, records, n);
 
   c10::SmallVector<KernelFn, 4> kernels;
   {
@@ -520,11 +742,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   } catch (const std::exception& ex) {
     return {n, 0, error_text(ex)};
   }
-  for (size_t i = 0; i < n; ++i) {
-    const Record& r = *static_cast<const Record*>(records[i]);
-    if (r.hot != nullptr) track_hot(r.hot);
-    else if (r.boxed != nullptr) track_fallback(*r.boxed);
-  }
+  track_records(records, n);
   return {n, 0, {}};
 }
 
@@ -546,7 +764,7 @@ void flush() {
 
 const bool g_installed = [] {
   neuron::rt::engine::set_queue_limit(env_limit());
-  set_enabled(detail::g_on);
+  install_fuser();
   return true;
 }();
 

@@ -14,6 +14,13 @@
 // Scope: float32 contiguous tensors of one element count per kernel, and the ops of Kind. The
 // generated kernel runs the vector part of each thread's range; the scalar remainders (ATen's
 // compiled scalar loops round depending on address alignment) run through ATen's kernels here.
+//
+// A second family needs no generated code: casts between bfloat16, float32 and fp8, products
+// with a 0-dim tensor's value, and clamps (the scaling casts of low-precision training, such
+// as torchao's float8 casts), over dense tensors of one layout. Every element's bits depend only
+// on its inputs (tile_fusion.h), so a precompiled kernel runs their groups at once, tile by tile.
+// This family is on by default (it compiles nothing); TORCH_NEURONX_ENABLE_CONCATENATION=0
+// turns it off with the rest. A region holds kernels of one family.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,15 +47,24 @@ enum Kind : uint8_t {
   kAddcdiv,     // out = a + value * b / c
   kLerpScalar,  // out = lerp(a, b, weight)
   kSqrt,        // out = sqrt(a)                        (MKL's vmsSqrt, as ATen calls it)
+  // The precompiled family (tile_fusion.h): never sent to the code generator.
+  kWiden,       // float32 out = bfloat16 a
+  kNarrow,      // float8 out = float32 a
+  kScale,       // float32 out = a * (a 0-dim float32 tensor's value)
+  kClamp,       // float32 out = clamp(a, lo, hi)
 };
 
 namespace detail {
-extern bool g_on;  // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
+extern bool g_on;      // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
+extern bool g_tiles;   // the precompiled family; on unless TORCH_NEURONX_ENABLE_CONCATENATION=0
 }
 // Whether queued kernels get records (a load; the fuser also checks determinism). A graph
 // capture records them always: its replays may run with fusion on.
 inline bool enabled() noexcept { return detail::g_on || neuron::rt::engine::capturing(); }
 void set_enabled(bool on) noexcept;
+// The same for the precompiled family (casts, products with a 0-dim value, clamps).
+inline bool tiles_enabled() noexcept { return detail::g_tiles || neuron::rt::engine::capturing(); }
+void set_tiles_enabled(bool on) noexcept;
 
 // Records of the hot ops (ops.cpp). `name` is the op's qualified name ("aten::add_.Tensor");
 // `out` is the tensor written. Null when the call is outside fusion's scope.
@@ -59,6 +75,14 @@ neuron::rt::engine::Record sqrt(const char* name, const at::Tensor& out, const a
 // One record per element of a list sqrt, outs[i] = sqrt(self[i]); null unless all can join.
 neuron::rt::engine::Record list_sqrt(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& self,
                                      const char* name);
+// Records of the precompiled family (null when the call is outside its scope): `out` =
+// `self` cast (bfloat16 -> float32, float32 -> fp8); `out` = `self` * `other` where other is a
+// 0-dim float32 neuron tensor (`name` the op's hot name); `out` = clamp(`self`, lo, hi).
+neuron::rt::engine::Record cast(const at::Tensor& out, const at::Tensor& self);
+neuron::rt::engine::Record scale(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                 const at::Tensor& other);
+neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                 const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi);
 // Records of ops queued by the boxed fallback (fallback.cpp), from their arguments.
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args);
 
@@ -72,6 +96,7 @@ struct Stats {
   uint64_t compiled = 0;  // group kernels installed
   uint64_t failed = 0;    // group signatures that failed to compile (run unfused for good)
   uint64_t requested = 0; // compilations requested
+  uint64_t tiled = 0;     // groups run by the precompiled kernel (tile_fusion.h)
 };
 Stats stats() noexcept;
 

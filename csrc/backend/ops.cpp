@@ -346,7 +346,7 @@ bool queued_copy(const at::Tensor& src, const at::Tensor& dst) {
   q.as_copy(neuron::rt::trace::CopyKind::DtoD, "Memcpy DtoD", copy_bytes(dst));
   q.enqueue("Memcpy DtoD", [s, d]() mutable {
     if (!fast_copy(d, s)) d.copy_(s);
-  });
+  }, fusion::tiles_enabled() ? fusion::cast(dst, src) : nullptr);
   return true;
 }
 
@@ -704,6 +704,20 @@ at::Tensor run_pooled(const char* name, c10::IntArrayRef sizes, c10::ScalarType 
   return out;
 }
 
+// The fusion record of a queued pooled op: clamp with both bounds (the precompiled family).
+template <const char* Name, class... A>
+neuron::rt::engine::Record pooled_record(const at::Tensor& out, const A&... args) {
+  using Args = std::tuple<std::decay_t<A>...>;
+  if constexpr (std::is_same_v<Args, std::tuple<at::Tensor, std::optional<at::Scalar>, std::optional<at::Scalar>>>) {
+    static const bool is_clamp = std::string_view(Name) == "aten::clamp";
+    if (is_clamp && fusion::tiles_enabled()) {
+      const auto& [self, lo, hi] = std::forward_as_tuple(args...);
+      return fusion::clamp(Name, out, self, lo, hi);
+    }
+  }
+  return nullptr;
+}
+
 template <class Sig> struct Pooled;
 template <class... A> struct Pooled<at::Tensor(A...)> {
   template <at::Tensor (*F)(A...), at::Tensor& (*O)(at::Tensor&, A...), const char* Name>
@@ -731,7 +745,7 @@ template <class... A> struct Pooled<at::Tensor(A...)> {
       q.enqueue(Name, [cpu, o, serial]() mutable {
         SerialVml vml(serial);
         std::apply([&](auto&... a) { O(o, a...); }, cpu);
-      });
+      }, pooled_record<Name>(out, args...));
       return out;
     }
     return run_pooled(Name, first.sizes(), first.scalar_type(), {}, [](at::Tensor& o, auto&... a) { O(o, a...); },
@@ -756,6 +770,18 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
   return zc.out(func_call());
 }
 
+// The fusion record of a queued functional binary op into a fresh `out`: the generated family's
+// (float32 operands of one count), else for mul the precompiled family's product with a 0-dim
+// factor (torchao's scaling casts).
+template <const char* Name>
+neuron::rt::engine::Record binary_record(const at::Tensor& out, const at::Tensor& self, const at::Tensor& other,
+                                         const at::Scalar* alpha) {
+  neuron::rt::engine::Record r = fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr;
+  static const bool is_mul = std::string_view(Name) == "aten::mul.Tensor";
+  if (r == nullptr && is_mul && fusion::tiles_enabled()) r = fusion::scale(Name, out, self, other);
+  return r;
+}
+
 // Elementwise ops over same-shaped neuron operands of one floating dtype: the output comes from
 // the device pool at the call and the `.out` kernel is enqueued. Returns an undefined tensor if
 // the call does not qualify.
@@ -778,7 +804,7 @@ at::Tensor enqueue_elementwise(const at::Tensor& self, const at::Tensor& other, 
         zc->launch(Name);
         out_call(o, a, b);
       },
-      fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr, zc->captured_tensors());
+      binary_record<Name>(out, self, other, alpha), zc->captured_tensors());
   return out;
 }
 
@@ -834,7 +860,8 @@ at::Tensor pooled_broadcast(const at::Tensor& self, const at::Tensor& other, Out
   QueuedCall q;
   at::Tensor a = is_number(self) ? self : q.in(self), b = is_number(other) ? other : q.in(other), out;
   at::Tensor o = q.out(out, sizes, dtype, strides);
-  q.enqueue(Name, [a, b, o, out_call]() mutable { out_call(o, a, b); });
+  q.enqueue(Name, [a, b, o, out_call]() mutable { out_call(o, a, b); },
+            is_number(self) || is_number(other) ? nullptr : binary_record<Name>(out, self, other, nullptr));
   return out;
 }
 

@@ -17,7 +17,9 @@ engine*.
 
 Adaptive Eager (:func:`set_fusion_enabled`, ``TORCH_NEURONX_ENABLE_CONCATENATION=1``) runs runs of
 queued float32 elementwise kernels as one generated kernel, bit-identical to running them one by
-one.
+one. Its precompiled family (:func:`set_cast_fusion_enabled`, on by default) runs runs of queued
+casts (bfloat16 -> float32 -> fp8), products with a 0-dim tensor and clamps, the scaling casts of
+float8 training, as one pass over the elements, with no compilation.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 from .. import _C
 
 __all__ = ["is_enabled", "set_enabled", "synchronize", "stats", "is_fusion_enabled", "set_fusion_enabled",
-           "is_executor_thread_enabled", "set_executor_thread_enabled"]
+           "is_cast_fusion_enabled", "set_cast_fusion_enabled", "is_executor_thread_enabled",
+           "set_executor_thread_enabled"]
 
 
 def is_enabled() -> bool:
@@ -60,6 +63,22 @@ def set_fusion_enabled(enabled: bool) -> None:
     _C._fusion_set_enabled(bool(enabled))
 
 
+def is_cast_fusion_enabled() -> bool:
+    """Whether Adaptive Eager's precompiled family fuses queued scaling casts: on by default
+    (it compiles nothing); ``TORCH_NEURONX_ENABLE_CONCATENATION=0`` turns it off with the rest."""
+    return _C._fusion_tiles_enabled()
+
+
+def set_cast_fusion_enabled(enabled: bool) -> None:
+    """Turn the precompiled family on or off. A run of queued kernels among bfloat16 -> float32
+    and float32 -> float8 casts, products with a 0-dim float32 tensor and clamps with two number
+    bounds, over dense tensors of one layout, runs as one pass over the elements, tile by tile;
+    intermediates nothing references stay in the cache instead of memory. Bit-identical to the
+    kernels one by one: each element's bits depend only on its inputs (no reduction, no rounding
+    that depends on the path). See docs/architecture.md, *Adaptive Eager*."""
+    _C._fusion_set_tiles_enabled(bool(enabled))
+
+
 def is_executor_thread_enabled() -> bool:
     """Whether queued kernels run on an executor thread of their own (``TORCHNEURON_EXECUTOR_THREAD=1``
     or :func:`set_executor_thread_enabled`), overlapping the host's Python. Off by default."""
@@ -80,5 +99,6 @@ def stats() -> dict:
     """Counters since start: ``enqueued`` and ``executed`` kernels, ``drains`` (host waits that
     found queued work); Adaptive Eager's ``fused`` kernels, in ``regions`` (one generated kernel
     call per element count), and its generated kernels ``kernels_requested``, ``kernels_compiled``
-    and ``kernels_failed`` (which run unfused for good)."""
+    and ``kernels_failed`` (which run unfused for good); ``tiled``: groups the precompiled family
+    ran."""
     return dict(_C._engine_stats())

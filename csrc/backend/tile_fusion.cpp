@@ -1,0 +1,188 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+// Adaptive Eager's precompiled kernel (tile_fusion.h).
+#include "tile_fusion.h"
+#include "cpu_features.h"
+#include "fp8.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace torchneuron::tile_fusion {
+namespace {
+
+// Elements per tile: 4 KiB per float32 slot, so the slots of a tile stay in the first-level
+// cache from one step to the next.
+constexpr int64_t kTile = 1024;
+// TensorIterator's grain (at::internal::GRAIN_SIZE): ranges below it run on the calling thread.
+constexpr int64_t kGrain = 32768;
+
+// ---- one step over n elements ----------------------------------------------------------------
+// Scalar forms: the tails of the vector loops, and hosts without AVX2.
+inline float widen1(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// ATen's scalar clamp: std::min(std::max(a, lo), hi) (a NaN passes through with its bits).
+inline float clamp1(float a, float lo, float hi) {
+  const float m = a < lo ? lo : a;
+  return hi < m ? hi : m;
+}
+
+void widen_scalar(const uint16_t* a, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = widen1(a[i]);
+}
+void scale_scalar(const float* a, float s, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * s;
+}
+void clamp_scalar(const float* a, float lo, float hi, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = clamp1(a[i], lo, hi);
+}
+
+#if defined(__x86_64__)
+// ATen's vector clamp is min(hi, max(lo, a)) with the bounds first: max_ps/min_ps return their
+// second operand when either is NaN, so a NaN `a` passes through, as in the scalar form.
+__attribute__((target("avx512f"))) void widen_avx512(const uint16_t* a, float* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    _mm512_storeu_si512(o + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  widen_scalar(a + i, o + i, n - i);
+}
+__attribute__((target("avx512f"))) void scale_avx512(const float* a, float s, float* o, int64_t n) {
+  const __m512 v = _mm512_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(a + i), v));
+  scale_scalar(a + i, s, o + i, n - i);
+}
+__attribute__((target("avx512f"))) void clamp_avx512(const float* a, float lo, float hi, float* o, int64_t n) {
+  const __m512 l = _mm512_set1_ps(lo), h = _mm512_set1_ps(hi);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_min_ps(h, _mm512_max_ps(l, _mm512_loadu_ps(a + i))));
+  clamp_scalar(a + i, lo, hi, o + i, n - i);
+}
+__attribute__((target("avx2"))) void widen_avx2(const uint16_t* a, float* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  widen_scalar(a + i, o + i, n - i);
+}
+__attribute__((target("avx2"))) void scale_avx2(const float* a, float s, float* o, int64_t n) {
+  const __m256 v = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), v));
+  scale_scalar(a + i, s, o + i, n - i);
+}
+__attribute__((target("avx2"))) void clamp_avx2(const float* a, float lo, float hi, float* o, int64_t n) {
+  const __m256 l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_min_ps(h, _mm256_max_ps(l, _mm256_loadu_ps(a + i))));
+  clamp_scalar(a + i, lo, hi, o + i, n - i);
+}
+#endif
+
+enum class Isa { Scalar, Avx2, Avx512 };
+Isa isa() {
+#if defined(__x86_64__)
+  static const Isa i = cpu_features::avx512bw() ? Isa::Avx512 : cpu_features::avx2() ? Isa::Avx2 : Isa::Scalar;
+  return i;
+#else
+  return Isa::Scalar;
+#endif
+}
+
+void widen(const uint16_t* a, float* o, int64_t n, Isa k) {
+#if defined(__x86_64__)
+  if (k == Isa::Avx512) return widen_avx512(a, o, n);
+  if (k == Isa::Avx2) return widen_avx2(a, o, n);
+#endif
+  widen_scalar(a, o, n);
+}
+void scale(const float* a, float s, float* o, int64_t n, Isa k) {
+#if defined(__x86_64__)
+  if (k == Isa::Avx512) return scale_avx512(a, s, o, n);
+  if (k == Isa::Avx2) return scale_avx2(a, s, o, n);
+#endif
+  scale_scalar(a, s, o, n);
+}
+void clamp(const float* a, float lo, float hi, float* o, int64_t n, Isa k) {
+#if defined(__x86_64__)
+  if (k == Isa::Avx512) return clamp_avx512(a, lo, hi, o, n);
+  if (k == Isa::Avx2) return clamp_avx2(a, lo, hi, o, n);
+#endif
+  clamp_scalar(a, lo, hi, o, n);
+}
+
+// A thread's tiles of the unstored slots (64-byte aligned, grown as needed, kept).
+float* scratch(size_t nslots) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> buf;
+  thread_local size_t have = 0;
+  if (have < nslots) {
+    buf.reset(static_cast<float*>(std::aligned_alloc(64, nslots * kTile * sizeof(float))));
+    TORCH_CHECK(buf != nullptr, "Adaptive Eager: out of host memory for a fused kernel's tiles");
+    have = nslots;
+  }
+  return buf.get();
+}
+
+}  // namespace
+
+void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int64_t numel) {
+  const Isa k = isa();
+  // Scale factors are read once: every kernel that writes them ran before this group.
+  c10::SmallVector<float, 8> values(nsteps, 0.f);
+  for (const auto i : c10::irange(nsteps)) {
+    if (steps[i].op == Op::Scale) values[i] = *steps[i].value;
+  }
+  at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
+    float* tiles = scratch(nslots);
+    c10::SmallVector<char*, 16> at(nslots);  // where each slot's values of the current tile are
+    for (int64_t t0 = begin; t0 < end; t0 += kTile) {
+      const int64_t n = std::min(kTile, end - t0);
+      for (const auto s : c10::irange(nslots)) {
+        at[s] = static_cast<char*>(slots[s].data) + t0 * static_cast<int64_t>(c10::elementSize(slots[s].dtype));
+      }
+      for (const auto i : c10::irange(nsteps)) {
+        const Step& st = steps[i];
+        const Slot& out = slots[st.out];
+        char* dst = out.stored ? static_cast<char*>(out.data) + t0 * static_cast<int64_t>(c10::elementSize(out.dtype))
+                               : reinterpret_cast<char*>(tiles + st.out * kTile);
+        const char* src = at[st.in];
+        switch (st.op) {
+          case Op::Widen:
+            widen(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), n, k);
+            break;
+          case Op::Narrow:
+            fp8::convert(src, at::kFloat, dst, out.dtype, n);
+            break;
+          case Op::Scale:
+            scale(reinterpret_cast<const float*>(src), values[i], reinterpret_cast<float*>(dst), n, k);
+            break;
+          case Op::Clamp:
+            clamp(reinterpret_cast<const float*>(src), st.lo, st.hi, reinterpret_cast<float*>(dst), n, k);
+            break;
+        }
+        at[st.out] = dst;
+      }
+    }
+  });
+}
+
+}  // namespace torchneuron::tile_fusion
