@@ -123,8 +123,10 @@ struct Block {
   // The execution engine's last enqueued sequence number when the block was last freed: a
   // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
   uint64_t freed_at = 0;
-  // ... and when it was last allocated (Adaptive Eager, allocated_at).
+  // ... and when it was last allocated, and that allocation's number (Adaptive Eager,
+  // allocated_at, freed_by).
   uint64_t allocated_at = 0;
+  uint64_t generation = 0;
   uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
   bool oversize = false;   // allocated at least max_split_size_mb (counted in oversize_allocations)
   uint64_t mem_pool = 0;   // the MemPool its segment belongs to (0: the device's own)
@@ -508,6 +510,24 @@ void garbage_collect_locked(DeviceCache& c, int device, size_t incoming) {
 void delete_block(void* ctx);
 void delete_adopted(void* ctx);
 
+// Allocations are numbered (from 1); the last frees are remembered by number with the engine's
+// last enqueued sequence number at the free, in a ring (Adaptive Eager asks about allocations
+// freed while their kernels were queued, a few hundred at most: older ones count as unknown).
+std::atomic<uint64_t> g_generation{0};
+uint64_t next_generation() { return g_generation.fetch_add(1, std::memory_order_relaxed) + 1; }
+struct Freed {
+  uint64_t generation = 0;
+  uint64_t seq = 0;
+};
+constexpr size_t kFreedRing = 4096;
+std::mutex g_freed_mu;
+std::array<Freed, kFreedRing> g_freed;
+void note_free(uint64_t generation) {
+  if (generation == 0) return;
+  std::lock_guard<std::mutex> lock(g_freed_mu);
+  g_freed[generation % kFreedRing] = {generation, neuron::rt::engine::last()};
+}
+
 void report_usage(DeviceCache& c, int device, void* ptr, int64_t delta) {
   if (!c10::memoryProfilingEnabled()) return;
   c10::reportMemoryUsageToProfiler(ptr, delta, c.stats.allocated_bytes[0].current,
@@ -767,6 +787,7 @@ Block* malloc_block(int device, size_t nbytes) {
   }
   block->allocated = true;
   block->allocated_at = neuron::rt::engine::last();
+  block->generation = next_generation();
   block->requested = nbytes;
   block->context = ctx;
   block->oversize = block->size >= max_split;
@@ -895,6 +916,9 @@ void delete_block(void* ctx) {
   gpu_trace::memory_deallocation(b->ptr, b->device, b->size);
   auto context = history_context(/*for_free=*/true);
   std::lock_guard<std::mutex> lock(c.mu);
+  // Not a free for Adaptive Eager while other streams may still read it (record_stream), nor
+  // in a graph's pool, whose replays read it again.
+  if (b->stream_uses.empty() && !b->graph) note_free(b->generation);
   release_block_locked(c, b, context);
 }
 
@@ -1266,6 +1290,20 @@ uint64_t allocated_at(const c10::DataPtr& data) {
   return b->allocated_at;
 }
 
+uint64_t generation(const c10::DataPtr& data) {
+  if (data.get_deleter() != &delete_block || data.get_context() == nullptr) return 0;
+  const Block* b = static_cast<const Block*>(data.get_context());
+  std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
+  return b->generation;
+}
+
+bool freed_by(uint64_t generation, uint64_t seq) {
+  if (generation == 0) return false;
+  std::lock_guard<std::mutex> lock(g_freed_mu);
+  const Freed& f = g_freed[generation % kFreedRing];
+  return f.generation == generation && f.seq <= seq;
+}
+
 bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by) {
   if (device < 0 || device >= neuron::rt::device_count() || nbytes == 0) return false;
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + nbytes;
@@ -1277,8 +1315,9 @@ bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64
     const auto first = reinterpret_cast<uintptr_t>(b->ptr), last = first + b->size;
     if (last <= begin) continue;
     if (first >= end) break;
-    if (b->allocated || b->pending || b->graph) return false;  // some of the bytes are in use
-    if (b->freed_at > freed_by) return false;      // ... or were when later work was enqueued
+    if (b->pending || b->graph) return false;
+    if (b->allocated) return false;            // some of the bytes are in use
+    if (b->freed_at > freed_by) return false;  // ... or were when later work was enqueued
     if (last >= end) return true;
   }
   return false;  // past the segment's end: not all of it is this allocator's

@@ -63,6 +63,11 @@ NeuronAllocator* device_allocator();
 // holding `data` was allocated (0 for memory it did not allocate from a block): work enqueued
 // up to then cannot have used this allocation (Adaptive Eager's fuser, fusion.cpp).
 uint64_t allocated_at(const c10::DataPtr& data);
+// The number of the caching allocator's allocation holding `data` (0: not one of its blocks),
+// and whether that allocation was freed while the engine's last enqueued work was at most
+// `seq` (false if it is live, or freed too long ago to be remembered).
+uint64_t generation(const c10::DataPtr& data);
+bool freed_by(uint64_t generation, uint64_t seq);
 
 // Graph capture (graph.cpp). Between begin_graph_allocations(pool) and end_graph_allocations()
 // every neuron allocation comes from graph memory pool `pool`, CUDA's graph-private pool: its

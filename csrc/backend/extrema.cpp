@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "enqueue.h"
+#include "extrema.h"
+#include "fusion.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -76,7 +78,8 @@ at::Tensor extremum(const at::Tensor& self) {
     QueuedCall q;
     at::Tensor a = q.in(self), out;
     at::Tensor o = q.out(out, {}, self.scalar_type());
-    q.enqueue(Name, [a, o]() mutable { o.copy_(whole(a, F)); });
+    q.enqueue(Name, [a, o]() mutable { o.copy_(whole(a, F)); },
+              Name == kMax && fusion::tiles_enabled() ? fusion::max_all(out, self) : nullptr);
     return out;
   }
   ZeroCopy zc;
@@ -124,6 +127,10 @@ at::Tensor extremum_dims(const at::Tensor& self, at::IntArrayRef dim, bool keepd
 }
 
 }  // namespace
+
+at::Tensor extrema::max_all(const at::Tensor& t) {
+  return whole(t, static_cast<at::Tensor (*)(const at::Tensor&)>(&at::cpu::max));
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max", TORCH_FN((extremum<kMax, &at::cpu::max>)));

@@ -2,6 +2,7 @@
 #include "fusion.h"
 #include "allocator.h"
 #include "enqueue.h"
+#include "extrema.h"
 #include "fp8.h"
 #include "tile_fusion.h"
 #include "zero_copy.h"
@@ -10,11 +11,13 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/ops/abs_cpu_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addcdiv_cpu_dispatch.h>
 #include <ATen/ops/addcmul_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/Version.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/lerp_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
@@ -39,8 +42,9 @@ namespace torchneuron::fusion {
 
 namespace {
 
-constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2};    // buffers: out, then inputs
-constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2};  // Python numbers, in order
+// Buffers: out, then inputs (kMaxAll: its input only; its 0-dim result is Record::result).
+constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2, 2, 1};
+constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2, 0, 0};  // Python numbers, in order
 // The precompiled family (tile_fusion.h), which a region never mixes with the generated one.
 constexpr bool is_tiled(Kind k) { return k >= kWiden; }
 // ATen computes float sqrt with MKL's vmsSqrt, and the generated kernels call it too
@@ -63,6 +67,9 @@ struct Record {
   const float* value = nullptr;  // kScale: the 0-dim factor's bytes, read when the region runs
   // The precompiled family: when the output's memory was allocated (allocator.h, allocated_at).
   uint64_t out_allocated = 0;
+  uint64_t out_generation = 0;  // ... and that allocation's number (allocator.h, freed_by)
+  void* result = nullptr;                 // kMaxAll's 0-dim output
+  c10::SmallVector<int64_t, 8> geometry;  // kAbs, kMaxAll: the input's sizes, then strides (redo)
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
   const char* hot = nullptr;
   const c10::OperatorName* boxed = nullptr;
@@ -240,6 +247,10 @@ struct Group {
   c10::SmallVector<c10::ScalarType, 16> dtypes;     // of each slot
   c10::SmallVector<uint8_t, 16> born;  // slots a kernel of the region writes before any reads them
   c10::SmallVector<uint8_t, 16> dead;  // ... whose memory a later buffer of the region took
+  c10::SmallVector<uint8_t, 4> abs_in, abs_out;       // slots kAbs kernels read and write
+  c10::SmallVector<uint8_t, 4> max_in;                // ... and kMaxAll kernels read
+  c10::SmallVector<uint64_t, 16> owner;  // precompiled family: the allocation last written in each slot
+  c10::SmallVector<const Record*, 8> step_records;    // of each step (redo)
   c10::SmallVector<tile_fusion::Step, 8> steps;     // the precompiled family's kernels
   size_t slot_bytes(uint8_t slot) const { return static_cast<size_t>(numel) * c10::elementSize(dtypes[slot]); }
 };
@@ -286,7 +297,9 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
       case kWiden:
       case kNarrow:
       case kScale:
-      case kClamp: break;  // (the precompiled family leaves no remainders)
+      case kClamp:
+      case kAbs:
+      case kMaxAll: break;  // (the precompiled family leaves no remainders)
     }
     at_op += 1 + kArity[kind];
     at_scalar += kScalars[kind];
@@ -398,6 +411,7 @@ std::shared_ptr<Record> tiled(Kind kind, const at::Tensor& out, c10::ScalarType 
   r->dtype[0] = out_type;
   r->dtype[1] = self_type;
   r->out_allocated = allocated_at(out.storage().data_ptr());
+  r->out_generation = generation(out.storage().data_ptr());
   r->hot = hot;
   return r;
 }
@@ -442,6 +456,40 @@ neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const 
   if (!bound_of(lo, &l) || !bound_of(hi, &h)) return nullptr;
   auto r = tiled(kClamp, out, at::kFloat, self, at::kFloat, name);
   if (r != nullptr) r->scalar = {l, h};
+  return r;
+}
+
+namespace {
+void keep_geometry(Record& r, const at::Tensor& t) {
+  r.geometry.assign(t.sizes().begin(), t.sizes().end());
+  r.geometry.append(t.strides().begin(), t.strides().end());
+}
+bool abs_dtype(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat; }
+}  // namespace
+
+neuron::rt::engine::Record abs(const at::Tensor& out, const at::Tensor& self) {
+  static constexpr char kAbs[] = "aten::abs";
+  if (!abs_dtype(self)) return nullptr;
+  auto r = tiled(fusion::kAbs, out, self.scalar_type(), self, self.scalar_type(), kAbs);
+  if (r != nullptr) keep_geometry(*r, self);
+  return r;
+}
+
+neuron::rt::engine::Record max_all(const at::Tensor& out, const at::Tensor& self) {
+  static constexpr char kMax[] = "aten::max";
+  if (!abs_dtype(self) || out.dim() != 0 || out.scalar_type() != self.scalar_type() || !out.is_privateuseone() ||
+      self.numel() < min_fused_numel() || !dense_like(self, self, self.scalar_type())) {
+    return nullptr;
+  }
+  auto r = std::make_shared<Record>();
+  r->kind = kMaxAll;
+  r->numel = self.numel();
+  r->device = self.get_device();
+  r->ptr[0] = const_cast<void*>(self.const_data_ptr());
+  r->dtype[0] = self.scalar_type();
+  r->result = out.mutable_data_ptr();
+  r->hot = kMax;
+  keep_geometry(*r, self);
   return r;
 }
 
@@ -495,7 +543,42 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
         const bool stored = std::find(grp.unstored.begin(), grp.unstored.end(), s) == grp.unstored.end();
         slots.push_back({grp.buffers[s], grp.dtypes[s], stored});
       }
-      tile_fusion::run(grp.steps.data(), grp.steps.size(), slots.data(), slots.size(), grp.numel);
+      c10::SmallVector<bool, 8> redo_flags(grp.steps.size(), false);
+      bool* redo = redo_flags.data();
+      tile_fusion::run(grp.steps.data(), grp.steps.size(), slots.data(), slots.size(), grp.numel, redo);
+      // Abs and max steps whose bits depend on ATen's path (a NaN; a zero max): ATen's kernels
+      // over the inputs, which nothing in the region wrote (add()'s kAbs rules).
+      for (size_t i = 0; i < grp.steps.size(); ++i) {
+        if (!redo[i]) continue;
+        const tile_fusion::Step& st = grp.steps[i];
+        const Record& rec = *grp.step_records[i];
+        const auto rank = static_cast<std::ptrdiff_t>(rec.geometry.size() / 2);
+        const at::IntArrayRef sizes(rec.geometry.data(), rank), strides(rec.geometry.data() + rank, rank);
+        auto view = [&](uint8_t slot) {
+          return at::from_blob(grp.buffers[slot], sizes, strides, at::TensorOptions().dtype(grp.dtypes[slot]));
+        };
+        if (st.op == tile_fusion::Op::Abs) {
+          if (slots[st.out].stored) {
+            at::Tensor o = view(st.out);
+            at::cpu::abs_out(o, view(st.in));
+          }
+          continue;
+        }
+        // A max: of the abs that wrote its input (stored: now ATen's; else recomputed), or of memory.
+        int producer = -1;
+        for (size_t j = 0; j < i; ++j) {
+          if (grp.steps[j].op == tile_fusion::Op::Abs && grp.steps[j].out == st.in) producer = static_cast<int>(j);
+        }
+        at::Tensor input;
+        if (producer >= 0 && !slots[st.in].stored) {  // as the unfused abs: same layout, ATen's kernel
+          input = at::empty_strided(sizes, strides, at::TensorOptions().dtype(grp.dtypes[st.in]));
+          at::cpu::abs_out(input, view(grp.steps[producer].in));
+        } else {
+          input = view(st.in);
+        }
+        const at::Tensor m = extrema::max_all(input);
+        std::memcpy(st.result, m.const_data_ptr(), m.element_size());
+      }
     }
   } catch (const std::exception& ex) {
     return {n, 0, error_text(ex)};
@@ -564,14 +647,17 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     // reads them) and, written by the region before any read (born), never need storing (they
     // stay in the tiles), so this output's writes clobber nothing still to be read. (A view of
     // the same allocation was allocated before their first kernel: it never passes.)
+    const bool writes = r.kind != kMaxAll;  // ptr[0] is its output
     auto may_take = [&](uint8_t i, const c10::SmallVector<uintptr_t, 4>& hits) {
-      if (!tiles || i != 0 || r.out_allocated == 0) return false;
+      if (!tiles || i != 0 || !writes || r.out_allocated == 0) return false;
       for (uint8_t j = 1; j < kArity[r.kind]; ++j) {
         if (r.ptr[j] == r.ptr[0]) return false;
       }
       return std::all_of(hits.begin(), hits.end(), [&](uintptr_t h) {
         const Buf& b = bufs.at(h);
-        return r.out_allocated >= b.last && groups[b.group].born[b.slot];
+        const Group& hg = groups[b.group];  // (an abs input is read again by a redo)
+        return r.out_allocated >= b.last && hg.born[b.slot] &&
+               std::find(hg.abs_in.begin(), hg.abs_in.end(), b.slot) == hg.abs_in.end();
       });
     };
     // Whether [begin, begin + bytes) meets another fresh buffer of this kernel or a factor a
@@ -611,16 +697,38 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       }
       conflict = conflict || overlaps(begin, bytes);
       slots[i] = static_cast<uint32_t>(nbufs + fresh.size());
-      const bool born = i == 0 && std::none_of(r.ptr.begin() + 1, r.ptr.begin() + kArity[r.kind],
+      const bool born = i == 0 && writes && std::none_of(r.ptr.begin() + 1, r.ptr.begin() + kArity[r.kind],
                                                [&](void* p) { return p == r.ptr[0]; });
       fresh.push_back({r.ptr[i], bytes, r.dtype[i], born});
     }
-    if (r.value != nullptr) {  // a factor inside memory the region touches could change under it
-      const auto v = reinterpret_cast<uintptr_t>(r.value);
+    // A factor inside memory the region touches could change under it; a max's result is read
+    // by nothing in the region (it is written after the group's pass).
+    const void* scalar = r.value != nullptr ? static_cast<const void*>(r.value) : r.result;
+    if (scalar != nullptr) {
+      const auto v = reinterpret_cast<uintptr_t>(scalar);
       conflict = conflict || overlaps(v, sizeof(float)) || !seen_meeting(v, sizeof(float)).empty();
     }
+    // kAbs's and kMaxAll's rules (tile_fusion.h: a NaN or a zero max makes the group redo them
+    // through ATen after its pass): they read memory nothing in the region writes before or
+    // after them, or (a max) an abs's result, and only a max reads an abs's result, so that a
+    // redo recomputes them from intact inputs and nothing else saw the bits it replaces.
+    if (tiles && !conflict && !new_group) {
+      const Group& gr = groups[g];
+      auto in = [](const c10::SmallVector<uint8_t, 4>& set, uint32_t slot) {
+        return std::find(set.begin(), set.end(), slot) != set.end();
+      };
+      const bool was_written = std::find(gr.written.begin(), gr.written.end(), slots[r.kind == kAbs ? 1 : 0]) != gr.written.end();
+      if (r.kind == kAbs) conflict = was_written && slots[1] < nbufs;
+      if (r.kind == kMaxAll) conflict = slots[0] < nbufs && was_written && !in(gr.abs_out, slots[0]);
+      for (uint8_t i = writes ? 1 : 0; i < kArity[r.kind] && r.kind != kMaxAll; ++i) {
+        conflict = conflict || (slots[i] < nbufs && in(gr.abs_out, slots[i]));
+      }
+      if (writes && slots[0] < nbufs) {
+        conflict = conflict || in(gr.abs_in, slots[0]) || in(gr.abs_out, slots[0]) || in(gr.max_in, slots[0]);
+      }
+    }
     if (conflict || nbufs + fresh.size() > kMaxSlots) return false;
-    if (r.value != nullptr) values.push_back(reinterpret_cast<uintptr_t>(r.value));
+    if (scalar != nullptr) values.push_back(reinterpret_cast<uintptr_t>(scalar));
     for (uintptr_t k : kill) {  // dead: never stored, and no longer found by address
       const Buf& b = bufs.at(k);
       groups[b.group].dead.push_back(static_cast<uint8_t>(b.slot));
@@ -638,8 +746,10 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       grp.buffers.push_back(f.ptr);
       grp.dtypes.push_back(f.dtype);
       grp.born.push_back(f.born);
+      grp.owner.push_back(0);
     }
-    if (std::find(grp.written.begin(), grp.written.end(), slots[0]) == grp.written.end()) {
+    if (writes) grp.owner[slots[0]] = r.out_generation;
+    if (writes && std::find(grp.written.begin(), grp.written.end(), slots[0]) == grp.written.end()) {
       grp.written.push_back(static_cast<uint8_t>(slots[0]));
     }
     grp.signature.push_back(static_cast<char>(r.kind));
@@ -647,12 +757,21 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     for (uint8_t i = 0; i < kScalars[r.kind]; ++i) grp.scalars.push_back(r.scalar[i]);
     if (tiles) {
       static constexpr tile_fusion::Op kOps[] = {tile_fusion::Op::Widen, tile_fusion::Op::Narrow,
-                                                 tile_fusion::Op::Scale, tile_fusion::Op::Clamp};
-      tile_fusion::Step st{kOps[r.kind - kWiden], static_cast<uint8_t>(slots[0]), static_cast<uint8_t>(slots[1])};
+                                                 tile_fusion::Op::Scale, tile_fusion::Op::Clamp,
+                                                 tile_fusion::Op::Abs,   tile_fusion::Op::Max};
+      const auto out = static_cast<uint8_t>(slots[0]), in = static_cast<uint8_t>(slots[writes ? 1 : 0]);
+      tile_fusion::Step st{kOps[r.kind - kWiden], out, in};
       st.lo = r.scalar[0];
       st.hi = r.scalar[1];
       st.value = r.value;
+      st.result = r.result;
       grp.steps.push_back(st);
+      grp.step_records.push_back(&r);
+      if (r.kind == kAbs) {
+        grp.abs_in.push_back(in);
+        grp.abs_out.push_back(out);
+      }
+      if (r.kind == kMaxAll) grp.max_in.push_back(in);
     }
     return true;
   };
@@ -701,7 +820,11 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     for (Group& grp : groups) {
       for (uint8_t slot : grp.written) {
         const bool dead = std::find(grp.dead.begin(), grp.dead.end(), slot) != grp.dead.end();
-        if (dead || device_allocator()->is_free(device, grp.buffers[slot], grp.slot_bytes(slot), region_end)) {
+        // (The precompiled family knows which allocation a slot last held: freed by then, its
+        // memory may have been allocated again since.)
+        const bool freed = tiles ? freed_by(grp.owner[slot], region_end)
+                                 : device_allocator()->is_free(device, grp.buffers[slot], grp.slot_bytes(slot), region_end);
+        if (dead || freed) {
           grp.unstored.push_back(slot);
         }
       }

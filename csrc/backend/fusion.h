@@ -52,6 +52,8 @@ enum Kind : uint8_t {
   kNarrow,      // float8 out = float32 a
   kScale,       // float32 out = a * (a 0-dim float32 tensor's value)
   kClamp,       // float32 out = clamp(a, lo, hi)
+  kAbs,         // out = abs(a)                         (bfloat16 or float32; read only by a kMaxAll)
+  kMaxAll,      // (0-dim) = max(a)                     (bfloat16 or float32: the amax of a scale)
 };
 
 namespace detail {
@@ -83,6 +85,9 @@ neuron::rt::engine::Record scale(const char* name, const at::Tensor& out, const 
                                  const at::Tensor& other);
 neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const at::Tensor& self,
                                  const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi);
+// `out` = abs(`self`); `out` (0-dim) = max(`self`) (torch.max(x), every element).
+neuron::rt::engine::Record abs(const at::Tensor& out, const at::Tensor& self);
+neuron::rt::engine::Record max_all(const at::Tensor& out, const at::Tensor& self);
 // Records of ops queued by the boxed fallback (fallback.cpp), from their arguments.
 neuron::rt::engine::Record boxed(const c10::OperatorHandle& op, const torch::jit::Stack& args);
 

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "enqueue.h"
+#include "fusion.h"
 #include "fallback.h"
 #include "gemm.h"
 #include "sync_debug.h"
@@ -89,12 +90,13 @@ at::Tensor out_like(QueuedCall& q, at::Tensor& result, const at::Tensor& m) {
 // The queued call of an op with one tensor argument and one result: `meta(meta_self)` is the
 // op's meta function, `cpu(out_alias, self_alias)` its CPU out= kernel.
 template <class Meta, class Cpu>
-at::Tensor enqueue_unary(const char* name, const at::Tensor& self, Meta&& meta, Cpu cpu) {
+at::Tensor enqueue_unary(const char* name, const at::Tensor& self, Meta&& meta, Cpu cpu,
+                         neuron::rt::engine::Record (*record)(const at::Tensor&, const at::Tensor&) = nullptr) {
   const at::Tensor m = meta(meta_like(self));
   QueuedCall q;
   at::Tensor x = q.in(self), out;
   at::Tensor o = out_like(q, out, m);
-  q.enqueue(name, [x, o, cpu]() mutable { cpu(o, x); });
+  q.enqueue(name, [x, o, cpu]() mutable { cpu(o, x); }, record != nullptr ? record(out, self) : nullptr);
   return out;
 }
 
@@ -448,7 +450,10 @@ at::Tensor abs(const at::Tensor& self) {
           config.add_owned_output(at::Tensor()).add_owned_const_input(m);
           return config.build().output(0);
         },
-        [](at::Tensor& o, const at::Tensor& x) { at::cpu::abs_out(o, x); });
+        [](at::Tensor& o, const at::Tensor& x) { at::cpu::abs_out(o, x); },
+        [](const at::Tensor& out, const at::Tensor& x) {  // Adaptive Eager: max(abs(x)), a scale's amax
+          return fusion::tiles_enabled() ? fusion::abs(out, x) : nullptr;
+        });
   }
   return at::compositeexplicitautograd::abs(self);
 }

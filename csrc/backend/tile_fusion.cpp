@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -49,6 +52,27 @@ void scale_scalar(const float* a, float s, float* o, int64_t n) {
 void clamp_scalar(const float* a, float lo, float hi, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = clamp1(a[i], lo, hi);
 }
+// o = a with the sign bits cleared; true if some value was a NaN (exponent all ones, mantissa
+// not zero: a magnitude above infinity's bits).
+template <class U> bool abs_scalar(const U* a, U* o, int64_t n) {
+  constexpr U kMagnitude = static_cast<U>(static_cast<U>(~U{0}) >> 1);
+  constexpr U kInf = sizeof(U) == 2 ? U{0x7F80} : static_cast<U>(0x7F800000u);
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = a[i] & kMagnitude;
+    nan = nan || o[i] > kInf;
+  }
+  return nan;
+}
+// The running max `m` of n values (bfloat16 when Bf16, else float32); NaN sets *nan instead.
+template <bool Bf16> float max_scalar(const void* a, int64_t n, float m, bool* nan) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Bf16 ? widen1(static_cast<const uint16_t*>(a)[i]) : static_cast<const float*>(a)[i];
+    if (v != v) *nan = true;
+    else if (v > m) m = v;
+  }
+  return m;
+}
 
 #if defined(__x86_64__)
 // ATen's vector clamp is min(hi, max(lo, a)) with the bounds first: max_ps/min_ps return their
@@ -72,6 +96,44 @@ __attribute__((target("avx512f"))) void clamp_avx512(const float* a, float lo, f
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_min_ps(h, _mm512_max_ps(l, _mm512_loadu_ps(a + i))));
   clamp_scalar(a + i, lo, hi, o + i, n - i);
+}
+__attribute__((target("avx512f,avx512bw"))) bool abs_avx512(const void* a, void* o, int64_t bytes, bool bf16) {
+  const __m512i mask = bf16 ? _mm512_set1_epi16(0x7FFF) : _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i inf = bf16 ? _mm512_set1_epi16(0x7F80) : _mm512_set1_epi32(0x7F800000);
+  const auto* src = static_cast<const char*>(a);
+  auto* dst = static_cast<char*>(o);
+  uint64_t nan = 0;
+  int64_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m512i m = _mm512_and_si512(_mm512_loadu_si512(src + i), mask);
+    nan |= bf16 ? _mm512_cmpgt_epi16_mask(m, inf) : _mm512_cmpgt_epi32_mask(m, inf);
+    _mm512_storeu_si512(dst + i, m);
+  }
+  const bool tail = bf16 ? abs_scalar(reinterpret_cast<const uint16_t*>(src + i), reinterpret_cast<uint16_t*>(dst + i), (bytes - i) / 2)
+                         : abs_scalar(reinterpret_cast<const uint32_t*>(src + i), reinterpret_cast<uint32_t*>(dst + i), (bytes - i) / 4);
+  return nan != 0 || tail;
+}
+// max_ps(v, m) returns m when v is NaN; the unordered compare notes the NaN.
+template <bool Bf16>
+__attribute__((target("avx512f"))) float max_avx512(const void* a, int64_t n, float m, bool* nan) {
+  __m512 acc = _mm512_set1_ps(m);
+  __mmask16 unordered = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v;
+    if constexpr (Bf16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(a) + i));
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      v = _mm512_loadu_ps(static_cast<const float*>(a) + i);
+    }
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    acc = _mm512_max_ps(v, acc);
+  }
+  if (unordered != 0) *nan = true;
+  const void* rest = Bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(a) + i)
+                          : static_cast<const void*>(static_cast<const float*>(a) + i);
+  return max_scalar<Bf16>(rest, n - i, _mm512_reduce_max_ps(acc), nan);
 }
 __attribute__((target("avx2"))) void widen_avx2(const uint16_t* a, float* o, int64_t n) {
   int64_t i = 0;
@@ -119,6 +181,19 @@ void scale(const float* a, float s, float* o, int64_t n, Isa k) {
 #endif
   scale_scalar(a, s, o, n);
 }
+bool abs(const void* a, void* o, int64_t n, bool bf16, Isa k) {
+#if defined(__x86_64__)
+  if (k == Isa::Avx512) return abs_avx512(a, o, n * (bf16 ? 2 : 4), bf16);
+#endif
+  return bf16 ? abs_scalar(static_cast<const uint16_t*>(a), static_cast<uint16_t*>(o), n)
+              : abs_scalar(static_cast<const uint32_t*>(a), static_cast<uint32_t*>(o), n);
+}
+float max(const void* a, int64_t n, bool bf16, float m, bool* nan, Isa k) {
+#if defined(__x86_64__)
+  if (k == Isa::Avx512) return bf16 ? max_avx512<true>(a, n, m, nan) : max_avx512<false>(a, n, m, nan);
+#endif
+  return bf16 ? max_scalar<true>(a, n, m, nan) : max_scalar<false>(a, n, m, nan);
+}
 void clamp(const float* a, float lo, float hi, float* o, int64_t n, Isa k) {
 #if defined(__x86_64__)
   if (k == Isa::Avx512) return clamp_avx512(a, lo, hi, o, n);
@@ -144,15 +219,23 @@ float* scratch(size_t nslots) {
 
 }  // namespace
 
-void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int64_t numel) {
+void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int64_t numel, bool* redo) {
   const Isa k = isa();
   // Scale factors are read once: every kernel that writes them ran before this group.
   c10::SmallVector<float, 8> values(nsteps, 0.f);
   for (const auto i : c10::irange(nsteps)) {
     if (steps[i].op == Op::Scale) values[i] = *steps[i].value;
   }
+  // Max steps' running maxima and Max/Abs steps' NaN flags: kept per range while it runs (a
+  // shared array written per tile would bounce its cache line between the cores), then merged.
+  constexpr float kLowest = -std::numeric_limits<float>::infinity();
+  std::vector<float> maxima(nsteps, kLowest);
+  std::vector<char> nans(nsteps, 0);
+  std::mutex merge;
   at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
     float* tiles = scratch(nslots);
+    c10::SmallVector<float, 8> local_max(nsteps, kLowest);
+    c10::SmallVector<char, 8> local_nan(nsteps, 0);
     c10::SmallVector<char*, 16> at(nslots);  // where each slot's values of the current tile are
     for (int64_t t0 = begin; t0 < end; t0 += kTile) {
       const int64_t n = std::min(kTile, end - t0);
@@ -161,6 +244,12 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
       }
       for (const auto i : c10::irange(nsteps)) {
         const Step& st = steps[i];
+        if (st.op == Op::Max) {
+          bool nan = false;
+          local_max[i] = max(at[st.in], n, slots[st.in].dtype == at::kBFloat16, local_max[i], &nan, k);
+          local_nan[i] |= static_cast<char>(nan);
+          continue;
+        }
         const Slot& out = slots[st.out];
         char* dst = out.stored ? static_cast<char*>(out.data) + t0 * static_cast<int64_t>(c10::elementSize(out.dtype))
                                : reinterpret_cast<char*>(tiles + st.out * kTile);
@@ -178,11 +267,38 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
           case Op::Clamp:
             clamp(reinterpret_cast<const float*>(src), st.lo, st.hi, reinterpret_cast<float*>(dst), n, k);
             break;
+          case Op::Abs:
+            if (abs(src, dst, n, out.dtype == at::kBFloat16, k)) local_nan[i] = 1;
+            break;
+          case Op::Max:
+            break;  // (above)
         }
         at[st.out] = dst;
       }
     }
+    std::lock_guard<std::mutex> lock(merge);
+    for (const auto i : c10::irange(nsteps)) {
+      maxima[i] = std::max(maxima[i], local_max[i]);
+      nans[i] |= local_nan[i];
+    }
   });
+  for (const auto i : c10::irange(nsteps)) {
+    const Step& st = steps[i];
+    const bool nan = nans[i] != 0;
+    redo[i] = nan;
+    if (st.op != Op::Max) continue;
+    const float m = maxima[i];
+    redo[i] = nan || m == 0.f;
+    if (redo[i]) continue;
+    if (slots[st.in].dtype == at::kBFloat16) {
+      uint32_t u;
+      std::memcpy(&u, &m, 4);
+      const auto b = static_cast<uint16_t>(u >> 16);  // a bfloat16 value: exact
+      std::memcpy(st.result, &b, 2);
+    } else {
+      std::memcpy(st.result, &m, 4);
+    }
+  }
 }
 
 }  // namespace torchneuron::tile_fusion

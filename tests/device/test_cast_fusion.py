@@ -52,7 +52,9 @@ def scaling_cast(x, scale, fp8):
 
 
 def as_bits(t):
-    return t.cpu().view(torch.uint8) if t.element_size() == 1 else t.cpu().view(torch.int32)
+    """t's bit patterns (on the CPU), to compare NaNs and signed zeros exactly."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+    return t.cpu().reshape(-1).view(ints[t.element_size()])
 
 
 @pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
@@ -267,3 +269,196 @@ def test_torchao_float8_training_step_equals_unfused(casting):
     engine.set_cast_fusion_enabled(False)
     for f, u in zip(fused, grads()):
         assert torch.equal(f.view(torch.int16), u.view(torch.int16))
+
+
+# ---- amax: max(abs(x)), the scale's reduction -----------------------------------------------
+
+
+def nan_bf16(n, seed):
+    """bfloat16 NaNs of both signs and many payloads (ATen's scalar abs canonicalizes them,
+    its vector abs keeps them) among ordinary values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g).to(torch.bfloat16)
+    payload = torch.randint(1, 0x80, (n // 7,), generator=g, dtype=torch.int32)
+    sign = torch.randint(0, 2, (n // 7,), generator=g, dtype=torch.int32) << 15
+    x.view(torch.int16)[::7][: n // 7] = (payload | 0x7F80 | sign).to(torch.int16)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_amax_runs_as_one_region_with_cpu_bits(casting, dtype, layout):
+    x = (torch.randn(640, 300) * 50).to(dtype)
+    if layout == "transposed":
+        x = x.t()
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()
+    got = torch.max(torch.abs(xn))
+    torch.neuron.synchronize()
+    after = engine.stats()
+    assert after["fused"] - before["fused"] == 2 and after["tiled"] - before["tiled"] == 1
+    assert torch.equal(as_bits(got), as_bits(torch.max(torch.abs(x))))
+
+
+def test_amax_of_nans_takes_atens_bits(casting):
+    # The order-free max holds except for which NaN: that result comes from ATen's kernels
+    # over the same memory (the redo).
+    x = nan_bf16(40003, seed=10)
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["tiled"]
+    got = torch.max(torch.abs(xn))
+    torch.neuron.synchronize()
+    assert engine.stats()["tiled"] - before == 1
+    assert torch.equal(as_bits(got), as_bits(torch.max(torch.abs(x))))
+
+
+@pytest.mark.parametrize("n", [45, 40003])
+@pytest.mark.parametrize("where", ["first", "middle", "last", "first half", "second half"])
+@pytest.mark.parametrize("base", [0.0, -0.0], ids=["+0", "-0"])
+def test_a_max_of_signed_zeros_takes_atens_bits(casting, n, where, base):
+    # +0 and -0 compare equal: which one a max returns depends on its order, ATen's walk (one
+    # zero of the other sign among the rest). A max joins a region here with a cast of the
+    # same tensor.
+    x = torch.full((n,), base, dtype=torch.bfloat16)
+    where = {"first": 0, "middle": n // 2, "last": n - 1, "first half": slice(0, n // 2),
+             "second half": slice(n // 2, n)}[where]
+    x[where] = -base
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["tiled"]
+    w = xn.to(torch.float32)
+    m = torch.max(xn)
+    torch.neuron.synchronize()
+    assert engine.stats()["tiled"] - before == 1
+    assert torch.equal(as_bits(m), as_bits(torch.max(x)))
+    assert torch.equal(as_bits(w), as_bits(x.to(torch.float32)))
+
+
+@pytest.mark.parametrize("n", [45, 40003])
+def test_a_kept_abs_with_nans_has_atens_bits(casting, n):
+    # Every element a NaN with a payload: ATen's vector path keeps payloads, its scalar tails
+    # (in each thread's range) canonicalize them; the redo gives exactly that mix.
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randint(1, 0x80, (n,), generator=g, dtype=torch.int32) | 0x7F80
+         | (torch.randint(0, 2, (n,), generator=g, dtype=torch.int32) << 15)).to(torch.int16).view(torch.bfloat16)
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["tiled"]
+    a = torch.abs(xn)
+    m = torch.max(a)
+    torch.neuron.synchronize()
+    assert engine.stats()["tiled"] - before == 1
+    want = torch.abs(x)
+    assert torch.equal(a.cpu().view(torch.int16), want.view(torch.int16))
+    assert torch.equal(m.cpu().view(torch.int16), torch.max(want).view(torch.int16))
+
+
+def test_an_abs_without_a_max_after_it_has_atens_bits(casting):
+    # The abs joins a region with a cast of the same elements and meets NaNs: its stored
+    # result is redone through ATen's kernel.
+    x = nan_bf16(4096, seed=12)
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["tiled"]
+    a = torch.abs(xn)
+    w = xn.to(torch.float32)
+    torch.neuron.synchronize()
+    assert engine.stats()["tiled"] - before == 1
+    assert torch.equal(a.cpu().view(torch.int16), torch.abs(x).view(torch.int16))
+    assert torch.equal(as_bits(w), as_bits(x.to(torch.float32)))
+
+
+def test_an_abs_read_by_other_than_a_max_ends_the_region(casting):
+    # A cast of the abs would see the NaN bits a redo replaces: the region ends before it.
+    x = nan_bf16(4096, seed=13)
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["fused"]
+    y = torch.abs(xn).to(torch.float32)
+    torch.neuron.synchronize()
+    assert engine.stats()["fused"] == before
+    assert torch.equal(as_bits(y), as_bits(torch.abs(x).to(torch.float32)))
+
+
+def test_an_intermediate_whose_memory_was_allocated_again_is_not_stored(casting):
+    # y is dropped and its block handed to z before the queue runs: y's values can reach
+    # nobody, so the fused pass leaves the block as it was (a sentinel), where storing y would
+    # have overwritten it.
+    n = 1 << 16
+    x = torch.randn(n, dtype=torch.bfloat16, device="neuron")
+    s = torch.tensor(2.0, device="neuron")
+    sentinel = torch.full((n,), 7.0, device="neuron")
+    torch.neuron.synchronize()
+    block = sentinel.data_ptr()
+    del sentinel
+    y = x.to(torch.float32)
+    if y.data_ptr() != block:
+        pytest.skip("the allocator did not hand the sentinel's block to y")
+    m = y * s
+    del y
+    z = torch.empty(n, device="neuron")
+    f = m.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    torch.neuron.synchronize()
+    assert z.data_ptr() == block
+    assert torch.equal(z.cpu(), torch.full((n,), 7.0))
+    assert torch.equal(as_bits(f), as_bits(scaling_cast(x.cpu(), s.cpu(), torch.float8_e4m3fn)))
+
+
+def test_an_abs_of_a_value_the_region_computes_ends_the_region(casting):
+    # A redo recomputes an abs from its input's memory; a product the region computes and
+    # drops is never stored there, so the abs must not join the product's region.
+    x = nan_bf16(40003, seed=14)
+    xn, sn = x.to("neuron"), torch.tensor(3.0, device="neuron")
+    torch.neuron.synchronize()
+    got = torch.max(torch.abs(xn.to(torch.float32) * sn))
+    want = torch.max(torch.abs(x.to(torch.float32) * torch.tensor(3.0)))
+    assert torch.equal(as_bits(got), as_bits(want))
+
+
+def test_an_intermediate_a_kernel_after_the_region_reads_is_stored(casting):
+    # y is dropped only after a sum (no record: it ends the region) was queued to read it.
+    x = hard_bf16(8192, seed=15)
+    xn, sn = x.to("neuron"), torch.tensor(0.5, device="neuron")
+    y = xn.to(torch.float32)
+    m = y * sn
+    total = y.sum()
+    del y
+    want = x.to(torch.float32)
+    assert torch.equal(as_bits(total), as_bits(want.sum()))
+    assert torch.equal(as_bits(m), as_bits(want * torch.tensor(0.5)))
+
+
+def test_an_intermediate_another_stream_reads_is_stored(casting):
+    # y is read on a second stream (record_stream), which may run after the fused region: its
+    # free is not a free for the fuser, so the fused pass stores it.
+    x = torch.randn(8192, dtype=torch.bfloat16)
+    xn, sn = x.to("neuron"), torch.tensor(2.0, device="neuron")
+    torch.neuron.synchronize()
+    side = torch.neuron.Stream()
+    y = xn.to(torch.float32)
+    side.wait_stream(torch.neuron.current_stream())
+    with torch.neuron.stream(side):
+        z = y + 1.0
+    y.record_stream(side)
+    f = (y * sn).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    del y
+    torch.neuron.synchronize()
+    assert torch.equal(as_bits(z), as_bits(x.to(torch.float32) + 1.0))
+    assert torch.equal(as_bits(f), as_bits(scaling_cast(x, torch.tensor(2.0), torch.float8_e4m3fn)))
+
+
+def test_a_copy_into_a_maxs_input_after_it_ends_the_region(casting):
+    # A redo (zero result) reads the max's input after the pass: a later cast into it must
+    # not join the region.
+    x = torch.zeros(4096)
+    x[::2] = -0.0
+    src = torch.randn(4096, dtype=torch.bfloat16)
+    xn, srcn = x.to("neuron"), src.to("neuron")
+    w = xn * torch.tensor(1.0, device="neuron")
+    m = torch.max(xn)
+    xn.copy_(srcn)
+    torch.neuron.synchronize()
+    assert torch.equal(as_bits(m), as_bits(torch.max(x)))
+    assert torch.equal(as_bits(xn), as_bits(src.to(torch.float32)))
