@@ -16,11 +16,14 @@
 // compiled scalar loops round depending on address alignment) run through ATen's kernels here.
 //
 // A second family needs no generated code: casts between bfloat16, float32 and fp8, products
-// with a 0-dim tensor's value, and clamps (the scaling casts of low-precision training, such
-// as torchao's float8 casts), over dense tensors of one layout. Every element's bits depend only
-// on its inputs (tile_fusion.h), so a precompiled kernel runs their groups at once, tile by tile.
-// This family is on by default (it compiles nothing); TORCH_NEURONX_ENABLE_CONCATENATION=0
-// turns it off with the rest. A region holds kernels of one family.
+// with a 0-dim tensor's value, clamps, and abs with a whole-tensor max (the scaling casts of
+// low-precision training and their amax, such as torchao's float8 casts), over dense tensors of
+// one layout. Every element's bits depend only on its inputs, up to NaN and zero for abs and max
+// (tile_fusion.h; those cases are redone through ATen), so a precompiled kernel runs their
+// groups at once, tile by tile. Which intermediates it leaves unstored is known per allocation
+// (allocator.h, freed_by). This family is on by default (it compiles nothing);
+// TORCH_NEURONX_ENABLE_CONCATENATION=0 turns it off with the rest. A region holds kernels of one
+// family.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,5 +1,6 @@
-// Adaptive Eager's precompiled kernel (fusion.h): a group of queued casts, scalings and clamps
-// run as one pass over the elements, tile by tile, with no code generation.
+// Adaptive Eager's precompiled kernel (fusion.h): a group of queued casts, scalings, clamps and
+// a scale's amax (abs, whole-tensor max) run as one pass over the elements, tile by tile, with
+// no code generation.
 //
 // These ops share a property the generated kernels (torchneuron/compile/eager_fusion.py) must
 // otherwise buy with care: each element's bits depend on nothing but that element's inputs,
@@ -14,7 +15,7 @@
 // Two more ops hold it only up to NaN and zero, and the caller completes them (fusion.cpp):
 // abs clears the sign bit (ATen's bfloat16 scalar path canonicalizes a NaN instead), and a
 // whole-tensor max does not depend on the order it is taken in unless the result is zero
-// (+0 or -0 first) or NaN (which payload). run() reports a Max that met either.
+// (+0 or -0 first) or NaN (which payload). run() reports the steps that met either.
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -18,8 +18,8 @@ engine*.
 Adaptive Eager (:func:`set_fusion_enabled`, ``TORCH_NEURONX_ENABLE_CONCATENATION=1``) runs runs of
 queued float32 elementwise kernels as one generated kernel, bit-identical to running them one by
 one. Its precompiled family (:func:`set_cast_fusion_enabled`, on by default) runs runs of queued
-casts (bfloat16 -> float32 -> fp8), products with a 0-dim tensor and clamps, the scaling casts of
-float8 training, as one pass over the elements, with no compilation.
+casts (bfloat16 -> float32 -> fp8), products with a 0-dim tensor, clamps and ``max(abs(x))``, the
+scaling casts of float8 training, as one pass over the elements, with no compilation.
 """
 
 from __future__ import annotations
@@ -71,11 +71,12 @@ def is_cast_fusion_enabled() -> bool:
 
 def set_cast_fusion_enabled(enabled: bool) -> None:
     """Turn the precompiled family on or off. A run of queued kernels among bfloat16 -> float32
-    and float32 -> float8 casts, products with a 0-dim float32 tensor and clamps with two number
-    bounds, over dense tensors of one layout, runs as one pass over the elements, tile by tile;
-    intermediates nothing references stay in the cache instead of memory. Bit-identical to the
-    kernels one by one: each element's bits depend only on its inputs (no reduction, no rounding
-    that depends on the path). See docs/architecture.md, *Adaptive Eager*."""
+    and float32 -> float8 casts, products with a 0-dim float32 tensor, clamps with two number
+    bounds, and ``abs`` with a whole-tensor ``max``, over dense tensors of one layout, runs as one
+    pass over the elements, tile by tile; intermediates nothing references stay in the cache
+    instead of memory. Bit-identical to the kernels one by one: each element's bits depend only
+    on its inputs, and where an abs or a max could depend on ATen's path (a NaN, a zero max) they
+    are redone through ATen's kernels. See docs/architecture.md, *Adaptive Eager*."""
     _C._fusion_set_tiles_enabled(bool(enabled))
 
 
