@@ -124,7 +124,7 @@ struct Block {
   // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
   uint64_t freed_at = 0;
   // ... and when it was last allocated, and that allocation's number (Adaptive Eager,
-  // allocated_at, freed_by).
+  // allocation_stamp, freed_by).
   uint64_t allocated_at = 0;
   uint64_t generation = 0;
   uint64_t free_tick = 0;  // when it was last freed, in frees (garbage collection: oldest first)
@@ -1283,18 +1283,11 @@ int NeuronAllocator::device_of(const void* ptr) {
   return -1;
 }
 
-uint64_t allocated_at(const c10::DataPtr& data) {
-  if (data.get_deleter() != &delete_block || data.get_context() == nullptr) return 0;
+AllocationStamp allocation_stamp(const c10::DataPtr& data) {
+  if (data.get_deleter() != &delete_block || data.get_context() == nullptr) return {};
   const Block* b = static_cast<const Block*>(data.get_context());
   std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
-  return b->allocated_at;
-}
-
-uint64_t generation(const c10::DataPtr& data) {
-  if (data.get_deleter() != &delete_block || data.get_context() == nullptr) return 0;
-  const Block* b = static_cast<const Block*>(data.get_context());
-  std::lock_guard<std::mutex> lock(g_cache[b->device].mu);
-  return b->generation;
+  return {b->allocated_at, b->generation};
 }
 
 bool freed_by(uint64_t generation, uint64_t seq) {
@@ -1315,9 +1308,8 @@ bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64
     const auto first = reinterpret_cast<uintptr_t>(b->ptr), last = first + b->size;
     if (last <= begin) continue;
     if (first >= end) break;
-    if (b->pending || b->graph) return false;
-    if (b->allocated) return false;            // some of the bytes are in use
-    if (b->freed_at > freed_by) return false;  // ... or were when later work was enqueued
+    if (b->allocated || b->pending || b->graph) return false;  // some of the bytes are in use
+    if (b->freed_at > freed_by) return false;      // ... or were when later work was enqueued
     if (last >= end) return true;
   }
   return false;  // past the segment's end: not all of it is this allocator's

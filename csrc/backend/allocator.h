@@ -59,14 +59,17 @@ class NeuronAllocator : public c10::DeviceAllocator {
 };
 
 NeuronAllocator* device_allocator();
-// The execution engine's last enqueued sequence number when the caching allocator's block
-// holding `data` was allocated (0 for memory it did not allocate from a block): work enqueued
-// up to then cannot have used this allocation (Adaptive Eager's fuser, fusion.cpp).
-uint64_t allocated_at(const c10::DataPtr& data);
-// The number of the caching allocator's allocation holding `data` (0: not one of its blocks),
-// and whether that allocation was freed while the engine's last enqueued work was at most
+// Of the caching allocator's allocation holding `data` (zeros for memory it did not allocate
+// from a block), for Adaptive Eager's fuser (fusion.cpp): `allocated_at`, the execution
+// engine's last enqueued sequence number when it was made (work enqueued up to then cannot have
+// used it), and `generation`, its number.
+struct AllocationStamp {
+  uint64_t allocated_at = 0;
+  uint64_t generation = 0;
+};
+AllocationStamp allocation_stamp(const c10::DataPtr& data);
+// Whether allocation `generation` was freed while the engine's last enqueued work was at most
 // `seq` (false if it is live, or freed too long ago to be remembered).
-uint64_t generation(const c10::DataPtr& data);
 bool freed_by(uint64_t generation, uint64_t seq);
 
 // Graph capture (graph.cpp). Between begin_graph_allocations(pool) and end_graph_allocations()

@@ -29,12 +29,12 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <limits>
-#include <optional>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -65,9 +65,7 @@ struct Record {
                                        c10::ScalarType::Float};
   std::array<float, 2> scalar{};
   const float* value = nullptr;  // kScale: the 0-dim factor's bytes, read when the region runs
-  // The precompiled family: when the output's memory was allocated (allocator.h, allocated_at).
-  uint64_t out_allocated = 0;
-  uint64_t out_generation = 0;  // ... and that allocation's number (allocator.h, freed_by)
+  AllocationStamp out_stamp;  // the precompiled family: the output's allocation (allocator.h)
   void* result = nullptr;                 // kMaxAll's 0-dim output
   c10::SmallVector<int64_t, 8> geometry;  // kAbs, kMaxAll: the input's sizes, then strides (redo)
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
@@ -410,8 +408,7 @@ std::shared_ptr<Record> tiled(Kind kind, const at::Tensor& out, c10::ScalarType 
   r->ptr[1] = const_cast<void*>(self.const_data_ptr());
   r->dtype[0] = out_type;
   r->dtype[1] = self_type;
-  r->out_allocated = allocated_at(out.storage().data_ptr());
-  r->out_generation = generation(out.storage().data_ptr());
+  r->out_stamp = allocation_stamp(out.storage().data_ptr());
   r->hot = hot;
   return r;
 }
@@ -649,14 +646,14 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     // the same allocation was allocated before their first kernel: it never passes.)
     const bool writes = r.kind != kMaxAll;  // ptr[0] is its output
     auto may_take = [&](uint8_t i, const c10::SmallVector<uintptr_t, 4>& hits) {
-      if (!tiles || i != 0 || !writes || r.out_allocated == 0) return false;
+      if (!tiles || i != 0 || !writes || r.out_stamp.allocated_at == 0) return false;
       for (uint8_t j = 1; j < kArity[r.kind]; ++j) {
         if (r.ptr[j] == r.ptr[0]) return false;
       }
       return std::all_of(hits.begin(), hits.end(), [&](uintptr_t h) {
         const Buf& b = bufs.at(h);
         const Group& hg = groups[b.group];  // (an abs input is read again by a redo)
-        return r.out_allocated >= b.last && hg.born[b.slot] &&
+        return r.out_stamp.allocated_at >= b.last && hg.born[b.slot] &&
                std::find(hg.abs_in.begin(), hg.abs_in.end(), b.slot) == hg.abs_in.end();
       });
     };
@@ -748,7 +745,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       grp.born.push_back(f.born);
       grp.owner.push_back(0);
     }
-    if (writes) grp.owner[slots[0]] = r.out_generation;
+    if (writes) grp.owner[slots[0]] = r.out_stamp.generation;
     if (writes && std::find(grp.written.begin(), grp.written.end(), slots[0]) == grp.written.end()) {
       grp.written.push_back(static_cast<uint8_t>(slots[0]));
     }

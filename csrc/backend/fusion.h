@@ -67,7 +67,7 @@ extern bool g_tiles;   // the precompiled family; on unless TORCH_NEURONX_ENABLE
 // capture records them always: its replays may run with fusion on.
 inline bool enabled() noexcept { return detail::g_on || neuron::rt::engine::capturing(); }
 void set_enabled(bool on) noexcept;
-// The same for the precompiled family (casts, products with a 0-dim value, clamps).
+// The same for the precompiled family (casts, products with a 0-dim value, clamps, amax).
 inline bool tiles_enabled() noexcept { return detail::g_tiles || neuron::rt::engine::capturing(); }
 void set_tiles_enabled(bool on) noexcept;
 

@@ -5,6 +5,7 @@
 #include "fp8.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/irange.h>
 
@@ -31,12 +32,7 @@ constexpr int64_t kGrain = 32768;
 
 // ---- one step over n elements ----------------------------------------------------------------
 // Scalar forms: the tails of the vector loops, and hosts without AVX2.
-inline float widen1(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float widen1(uint16_t b) { return c10::detail::f32_from_bits(b); }
 // ATen's scalar clamp: std::min(std::max(a, lo), hi) (a NaN passes through with its bits).
 inline float clamp1(float a, float lo, float hi) {
   const float m = a < lo ? lo : a;
@@ -75,8 +71,6 @@ template <bool Bf16> float max_scalar(const void* a, int64_t n, float m, bool* n
 }
 
 #if defined(__x86_64__)
-// ATen's vector clamp is min(hi, max(lo, a)) with the bounds first: max_ps/min_ps return their
-// second operand when either is NaN, so a NaN `a` passes through, as in the scalar form.
 __attribute__((target("avx512f"))) void widen_avx512(const uint16_t* a, float* o, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -91,6 +85,8 @@ __attribute__((target("avx512f"))) void scale_avx512(const float* a, float s, fl
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(a + i), v));
   scale_scalar(a + i, s, o + i, n - i);
 }
+// ATen's vector clamp is min(hi, max(lo, a)) with the bounds first: max_ps/min_ps return their
+// second operand when either is NaN, so a NaN `a` passes through, as in the scalar form.
 __attribute__((target("avx512f"))) void clamp_avx512(const float* a, float lo, float hi, float* o, int64_t n) {
   const __m512 l = _mm512_set1_ps(lo), h = _mm512_set1_ps(hi);
   int64_t i = 0;
@@ -284,12 +280,9 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
   });
   for (const auto i : c10::irange(nsteps)) {
     const Step& st = steps[i];
-    const bool nan = nans[i] != 0;
-    redo[i] = nan;
-    if (st.op != Op::Max) continue;
     const float m = maxima[i];
-    redo[i] = nan || m == 0.f;
-    if (redo[i]) continue;
+    redo[i] = nans[i] != 0 || (st.op == Op::Max && m == 0.f);
+    if (st.op != Op::Max || redo[i]) continue;
     if (slots[st.in].dtype == at::kBFloat16) {
       uint32_t u;
       std::memcpy(&u, &m, 4);
