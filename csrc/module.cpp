@@ -122,13 +122,15 @@ PYBIND11_MODULE(_C, m) {
     d["cpu_avx512_bf16"] = torchneuron::cpu_features::avx512bf16();
     d["amx_bf16_gemm"] = torchneuron::gemm::amx_bf16();
     d["amx_fp8_kernel"] = torchneuron::amx_gemm::available();
+    d["bf16_mm_amx_rows"] = torchneuron::amx_gemm::available() ? torchneuron::gemm::kAmxMmRows : 0;
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
      "bf16 dot products, cpu_avx512_bf16), whether fp16 products do (oneDNN's fp16 kernels, "
      "AVX512-FP16), the fp16/bf16 GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
      "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted), whether "
      "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel), "
-     "whether fp8 GEMMs with B column-major run on the AMX kernel (amx_fp8_kernel, amx_gemm.h; ahead of both).");
+     "whether fp8 GEMMs with B column-major run on the AMX kernel (amx_fp8_kernel, amx_gemm.h; ahead of both), "
+     "and up to how many rows a bf16 mm with B column-major runs on it too (bf16_mm_amx_rows, 0: never).");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
         "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
   m.def("_set_amx_gemm_enabled", &torchneuron::gemm::set_amx_enabled, py::arg("enabled"),
@@ -237,7 +239,7 @@ PYBIND11_MODULE(_C, m) {
     return py::dict(py::arg("enqueued") = s.enqueued, py::arg("executed") = s.executed,
                     py::arg("drains") = s.drains, py::arg("fused") = s.fused, py::arg("regions") = s.regions,
                     py::arg("kernels_compiled") = f.compiled, py::arg("kernels_failed") = f.failed,
-                    py::arg("kernels_requested") = f.requested, py::arg("tiled") = f.tiled);
+                    py::arg("kernels_requested") = f.requested, py::arg("tiled") = f.tiled, py::arg("gemm") = f.gemm);
   });
   // Adaptive Eager (backend/fusion.h; torchneuron/compile/eager_fusion.py compiles).
   m.def("_fusion_set_enabled", &torchneuron::fusion::set_enabled, py::arg("on"));

@@ -31,6 +31,19 @@ def engine_on():
         engine.set_enabled(was)
 
 
+@pytest.fixture
+def cast_fusion_on():
+    """The engine and Adaptive Eager's precompiled and GEMM families on for the test."""
+    engine = torch.neuron.engine
+    was, was_casts = engine.is_enabled(), engine.is_cast_fusion_enabled()
+    engine.set_enabled(True)
+    engine.set_cast_fusion_enabled(True)
+    yield
+    torch.neuron.synchronize()
+    engine.set_enabled(was)
+    engine.set_cast_fusion_enabled(was_casts)
+
+
 @pytest.fixture(params=["sync", "engine", "fused"])
 def engine_mode(request):
     """The test run with the engine off (synchronous), on, and on with Adaptive Eager fusion."""

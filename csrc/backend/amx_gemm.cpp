@@ -36,6 +36,24 @@ bool available() { return gemm::amx_tiles(); }
 bool supports(const bf16_gemm::Matrix&, const bf16_gemm::Matrix& b) { return b.trans; }
 
 #if defined(__x86_64__)
+// Every int8 value is exact in fp32 and in bf16, so vcvtne2ps2bf16 (on every AMX host) rounds
+// nothing: 32 values per two sign extensions, two conversions and one narrowing.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void widen_int8(const uint8_t* src, int64_t ld,
+                                                                                int64_t rows, int64_t n,
+                                                                                uint16_t* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* s = src + r * ld;
+    uint16_t* d = dst + r * ldd;
+    for (int64_t j = 0; j < n; j += 32) {
+      const __mmask32 m = n - j >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (n - j)) - 1);
+      const __m256i x = _mm256_maskz_loadu_epi8(m, s + j);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
+      _mm512_mask_storeu_epi16(d + j, m, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
 namespace {
 
 constexpr int64_t kBlock = 32;  // weight rows of a task, activation rows of a panel
@@ -336,6 +354,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const bf16_gemm::Matrix& a, const bf1
 #else
 void gemm(const std::vector<Product>&) {}
 void gemm(int64_t, int64_t, int64_t, const bf16_gemm::Matrix&, const bf16_gemm::Matrix&, const bf16_gemm::Output&) {}
+void widen_int8(const uint8_t*, int64_t, int64_t, int64_t, uint16_t*, int64_t) {}
 #endif
 
 }  // namespace torchneuron::amx_gemm

@@ -183,6 +183,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void micro(int64_t kp, co
   }
 }
 
+// v rounded to bf16 (in the low half of each lane) as CPU's Tensor.to(bfloat16) rounds.
+__attribute__((target("avx512f"))) inline __m512i round_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  return _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0xFFFF));
+}
+
 // The epilogue of bf16_gemm.h's Output for the final sums of rows [i0, i0 + rows) x columns
 // [j0, j0 + cols), held in work (leading dimension ldw). Products in the documented order; the
 // bf16 rounding is CPU's Tensor.to(bfloat16) (round to nearest even on the bits, subnormals
@@ -190,7 +198,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void micro(int64_t kp, co
 __attribute__((target("avx512f,avx512bw"))) void store(const float* work, int64_t ldw, int64_t i0,
                                                        int64_t rows, int64_t j0, int64_t cols, const Output& o) {
   const __m512 alpha = _mm512_set1_ps(o.alpha);
-  const __m512i round = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), nan = _mm512_set1_epi32(0xFFFF);
   for (int64_t i = 0; i < rows; ++i) {
     const float* w = work + i * ldw;
     const __m512 r = _mm512_set1_ps(o.row_scale != nullptr ? o.row_scale[i0 + i] : 1.0f);
@@ -204,13 +211,17 @@ __attribute__((target("avx512f,avx512bw"))) void store(const float* work, int64_
       const int64_t at = (i0 + i) * o.ld + j0 + j;
       if (o.f32 != nullptr) {
         _mm512_mask_storeu_ps(o.f32 + at, m, v);
-      } else {
-        const __m512i bits = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, round), lsb), 16);
-        h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
-        _mm512_mask_cvtepi32_storeu_epi16(o.bf16 + at, m, h);
+        continue;
       }
+      __m512i h = round_bf16(v);
+      if (o.post_scale != nullptr) {  // the rounded value (its bf16 bits in the high half) times the column's
+        v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(h, 16)), _mm512_maskz_loadu_ps(m, o.post_scale + j0 + j));
+        h = round_bf16(v);
+        if (_mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q) != 0 && o.nan != nullptr) {
+          o.nan->store(true, std::memory_order_relaxed);
+        }
+      }
+      _mm512_mask_cvtepi32_storeu_epi16(o.bf16 + at, m, h);
     }
   }
 }

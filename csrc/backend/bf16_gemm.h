@@ -12,6 +12,7 @@
 // for a bf16 result, the one rounding while they are in cache.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace torchneuron::bf16_gemm {
@@ -48,6 +49,12 @@ struct Output {
   const float* row_scale = nullptr;
   const float* col_scale = nullptr;
   const float* bias = nullptr;
+  // bf16 only: then each rounded v is multiplied by post_scale[j] in fp32 and rounded again, as
+  // ATen's bf16 `mul` of the GEMM's result by a per-column vector computes it (the widened
+  // vector here); an element that ends NaN sets *nan (its bits then are this epilogue's, which
+  // ATen's scalar tail would write otherwise: the caller redoes the product through ATen).
+  const float* post_scale = nullptr;
+  std::atomic<bool>* nan = nullptr;
 };
 
 // out = epilogue(A @ B) for A m x k and B k x n (see Matrix, Output). Requires available().

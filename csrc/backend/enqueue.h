@@ -32,6 +32,10 @@
 
 namespace torchneuron {
 
+// The copies CPU's kernel does slowly, run at memory speed with its bits (ops.cpp): transposes
+// and fp8 conversions. False: the caller runs CPU's copy (`d.copy_(s)`), as the queued copy does.
+bool fast_copy(const at::Tensor& d, const at::Tensor& s);
+
 inline bool may_enqueue() noexcept { return neuron::rt::engine::enabled(); }
 
 // The argument rules every queued kernel shares (the hot ops in ops.cpp, the boxed fallback's

@@ -1,9 +1,11 @@
 // Adaptive Eager: records of queued kernels, and the fuser the engine calls (fusion.h).
 #include "fusion.h"
 #include "allocator.h"
+#include "amx_gemm.h"
 #include "enqueue.h"
 #include "extrema.h"
 #include "fp8.h"
+#include "gemm.h"
 #include "tile_fusion.h"
 #include "zero_copy.h"
 
@@ -43,10 +45,11 @@ namespace torchneuron::fusion {
 namespace {
 
 // Buffers: out, then inputs (kMaxAll: its input only; its 0-dim result is Record::result).
-constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2, 2, 1};
-constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2, 0, 0};  // Python numbers, in order
-// The precompiled family (tile_fusion.h), which a region never mixes with the generated one.
-constexpr bool is_tiled(Kind k) { return k >= kWiden; }
+constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2, 2, 1, 2, 2, 3, 3};
+constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0};  // Python numbers, in order
+// The precompiled family (tile_fusion.h) and the GEMM family (fuse_gemm): a region holds one family.
+constexpr bool is_tiled(Kind k) { return k >= kWiden && k <= kMaxAll; }
+constexpr bool is_gemm(Kind k) { return k >= kWidenInt8; }
 // ATen computes float sqrt with MKL's vmsSqrt, and the generated kernels call it too
 // (eager_fusion.py); a build without MKL computes it otherwise, so sqrt does not fuse there.
 constexpr bool kSqrtFuses = AT_MKL_ENABLED();
@@ -67,7 +70,9 @@ struct Record {
   const float* value = nullptr;  // kScale: the 0-dim factor's bytes, read when the region runs
   AllocationStamp out_stamp;  // the precompiled family: the output's allocation (allocator.h)
   void* result = nullptr;                 // kMaxAll's 0-dim output
-  c10::SmallVector<int64_t, 8> geometry;  // kAbs, kMaxAll: the input's sizes, then strides (redo)
+  // kAbs, kMaxAll, kToBf16: the input's sizes, then strides (redo, the cast); kMatmul: m, n, k,
+  // A's and B's leading dimensions; kMulCols: the vector's sizes, then strides.
+  c10::SmallVector<int64_t, 8> geometry;
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
   const char* hot = nullptr;
   const c10::OperatorName* boxed = nullptr;
@@ -297,7 +302,11 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
       case kScale:
       case kClamp:
       case kAbs:
-      case kMaxAll: break;  // (the precompiled family leaves no remainders)
+      case kMaxAll:
+      case kWidenInt8:
+      case kToBf16:
+      case kMatmul:
+      case kMulCols: break;  // (the other families leave no remainders)
     }
     at_op += 1 + kArity[kind];
     at_scalar += kScalars[kind];
@@ -394,23 +403,34 @@ bool dense_like(const at::Tensor& t, const at::Tensor& like, c10::ScalarType dty
          t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
 }
 
+// A record of `kind` over `numel` elements on t's device, for the op named `hot`.
+std::shared_ptr<Record> new_record(Kind kind, const at::Tensor& t, int64_t numel, const char* hot) {
+  auto r = std::make_shared<Record>();
+  r->kind = kind;
+  r->numel = numel;
+  r->device = t.get_device();
+  r->hot = hot;
+  return r;
+}
+
 std::shared_ptr<Record> tiled(Kind kind, const at::Tensor& out, c10::ScalarType out_type, const at::Tensor& self,
                               c10::ScalarType self_type, const char* hot) {
   if (!out.defined() || out.numel() < min_fused_numel() || !dense_like(self, self, self_type) ||
       !dense_like(out, self, out_type)) {
     return nullptr;
   }
-  auto r = std::make_shared<Record>();
-  r->kind = kind;
-  r->numel = out.numel();
-  r->device = out.get_device();
+  auto r = new_record(kind, out, out.numel(), hot);
   r->ptr[0] = const_cast<void*>(out.const_data_ptr());
   r->ptr[1] = const_cast<void*>(self.const_data_ptr());
   r->dtype[0] = out_type;
   r->dtype[1] = self_type;
   r->out_stamp = allocation_stamp(out.storage().data_ptr());
-  r->hot = hot;
   return r;
+}
+
+void keep_geometry(Record& r, const at::Tensor& t) {
+  r.geometry.assign(t.sizes().begin(), t.sizes().end());
+  r.geometry.append(t.strides().begin(), t.strides().end());
 }
 
 // A clamp bound as ATen's float kernel reads it (Scalar::to<float>), if it is a real number in
@@ -429,6 +449,12 @@ neuron::rt::engine::Record cast(const at::Tensor& out, const at::Tensor& self) {
   const auto from = self.scalar_type(), to = out.scalar_type();
   if (from == at::kBFloat16 && to == at::kFloat) return tiled(kWiden, out, to, self, from, kCopy);
   if (from == at::kFloat && fp8::is_fp8(to)) return tiled(kNarrow, out, to, self, from, kCopy);
+  if (from == at::kChar && to == at::kBFloat16) return tiled(kWidenInt8, out, to, self, from, kCopy);
+  if (from == at::kFloat && to == at::kBFloat16) {
+    auto r = tiled(kToBf16, out, to, self, from, kCopy);
+    if (r != nullptr) keep_geometry(*r, self);
+    return r;
+  }
   return nullptr;
 }
 
@@ -457,10 +483,6 @@ neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const 
 }
 
 namespace {
-void keep_geometry(Record& r, const at::Tensor& t) {
-  r.geometry.assign(t.sizes().begin(), t.sizes().end());
-  r.geometry.append(t.strides().begin(), t.strides().end());
-}
 bool abs_dtype(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat; }
 }  // namespace
 
@@ -478,15 +500,44 @@ neuron::rt::engine::Record max_all(const at::Tensor& out, const at::Tensor& self
       self.numel() < min_fused_numel() || !dense_like(self, self, self.scalar_type())) {
     return nullptr;
   }
-  auto r = std::make_shared<Record>();
-  r->kind = kMaxAll;
-  r->numel = self.numel();
-  r->device = self.get_device();
+  auto r = new_record(kMaxAll, self, self.numel(), kMax);
   r->ptr[0] = const_cast<void*>(self.const_data_ptr());
   r->dtype[0] = self.scalar_type();
   r->result = out.mutable_data_ptr();
-  r->hot = kMax;
   keep_geometry(*r, self);
+  return r;
+}
+
+neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  static constexpr char kMm[] = "aten::mm";
+  if (!out.is_contiguous() || out.scalar_type() != at::kBFloat16) return nullptr;
+  auto r = new_record(kMatmul, out, out.numel(), kMm);
+  r->ptr = {out.mutable_data_ptr(), const_cast<void*>(a.const_data_ptr()), const_cast<void*>(b.const_data_ptr()), nullptr};
+  r->dtype = {at::kBFloat16, at::kBFloat16, at::kBFloat16, at::kBFloat16};
+  r->geometry = {a.size(0), b.size(1), a.size(1), a.stride(0), b.stride(1)};
+  r->out_stamp = allocation_stamp(out.storage().data_ptr());
+  return r;
+}
+
+neuron::rt::engine::Record col_scale(const char* name, const at::Tensor& out, const at::Tensor& self,
+                                     const at::Tensor& other) {
+  const bool first = self.dim() < other.dim();  // v * x
+  const at::Tensor& x = first ? other : self;
+  const at::Tensor& v = first ? self : other;
+  auto bf16 = [&](const at::Tensor& t) {
+    return t.defined() && t.is_privateuseone() && t.device() == x.device() && t.scalar_type() == at::kBFloat16 &&
+           t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg() && t.const_data_ptr() != nullptr;
+  };
+  if (x.dim() != 2 || !bf16(x) || !bf16(v) || !bf16(out) || !x.is_contiguous() || !out.is_contiguous() ||
+      !out.sizes().equals(x.sizes()) || v.numel() != x.size(1) || v.dim() < 1 || v.dim() > 2 ||
+      v.size(-1) != x.size(1) || v.stride(-1) != 1 || x.numel() == 0) {
+    return nullptr;
+  }
+  auto r = new_record(kMulCols, x, x.numel(), name);
+  r->ptr = {out.mutable_data_ptr(), const_cast<void*>(x.const_data_ptr()), const_cast<void*>(v.const_data_ptr()), nullptr};
+  r->dtype = {at::kBFloat16, at::kBFloat16, at::kBFloat16, at::kBFloat16};
+  keep_geometry(*r, v);
+  r->out_stamp = allocation_stamp(out.storage().data_ptr());
   return r;
 }
 
@@ -588,10 +639,139 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
   return {n, 0, {}};
 }
 
+// ---- The GEMM family ---------------------------------------------------------------------
+// torchao's weight-only int8 linear is `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`: a widened
+// copy of the weight (twice its bytes, written then read once), the product, and a pass over
+// the result. A region [widen?, matmul, cast?, mul?] runs as one amx_gemm.h call: the kernel
+// widens the int8 weight into its L1 staging itself (amx_gemm::widen_int8, the values the copy
+// would write), and its epilogue rounds each sum to bf16, multiplies it by the column's bf16
+// value in fp32 and rounds again (bf16_gemm.h, Output::post_scale), which is ATen's bf16 mul
+// of the rounded product element by element. The unfused matmul runs the same kernel
+// (gemm::amx_mm), so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
+// 0xFFFF on its vector path and 0x7FC0 on its scalar tail, so a result with a NaN redoes the
+// mul through ATen over the product recomputed unscaled. Taken only when the widened weight and
+// the product are unstored (freed by the region's end: allocator.h, freed_by), else the kernels
+// run unfused; the vector's cast runs through the queued copy's own calls.
+struct Span {
+  uintptr_t begin, end;
+  bool meets(const Span& o) const { return begin < o.end && o.begin < end; }
+};
+Span span(const void* p, int64_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + static_cast<uintptr_t>(bytes)};
+}
+
+// A CPU view of a record's tensor from its geometry (sizes then strides).
+at::Tensor view_of(void* p, const c10::SmallVector<int64_t, 8>& geometry, size_t at, size_t rank, c10::ScalarType t) {
+  const at::IntArrayRef sizes(geometry.data() + at, rank), strides(geometry.data() + at + rank, rank);
+  return at::from_blob(p, sizes, strides, at::TensorOptions().dtype(t));
+}
+
+neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs) {
+  if (!detail::g_tiles) return {0, 1, {}};
+  auto rec = [&](size_t i) { return i < records.size() ? static_cast<const Record*>(records[i]) : nullptr; };
+  auto is = [&](size_t i, Kind k) { return rec(i) != nullptr && rec(i)->count == 1 && rec(i)->kind == k; };
+  size_t i = 0;
+  const Record* widen = is(0, kWidenInt8) ? rec(i++) : nullptr;
+  if (!is(i, kMatmul)) return {0, 1, {}};
+  const Record* mm = rec(i++);
+  const int64_t m = mm->geometry[0], n = mm->geometry[1], k = mm->geometry[2];
+  // The weight the product reads is the widened copy, every element of it (a dense k x n
+  // column-major matrix, the int8 source in the same layout).
+  if (widen != nullptr && (widen->ptr[0] != mm->ptr[2] || widen->numel != k * n || mm->geometry[4] != k)) {
+    return {0, 1, {}};
+  }
+  if (widen != nullptr && !freed_by(widen->out_stamp.generation, seqs[i - 1])) return {0, 1, {}};
+  const Record* cast = nullptr;
+  const Record* mul = nullptr;
+  const size_t after_mm = i;
+  const Record* c = is(i, kToBf16) ? rec(i) : nullptr;
+  const size_t at_mul = c != nullptr ? i + 1 : i;
+  if (is(at_mul, kMulCols) && rec(at_mul)->ptr[1] == mm->ptr[0] && rec(at_mul)->numel == m * n &&
+      (c == nullptr || (rec(at_mul)->ptr[2] == c->ptr[0] && c->numel == n)) &&
+      freed_by(mm->out_stamp.generation, seqs[at_mul])) {
+    cast = c;
+    mul = rec(at_mul);
+    i = at_mul + 1;
+  }
+  if (i < 2) return {0, 1, {}};
+  // What the region writes to memory (the vector's cast, the mul's result) meets nothing it reads.
+  const Span a = span(mm->ptr[1], ((m - 1) * mm->geometry[3] + k) * 2);
+  const Span b = widen != nullptr ? span(widen->ptr[1], k * n) : span(mm->ptr[2], ((n - 1) * mm->geometry[4] + k) * 2);
+  c10::SmallVector<Span, 4> reads{a, b};
+  c10::SmallVector<Span, 2> writes;
+  if (cast != nullptr) {
+    reads.push_back(span(cast->ptr[1], n * 4));
+    writes.push_back(span(cast->ptr[0], n * 2));
+  }
+  if (mul != nullptr) {
+    if (cast == nullptr) reads.push_back(span(mul->ptr[2], n * 2));
+    writes.push_back(span(mul->ptr[0], m * n * 2));
+  }
+  for (const Span& w : writes) {
+    for (const Span& r : reads) {
+      if (w.meets(r)) {
+        i = after_mm;  // the widened product alone, if there is one
+        break;
+      }
+    }
+  }
+  if (i == after_mm) {
+    cast = mul = nullptr;
+    if (widen == nullptr) return {0, 1, {}};
+  }
+  try {
+    if (cast != nullptr) {  // as the queued copy runs it (ops.cpp, queued_copy)
+      const size_t rank = cast->geometry.size() / 2;
+      at::Tensor src = view_of(cast->ptr[1], cast->geometry, 0, rank, at::kFloat);
+      at::Tensor dst = view_of(cast->ptr[0], cast->geometry, 0, rank, at::kBFloat16);
+      if (!fast_copy(dst, src)) dst.copy_(src);
+    }
+    std::vector<float> post;
+    if (mul != nullptr) {
+      const auto* v = static_cast<const uint16_t*>(mul->ptr[2]);
+      post.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) post[j] = c10::detail::f32_from_bits(v[j]);
+    }
+    const bf16_gemm::Matrix ma{mm->ptr[1], mm->geometry[3], false, nullptr};
+    const bf16_gemm::Matrix mb = widen != nullptr ? bf16_gemm::Matrix{widen->ptr[1], k, true, amx_gemm::widen_int8}
+                                                  : bf16_gemm::Matrix{mm->ptr[2], mm->geometry[4], true, nullptr};
+    bf16_gemm::Output out;
+    std::atomic<bool> nan{false};
+    out.bf16 = static_cast<uint16_t*>(mul != nullptr ? mul->ptr[0] : mm->ptr[0]);
+    out.ld = n;
+    if (mul != nullptr) {
+      out.post_scale = post.data();
+      out.nan = &nan;
+    }
+    amx_gemm::gemm(m, n, k, ma, mb, out);
+    if (nan.load()) {  // the product unscaled into a temporary, then ATen's mul as unfused
+      at::Tensor prod = at::empty_strided({m, n}, {n, 1}, at::TensorOptions().dtype(at::kBFloat16));
+      bf16_gemm::Output plain;
+      plain.bf16 = static_cast<uint16_t*>(prod.data_ptr());
+      plain.ld = n;
+      amx_gemm::gemm(m, n, k, ma, mb, plain);
+      const size_t rank = mul->geometry.size() / 2;
+      at::Tensor v = view_of(mul->ptr[2], mul->geometry, 0, rank, at::kBFloat16);
+      at::Tensor y = at::from_blob(mul->ptr[0], {m, n}, at::TensorOptions().dtype(at::kBFloat16));
+      at::cpu::mul_out(y, prod, v);  // (bf16 products are commutative, NaN's bits included)
+    }
+  } catch (const std::exception& ex) {
+    return {i, 0, error_text(ex)};
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ++g_stats.gemm;
+  }
+  track_records(records, i);
+  return {i, 0, {}};
+}
+
 // The engine's fuser (engine.h): split the offered run into groups, and run them fused if every
 // group's kernel is compiled.
 neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs) {
   if (at::globalContext().deterministicAlgorithms()) return {0, records.size(), {}};
+  if (is_gemm(static_cast<const Record*>(records[0])->kind)) return fuse_gemm(records, seqs);
   // Buffers seen so far, by first byte: [begin, end) and (group, slot).
   struct Buf {
     uintptr_t end;
@@ -609,7 +789,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   c10::SmallVector<uintptr_t, 4> values;
   // Adds one record to the region; false (and nothing changed) if it must end before it.
   auto add = [&](const Record& r, uint64_t seq) {
-    if (is_tiled(r.kind) != tiles) return false;
+    if (is_gemm(r.kind) || is_tiled(r.kind) != tiles) return false;
     uint32_t g = 0;
     while (g < groups.size() && groups[g].numel != r.numel) ++g;
     const bool new_group = g == groups.size();

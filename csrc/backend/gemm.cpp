@@ -37,8 +37,10 @@
 #include <limits>
 
 #include "allocator.h"
+#include "amx_gemm.h"
 #include "cpu_features.h"
 #include "enqueue.h"
+#include "fusion.h"
 #include "gemm.h"
 #include "gemv_f16.h"
 #include "transpose.h"
@@ -98,6 +100,26 @@ bool amx_tiles() {
 bool amx_bf16() { return amx_tiles() && cblas_gemm_bf16bf16f32 != nullptr; }
 
 void set_amx_enabled(bool on) { amx_enabled.store(on); }
+
+// bf16 mm on AMX: amx_gemm.h's kernel against oneDNN's (ratio of times, 2 cores, B = W.t()):
+// rows 1-64 x 4096 x 4096 0.69-0.74; 256 x 1024 x 4096 0.96; 256 x 4096 x 4096 0.92;
+// 256 x 4096 x 11008 1.00-1.05; 128 x 768 x 768 0.88; 256 x 64 x 64 0.3; but 512 x 1024 x 4096
+// 1.1-1.2, 4096 x 1024 x 1024 1.3, 8192 x 512 x 512 1.8 (oneDNN's large-M kernels are faster).
+bool amx_mm(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && a.dim() == 2 && b.dim() == 2 &&
+         a.size(1) == b.size(0) && a.size(0) >= 1 && a.size(0) <= kAmxMmRows && b.size(1) >= 1 && a.size(1) >= 1 &&
+         a.stride(1) == 1 && a.stride(0) >= a.size(1) && b.stride(0) == 1 && b.stride(1) >= b.size(0) &&
+         !a.is_conj() && !a.is_neg() && !b.is_conj() && !b.is_neg() && amx_gemm::available();
+}
+
+void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b) {
+  const bf16_gemm::Matrix ma{a.const_data_ptr(), a.stride(0), false, nullptr};
+  const bf16_gemm::Matrix mb{b.const_data_ptr(), b.stride(1), true, nullptr};
+  bf16_gemm::Output out;
+  out.bf16 = static_cast<uint16_t*>(o.data_ptr());
+  out.ld = o.stride(0);
+  amx_gemm::gemm(a.size(0), b.size(1), a.size(1), ma, mb, out);
+}
 
 bool onednn_matmul_usable() {
   // ATen's mkldnn_matmul raises unless the CPU has these (mkldnn_bf16_device_check).
@@ -324,6 +346,9 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
     if (product_routed(a)) {
       enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f);
+    } else if (gemm::amx_mm(a, b)) {
+      q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
+                fusion::tiles_enabled() ? fusion::matmul(out, self, mat2) : nullptr);
     } else {
       q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
     }
@@ -336,6 +361,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
   at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 2)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
+  else if (gemm::amx_mm(a, b)) gemm::amx_mm_out(o, a, b);
   else at::cpu::mm_out(o, a, b);
   zc.sync_inputs();
   return out;

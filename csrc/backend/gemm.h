@@ -78,6 +78,16 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 bool amx_bf16();
 void set_amx_enabled(bool on);
 
+// Whether a bf16 `mm` of these neuron operands runs amx_gemm.h's kernel instead of CPU's
+// (oneDNN's): an AMX host, A's rows and B's columns contiguous along k (B = nn.Linear's
+// weight.t()), at most kAmxMmRows rows, where it took 0.3-1.05x oneDNN's time (gemm.cpp). Its
+// fp32 sums run along k in TDPBF16PS's order; oneDNN's differ on some shapes (a few elements
+// one bf16 ulp apart), so these products are not CPU's bits.
+constexpr int64_t kAmxMmRows = 256;
+bool amx_mm(const at::Tensor& a, const at::Tensor& b);
+// o (bf16, contiguous) = a @ b on that kernel (requires amx_mm(a, b)).
+void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b);
+
 // Whether the CPU has AMX's bf16 tiles and the OS granted their state (amx_gemm.h's kernel runs
 // them itself; MKL not needed). set_amx_enabled(false) turns this off too.
 bool amx_tiles();

@@ -258,10 +258,14 @@ void host_waited_for_stream(c10::DeviceIndex device) {
 // dtype conversion, broadcasting, strides, and the conj/neg bits.
 int64_t copy_bytes(const at::Tensor& dst) { return static_cast<int64_t>(dst.numel()) * dst.element_size(); }
 
+}  // namespace
+
 // The copies CPU's kernel does slowly, at memory speed and with its bits: transposes
 // (transpose.h) and fp8 <-> fp32/bf16 conversions, which CPU does element by element through
 // c10's scalar functions (fp8.h). False: the caller runs CPU's copy.
 bool fast_copy(const at::Tensor& d, const at::Tensor& s) { return transpose::try_copy(d, s) || fp8::try_copy(d, s); }
+
+namespace {
 
 // A non_blocking copy between a neuron tensor and pinned host memory is queued, like CUDA's
 // cudaMemcpyAsync: the host runs ahead and must synchronize before it reads a host destination
@@ -779,6 +783,7 @@ neuron::rt::engine::Record binary_record(const at::Tensor& out, const at::Tensor
   neuron::rt::engine::Record r = fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr;
   static const bool is_mul = std::string_view(Name) == "aten::mul.Tensor";
   if (r == nullptr && is_mul && fusion::tiles_enabled()) r = fusion::scale(Name, out, self, other);
+  if (r == nullptr && is_mul && fusion::tiles_enabled()) r = fusion::col_scale(Name, out, self, other);
   return r;
 }
 

@@ -19,17 +19,6 @@ engine = torch.neuron.engine
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-@pytest.fixture
-def casting():
-    was, was_casts = engine.is_enabled(), engine.is_cast_fusion_enabled()
-    engine.set_enabled(True)
-    engine.set_cast_fusion_enabled(True)
-    yield
-    torch.neuron.synchronize()
-    engine.set_enabled(was)
-    engine.set_cast_fusion_enabled(was_casts)
-
-
 def hard_bf16(*shape, seed=0):
     """bfloat16 values of every class: random bit patterns (NaNs with payloads and signs,
     infinities, subnormals), then ordinary and fp8-overflowing magnitudes, signed zeros."""
@@ -59,7 +48,7 @@ def as_bits(t):
 
 @pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_scaling_cast_runs_as_one_region_with_cpu_bits(casting, fp8, layout):
+def test_scaling_cast_runs_as_one_region_with_cpu_bits(cast_fusion_on, fp8, layout):
     x = hard_bf16(384, 200, seed=1)
     if layout == "transposed":
         x = x.t()  # a weight's transpose: dense, not contiguous
@@ -74,7 +63,7 @@ def test_scaling_cast_runs_as_one_region_with_cpu_bits(casting, fp8, layout):
     assert torch.equal(as_bits(got), as_bits(want))
 
 
-def test_fused_equals_unfused_bit_for_bit_on_every_float32_pattern(casting):
+def test_fused_equals_unfused_bit_for_bit_on_every_float32_pattern(cast_fusion_on):
     # Random float32 bits through each step kept (stored) and chained: NaN payloads pass
     # through the scale and the clamp as on ATen's paths, and narrow as c10 narrows them.
     g = torch.Generator().manual_seed(2)
@@ -98,7 +87,7 @@ def test_fused_equals_unfused_bit_for_bit_on_every_float32_pattern(casting):
         assert torch.equal(as_bits(g_), as_bits(u))
 
 
-def test_tail_of_a_tile_and_of_a_vector_computed_like_the_rest(casting):
+def test_tail_of_a_tile_and_of_a_vector_computed_like_the_rest(cast_fusion_on):
     # 1024-element tiles, 16-lane vectors: 40003 elements leave both a partial tile and a
     # scalar tail in each thread's range.
     x = hard_bf16(40003, seed=3)
@@ -107,7 +96,7 @@ def test_tail_of_a_tile_and_of_a_vector_computed_like_the_rest(casting):
     assert torch.equal(as_bits(got), as_bits(want))
 
 
-def test_nan_bits_pass_scale_and_clamp_in_vectors_and_in_the_tail(casting):
+def test_nan_bits_pass_scale_and_clamp_in_vectors_and_in_the_tail(cast_fusion_on):
     # 47 elements: two 16-lane vectors and a 15-element scalar tail, every one a NaN of some
     # sign and payload (or an infinity): both paths must keep their bits as ATen's do.
     g = torch.Generator().manual_seed(9)
@@ -126,7 +115,7 @@ def test_nan_bits_pass_scale_and_clamp_in_vectors_and_in_the_tail(casting):
         assert torch.equal(as_bits(g_), as_bits(w))
 
 
-def test_a_result_still_referenced_is_stored(casting):
+def test_a_result_still_referenced_is_stored(cast_fusion_on):
     # The intermediates are kept here: the fused pass must write each of them.
     x = hard_bf16(5000, seed=4)
     s = torch.tensor(2.5)
@@ -142,7 +131,7 @@ def test_a_result_still_referenced_is_stored(casting):
         assert torch.equal(as_bits(got), as_bits(want))
 
 
-def test_an_output_taking_a_dead_intermediates_memory_joins_the_region(casting):
+def test_an_output_taking_a_dead_intermediates_memory_joins_the_region(cast_fusion_on):
     # torchao's cast frees each float32 temporary at once, so the fp8 result is allocated in
     # the memory of the product (dead by then): the fuser lets it join instead of ending the
     # region there, and never stores the dead product over it.
@@ -158,7 +147,7 @@ def test_an_output_taking_a_dead_intermediates_memory_joins_the_region(casting):
     assert torch.equal(as_bits(got), as_bits(scaling_cast(x, s, torch.float8_e4m3fn)))
 
 
-def test_overlapping_views_of_one_live_allocation_end_the_region(casting):
+def test_overlapping_views_of_one_live_allocation_end_the_region(cast_fusion_on):
     # Two casts into overlapping views of one buffer: the second overwrites part of the first.
     # Fused in one pass, tile order would interleave them; the region must end between them.
     a, b = hard_bf16(4096, seed=6), hard_bf16(4096, seed=7)
@@ -176,7 +165,7 @@ def test_overlapping_views_of_one_live_allocation_end_the_region(casting):
     assert torch.equal(as_bits(base), as_bits(want))
 
 
-def test_a_factor_inside_a_buffer_of_the_region_ends_the_region(casting):
+def test_a_factor_inside_a_buffer_of_the_region_ends_the_region(cast_fusion_on):
     # The 0-dim factor is an element of a tensor the region writes: read when the fused pass
     # starts, it would be the value before that write.
     x = hard_bf16(4096, seed=8)
@@ -188,7 +177,7 @@ def test_a_factor_inside_a_buffer_of_the_region_ends_the_region(casting):
 
 
 @pytest.mark.parametrize("lo,hi", [(float("nan"), 1.0), (5.0, -5.0)])
-def test_clamp_with_a_nan_bound_or_an_empty_range_matches_cpu(casting, lo, hi):
+def test_clamp_with_a_nan_bound_or_an_empty_range_matches_cpu(cast_fusion_on, lo, hi):
     # A NaN bound is left to ATen's kernel (no record); an empty range (lo > hi) fuses and
     # gives hi, as ATen's max-then-min does.
     f = torch.randn(4096) * 10
@@ -198,7 +187,7 @@ def test_clamp_with_a_nan_bound_or_an_empty_range_matches_cpu(casting, lo, hi):
     assert torch.equal(as_bits(got), as_bits(want))
 
 
-def test_clamp_bounds_past_float32_raise_cpu_error_and_lose_nothing(casting):
+def test_clamp_bounds_past_float32_raise_cpu_error_and_lose_nothing(cast_fusion_on):
     # CPU raises converting the bound; the fuser leaves such a clamp to ATen's kernel, whose
     # error surfaces, and the product before it is still computed.
     f = torch.randn(4096) * 10
@@ -212,7 +201,7 @@ def test_clamp_bounds_past_float32_raise_cpu_error_and_lose_nothing(casting):
     assert torch.equal(as_bits(m), as_bits(f * torch.tensor(1.5)))
 
 
-def test_deterministic_algorithms_turn_cast_fusion_off(casting):
+def test_deterministic_algorithms_turn_cast_fusion_off(cast_fusion_on):
     x = torch.randn(4096, dtype=torch.bfloat16, device="neuron")
     s = torch.tensor(2.0, device="neuron")
     torch.neuron.synchronize()
@@ -226,7 +215,7 @@ def test_deterministic_algorithms_turn_cast_fusion_off(casting):
     assert engine.stats()["tiled"] == before
 
 
-def test_a_fused_cast_region_failing_reports_at_the_next_synchronization(casting):
+def test_a_fused_cast_region_failing_reports_at_the_next_synchronization(cast_fusion_on):
     x = torch.randn(4096, dtype=torch.bfloat16, device="neuron")
     s = torch.tensor(2.0, device="neuron")
     torch.neuron.synchronize()
@@ -248,7 +237,7 @@ def test_cast_fusion_configured_by_environment(value, casts, generated):
     assert r.stdout.split() == [str(casts), str(generated)]
 
 
-def test_torchao_float8_training_step_equals_unfused(casting):
+def test_torchao_float8_training_step_equals_unfused(cast_fusion_on):
     # torchao's float8 linear: 12 scaling casts a step, each a region; the gradients equal
     # the step with the family off, bit for bit.
     pytest.importorskip("torchao")
@@ -287,7 +276,7 @@ def nan_bf16(n, seed):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_amax_runs_as_one_region_with_cpu_bits(casting, dtype, layout):
+def test_amax_runs_as_one_region_with_cpu_bits(cast_fusion_on, dtype, layout):
     x = (torch.randn(640, 300) * 50).to(dtype)
     if layout == "transposed":
         x = x.t()
@@ -301,7 +290,7 @@ def test_amax_runs_as_one_region_with_cpu_bits(casting, dtype, layout):
     assert torch.equal(as_bits(got), as_bits(torch.max(torch.abs(x))))
 
 
-def test_amax_of_nans_takes_atens_bits(casting):
+def test_amax_of_nans_takes_atens_bits(cast_fusion_on):
     # The order-free max holds except for which NaN: that result comes from ATen's kernels
     # over the same memory (the redo).
     x = nan_bf16(40003, seed=10)
@@ -317,7 +306,7 @@ def test_amax_of_nans_takes_atens_bits(casting):
 @pytest.mark.parametrize("n", [45, 40003])
 @pytest.mark.parametrize("where", ["first", "middle", "last", "first half", "second half"])
 @pytest.mark.parametrize("base", [0.0, -0.0], ids=["+0", "-0"])
-def test_a_max_of_signed_zeros_takes_atens_bits(casting, n, where, base):
+def test_a_max_of_signed_zeros_takes_atens_bits(cast_fusion_on, n, where, base):
     # +0 and -0 compare equal: which one a max returns depends on its order, ATen's walk (one
     # zero of the other sign among the rest). A max joins a region here with a cast of the
     # same tensor.
@@ -337,7 +326,7 @@ def test_a_max_of_signed_zeros_takes_atens_bits(casting, n, where, base):
 
 
 @pytest.mark.parametrize("n", [45, 40003])
-def test_a_kept_abs_with_nans_has_atens_bits(casting, n):
+def test_a_kept_abs_with_nans_has_atens_bits(cast_fusion_on, n):
     # Every element a NaN with a payload: ATen's vector path keeps payloads, its scalar tails
     # (in each thread's range) canonicalize them; the redo gives exactly that mix.
     g = torch.Generator().manual_seed(11)
@@ -355,7 +344,7 @@ def test_a_kept_abs_with_nans_has_atens_bits(casting, n):
     assert torch.equal(m.cpu().view(torch.int16), torch.max(want).view(torch.int16))
 
 
-def test_an_abs_without_a_max_after_it_has_atens_bits(casting):
+def test_an_abs_without_a_max_after_it_has_atens_bits(cast_fusion_on):
     # The abs joins a region with a cast of the same elements and meets NaNs: its stored
     # result is redone through ATen's kernel.
     x = nan_bf16(4096, seed=12)
@@ -370,7 +359,7 @@ def test_an_abs_without_a_max_after_it_has_atens_bits(casting):
     assert torch.equal(as_bits(w), as_bits(x.to(torch.float32)))
 
 
-def test_an_abs_read_by_other_than_a_max_ends_the_region(casting):
+def test_an_abs_read_by_other_than_a_max_ends_the_region(cast_fusion_on):
     # A cast of the abs would see the NaN bits a redo replaces: the region ends before it.
     x = nan_bf16(4096, seed=13)
     xn = x.to("neuron")
@@ -382,7 +371,7 @@ def test_an_abs_read_by_other_than_a_max_ends_the_region(casting):
     assert torch.equal(as_bits(y), as_bits(torch.abs(x).to(torch.float32)))
 
 
-def test_an_intermediate_whose_memory_was_allocated_again_is_not_stored(casting):
+def test_an_intermediate_whose_memory_was_allocated_again_is_not_stored(cast_fusion_on):
     # y is dropped and its block handed to z before the queue runs: y's values can reach
     # nobody, so the fused pass leaves the block as it was (a sentinel), where storing y would
     # have overwritten it.
@@ -406,7 +395,7 @@ def test_an_intermediate_whose_memory_was_allocated_again_is_not_stored(casting)
     assert torch.equal(as_bits(f), as_bits(scaling_cast(x.cpu(), s.cpu(), torch.float8_e4m3fn)))
 
 
-def test_an_abs_of_a_value_the_region_computes_ends_the_region(casting):
+def test_an_abs_of_a_value_the_region_computes_ends_the_region(cast_fusion_on):
     # A redo recomputes an abs from its input's memory; a product the region computes and
     # drops is never stored there, so the abs must not join the product's region.
     x = nan_bf16(40003, seed=14)
@@ -417,7 +406,7 @@ def test_an_abs_of_a_value_the_region_computes_ends_the_region(casting):
     assert torch.equal(as_bits(got), as_bits(want))
 
 
-def test_an_intermediate_a_kernel_after_the_region_reads_is_stored(casting):
+def test_an_intermediate_a_kernel_after_the_region_reads_is_stored(cast_fusion_on):
     # y is dropped only after a sum (no record: it ends the region) was queued to read it.
     x = hard_bf16(8192, seed=15)
     xn, sn = x.to("neuron"), torch.tensor(0.5, device="neuron")
@@ -430,7 +419,7 @@ def test_an_intermediate_a_kernel_after_the_region_reads_is_stored(casting):
     assert torch.equal(as_bits(m), as_bits(want * torch.tensor(0.5)))
 
 
-def test_an_intermediate_another_stream_reads_is_stored(casting):
+def test_an_intermediate_another_stream_reads_is_stored(cast_fusion_on):
     # y is read on a second stream (record_stream), which may run after the fused region: its
     # free is not a free for the fuser, so the fused pass stores it.
     x = torch.randn(8192, dtype=torch.bfloat16)
@@ -449,7 +438,7 @@ def test_an_intermediate_another_stream_reads_is_stored(casting):
     assert torch.equal(as_bits(f), as_bits(scaling_cast(x, torch.tensor(2.0), torch.float8_e4m3fn)))
 
 
-def test_a_copy_into_a_maxs_input_after_it_ends_the_region(casting):
+def test_a_copy_into_a_maxs_input_after_it_ends_the_region(cast_fusion_on):
     # A redo (zero result) reads the max's input after the pass: a later cast into it must
     # not join the region.
     x = torch.zeros(4096)

@@ -76,7 +76,10 @@ def set_cast_fusion_enabled(enabled: bool) -> None:
     pass over the elements, tile by tile; intermediates nothing references stay in the cache
     instead of memory. Bit-identical to the kernels one by one: each element's bits depend only
     on its inputs, and where an abs or a max could depend on ATen's path (a NaN, a zero max) they
-    are redone through ATen's kernels. See docs/architecture.md, *Adaptive Eager*."""
+    are redone through ATen's kernels. The same switch holds the GEMM family (AMX hosts): a bf16
+    ``mm`` of a widened int8 weight (``w.t().to(bfloat16)``) and a per-column ``mul`` after it,
+    torchao's weight-only int8 linear, run as one AMX kernel call, bit-identical to the three
+    kernels (a NaN result is redone through ATen). See docs/architecture.md, *Adaptive Eager*."""
     _C._fusion_set_tiles_enabled(bool(enabled))
 
 
@@ -101,5 +104,6 @@ def stats() -> dict:
     found queued work); Adaptive Eager's ``fused`` kernels, in ``regions`` (one generated kernel
     call per element count), and its generated kernels ``kernels_requested``, ``kernels_compiled``
     and ``kernels_failed`` (which run unfused for good); ``tiled``: groups the precompiled family
-    ran."""
+    ran; ``gemm``: bf16 matmuls run with their int8 weight's widening or the per-column product
+    after them fused (torchao's weight-only int8 linear)."""
     return dict(_C._engine_stats())

@@ -1,0 +1,196 @@
+"""bf16 products on AMX hosts and Adaptive Eager's GEMM family.
+
+A bf16 `mm` whose B is column-major (nn.Linear's `weight.t()`) and whose A has at most
+`bf16_mm_amx_rows` rows runs amx_gemm.h's kernel (fp32 sums, one rounding; not oneDNN's bits on
+every shape). torchao's weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`,
+then runs as one call of that kernel: the int8 weight widened in cache, the per-column product in
+its epilogue. Oracles: an fp64 product of the same operands (the TensorE contract), the same
+program with the family off (bit for bit, NaN included), and `_scaled_mm`, whose fp8 GEMMs run
+the same kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchneuron
+
+engine = torch.neuron.engine
+ROUTES = torchneuron._C._precision_routes()
+pytestmark = pytest.mark.skipif(ROUTES["bf16_mm_amx_rows"] == 0, reason="needs AMX (bf16 tiles)")
+
+
+def bits(t):
+    return t.detach().cpu().contiguous().view(torch.int16)
+
+
+def weight_only(x, w8, scale):
+    """torchao's Int8Tensor weight-only linear (per-row scales), op for op."""
+    m = torch.mm(x, w8.t().to(x.dtype))
+    return m * scale.to(m.dtype).flatten()
+
+
+def operands(m, k, n, seed=0, dev="neuron"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w8 = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, 1, generator=g) / 64 + 1e-3
+    return x.to(dev), w8.to(dev), scale.to(dev)
+
+
+def run(fn, fused):
+    engine.set_cast_fusion_enabled(fused)
+    before = engine.stats()["gemm"]
+    out = fn()
+    torch.neuron.synchronize()
+    return out, engine.stats()["gemm"] - before
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (33, 520, 100)])
+def test_bf16_mm_with_column_major_weight_meets_tensore_contract(m, k, n):
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    got = torch.mm(a.to("neuron"), w.to("neuron").t()).cpu()
+    exact = (a.double() @ w.double().t())
+    # fp32 sums of k exact products, one rounding to bf16
+    tol = exact.abs().max().item() * (k * 2.0**-23 + 2.0**-8)
+    assert (got.double() - exact).abs().max().item() <= tol
+
+
+def test_bf16_mm_runs_the_amx_kernel_of_fp8_gemms():
+    # fp8 values are exact in bf16, and _scaled_mm with unit scales runs the same AMX kernel:
+    # the same bits. oneDNN's bf16 GEMM differs from it in a few elements at this shape.
+    g = torch.Generator().manual_seed(3)
+    a8 = (torch.randn(256, 1024, generator=g) * 4).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(4096, 1024, generator=g) * 4).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0, device="neuron")
+    a8n, b8n = a8.to("neuron"), b8.to("neuron")
+    via_fp8 = torch._scaled_mm(a8n, b8n.t(), one, one, out_dtype=torch.bfloat16)
+    via_bf16 = torch.mm(a8n.to(torch.bfloat16), b8n.to(torch.bfloat16).t())
+    assert torch.equal(bits(via_fp8), bits(via_bf16))
+    assert not torch.equal(bits(via_bf16), bits(torch.mm(a8.bfloat16(), b8.bfloat16().t())))
+
+
+def test_bf16_mm_route_is_the_same_with_and_without_the_engine():
+    x, w8, _ = operands(64, 256, 96, seed=4)
+    w = w8.to(torch.bfloat16)
+    was = engine.is_enabled()
+    try:
+        engine.set_enabled(False)
+        sync = torch.mm(x, w.t()).cpu()
+        engine.set_enabled(True)
+        queued = torch.mm(x, w.t()).cpu()
+    finally:
+        engine.set_enabled(was)
+    assert torch.equal(bits(sync), bits(queued))
+
+
+def test_rows_past_the_limit_keep_cpus_kernel():
+    rows = ROUTES["bf16_mm_amx_rows"] + 1
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(rows, 1024, generator=g) * 4).to(torch.float8_e4m3fn).bfloat16()
+    w = (torch.randn(4096, 1024, generator=g) * 4).to(torch.float8_e4m3fn).bfloat16()
+    assert torch.equal(bits(torch.mm(a.to("neuron"), w.to("neuron").t())), bits(torch.mm(a, w.t())))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (200, 40, 130)])
+def test_weight_only_int8_linear_fuses_bit_for_bit(cast_fusion_on, m, k, n):
+    x, w8, scale = operands(m, k, n, seed=m * k + n)
+    want, fused_before = run(lambda: weight_only(x, w8, scale), False)
+    got, fused = run(lambda: weight_only(x, w8, scale), True)
+    assert fused_before == 0 and fused == 1
+    assert torch.equal(bits(got), bits(want))
+    exact = (x.cpu().double() @ w8.cpu().double().t()) * scale.cpu().bfloat16().double().flatten()
+    assert (got.cpu().double() - exact).abs().max().item() <= exact.abs().max().item() * (k * 2.0**-23 + 2.0**-7)
+
+
+def test_torchao_int8_weight_only_linear_fuses_bit_for_bit(cast_fusion_on):
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 384, bias=False).to("neuron", torch.bfloat16)
+    quantize_(lin, Int8WeightOnlyConfig())
+    x = torch.randn(16, 8, 256, device="neuron", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, _ = run(lambda: lin(x), False)
+        got, fused = run(lambda: lin(x), True)
+    assert fused == 1 and got.shape == (16, 8, 384)
+    assert torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("where", ["scale_vector_lanes", "scale_tail", "activations"])
+def test_nan_results_take_atens_bits(cast_fusion_on, where):
+    # ATen's bf16 mul writes NaN as 0xFFFF in its vector loop and 0x7FC0 in its scalar tail (the
+    # last n % 64 columns of each row): a fused result with a NaN is redone through ATen.
+    x, w8, scale = operands(8, 64, 100, seed=6)
+    if where == "scale_vector_lanes":
+        scale[3] = float("nan")
+    elif where == "scale_tail":
+        scale[97] = float("nan")
+    else:
+        x[2, 5] = float("inf")
+        scale[10] = 0.0  # inf * 0
+    want, _ = run(lambda: weight_only(x, w8, scale), False)
+    got, fused = run(lambda: weight_only(x, w8, scale), True)
+    assert fused == 1 and torch.isnan(want.cpu().float()).any()
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_scale_first_operand_fuses(cast_fusion_on):
+    x, w8, scale = operands(16, 128, 64, seed=7)
+    fn = lambda: scale.to(torch.bfloat16).flatten() * torch.mm(x, w8.t().to(torch.bfloat16))  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+
+
+def test_a_widened_weight_still_referenced_is_stored(cast_fusion_on):
+    x, w8, scale = operands(16, 128, 64, seed=8)
+    engine.set_cast_fusion_enabled(True)
+    wb = w8.t().to(torch.bfloat16)
+    m = torch.mm(x, wb)
+    y = m * scale.to(torch.bfloat16).flatten()
+    torch.neuron.synchronize()
+    assert torch.equal(wb.cpu(), w8.cpu().t().to(torch.bfloat16))
+    assert torch.equal(bits(m), bits(torch.mm(x, w8.t().to(torch.bfloat16))))
+    assert torch.equal(bits(y), bits(m * scale.to(torch.bfloat16).flatten()))
+
+
+def test_a_product_still_referenced_is_stored(cast_fusion_on):
+    x, w8, scale = operands(16, 128, 64, seed=9)
+    m = torch.mm(x, w8.t().to(torch.bfloat16))  # the widening fuses, m is kept
+    y = m * scale.to(torch.bfloat16).flatten()
+    torch.neuron.synchronize()
+    engine.set_cast_fusion_enabled(False)
+    want_m = torch.mm(x, w8.t().to(torch.bfloat16))
+    assert torch.equal(bits(m), bits(want_m))
+    assert torch.equal(bits(y), bits(want_m * scale.to(torch.bfloat16).flatten()))
+
+
+def test_deterministic_algorithms_turn_the_family_off(cast_fusion_on):
+    x, w8, scale = operands(16, 128, 64, seed=10)
+    torch.use_deterministic_algorithms(True)
+    try:
+        _, fused = run(lambda: weight_only(x, w8, scale), True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert fused == 0
+
+
+def test_a_result_in_the_memory_of_a_freed_operand_is_written_after_the_product(cast_fusion_on):
+    # The int8 weight is a temporary freed once the product is queued, as large as the result
+    # (k = 2m), so the mul's result takes its memory: fusing the mul into the epilogue would
+    # write the weight while the kernel still reads it. The region stops before the mul.
+    x, w8, scale = operands(32, 64, 256, seed=11)
+
+    def fn():
+        temporary = w8.clone()
+        m = torch.mm(x, temporary.t().to(torch.bfloat16))
+        del temporary
+        return m * scale.to(torch.bfloat16).flatten()
+
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
