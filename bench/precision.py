@@ -288,16 +288,16 @@ def float8_train_compiled_case(dev, dt):
     return float8_train_case(dev, dt, input_grad=True, compiled=True)
 
 
-def int8_weight_only_case(dev, dt):
+def int8_weight_only_case(dev, dt, m=256, k=1024, n=4096):
     """torchao Int8WeightOnlyConfig linear vs the bf16 linear (M=256 tokens, 1024->4096)."""
     if dt not in (torch.bfloat16, torch.int8):
         return None
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
     torch.manual_seed(0)
-    lin = torch.nn.Linear(1024, 4096, bias=False).to(dev, torch.bfloat16)
+    lin = torch.nn.Linear(k, n, bias=False).to(dev, torch.bfloat16)
     if dt == torch.int8:
         quantize_(lin, Int8WeightOnlyConfig())
-    x = torch.randn(256, 1024, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
 
     def step():
         with torch.no_grad():
@@ -338,6 +338,8 @@ CASES = [
     ("torchao float8 MLP train, input grad", float8_train_input_grad_case, ("bf16", "fp8"), ("fp8", 1.0)),
     ("torchao float8 MLP, compiled", float8_train_compiled_case, ("bf16", "fp8"), ("fp8", 1.0)),
     ("torchao int8 weight-only linear", int8_weight_only_case, ("bf16", "int8"), ("int8", 1.0)),
+    ("torchao int8 weight-only decode 16x4096->4096",
+     lambda dev, dt: int8_weight_only_case(dev, dt, 16, 4096, 4096), ("bf16", "int8"), ("int8", 1.0)),
 ]
 
 
