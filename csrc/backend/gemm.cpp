@@ -6,7 +6,9 @@
 //
 // TensorE multiplies exactly and accumulates in fp32 (PSUM); the result is rounded once to
 // the output dtype. For fp32 CPU's kernels already do that fast, so fp32 runs CPU's kernels
-// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts), and so do fp16
+// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts; on AMX hosts the
+// products of nn.Linear's forward with at most 256 rows run amx_gemm.h's kernel: gemm::amx_mm),
+// and so do fp16
 // products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
 // bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
 // path: products exact (a 16-bit float product has at most 22 significant bits), fp32
@@ -112,12 +114,25 @@ bool amx_mm(const at::Tensor& a, const at::Tensor& b) {
          !a.is_conj() && !a.is_neg() && !b.is_conj() && !b.is_neg() && amx_gemm::available();
 }
 
-void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b) {
+bool amx_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+               const at::Scalar& alpha) {
+  const bool ones = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 && alpha.toDouble() == 1.0;
+  return ones && amx_mm(a, b) && bias.scalar_type() == at::kBFloat16 && bias.dim() >= 1 && bias.dim() <= 2 &&
+         bias.numel() == b.size(1) && bias.size(-1) == b.size(1) && bias.stride(-1) == 1 && !bias.is_conj() &&
+         !bias.is_neg();
+}
+
+void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
   const bf16_gemm::Matrix ma{a.const_data_ptr(), a.stride(0), false, nullptr};
   const bf16_gemm::Matrix mb{b.const_data_ptr(), b.stride(1), true, nullptr};
   bf16_gemm::Output out;
   out.bf16 = static_cast<uint16_t*>(o.data_ptr());
   out.ld = o.stride(0);
+  at::Tensor widened;  // the bias in fp32 (exact), as the epilogue adds it
+  if (bias != nullptr) {
+    widened = bias->reshape({-1}).to(at::kFloat);
+    out.bias = widened.const_data_ptr<float>();
+  }
   amx_gemm::gemm(a.size(0), b.size(1), a.size(1), ma, mb, out);
 }
 
@@ -375,6 +390,8 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
     if (product_routed(a)) {
       enqueue_half_product(q, "aten::addmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
+    } else if (gemm::amx_addmm(s, a, b, beta, alpha)) {
+      q.enqueue("aten::addmm", [s, a, b, o] { gemm::amx_mm_out(o, a, b, &s); });
     } else {
       q.enqueue("aten::addmm", [s, a, b, o, beta, alpha]() mutable { at::cpu::addmm_out(o, s, a, b, beta, alpha); });
     }
@@ -390,6 +407,8 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
   at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 2) && s.scalar_type() == a.scalar_type() && at::is_expandable_to(s.sizes(), o.sizes())) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
+  } else if (gemm::amx_addmm(s, a, b, beta, alpha)) {
+    gemm::amx_mm_out(o, a, b, &s);
   } else {
     at::cpu::addmm_out(o, s, a, b, beta, alpha);
   }

@@ -85,8 +85,12 @@ void set_amx_enabled(bool on);
 // one bf16 ulp apart), so these products are not CPU's bits.
 constexpr int64_t kAmxMmRows = 256;
 bool amx_mm(const at::Tensor& a, const at::Tensor& b);
-// o (bf16, contiguous) = a @ b on that kernel (requires amx_mm(a, b)).
-void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b);
+// The same for `addmm(bias, a, b)` with beta and alpha 1 and a bf16 bias of n values along the
+// rows (nn.Linear's): its fp32 sums plus the bias in fp32, rounded once, as oneDNN's addmm.
+bool amx_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+               const at::Scalar& alpha);
+// o (bf16, contiguous) = a @ b (+ bias) on that kernel (requires amx_mm(a, b) / amx_addmm).
+void amx_mm_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias = nullptr);
 
 // Whether the CPU has AMX's bf16 tiles and the OS granted their state (amx_gemm.h's kernel runs
 // them itself; MKL not needed). set_amx_enabled(false) turns this off too.

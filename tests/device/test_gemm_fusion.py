@@ -73,6 +73,34 @@ def test_bf16_mm_runs_the_amx_kernel_of_fp8_gemms():
     assert not torch.equal(bits(via_bf16), bits(torch.mm(a8.bfloat16(), b8.bfloat16().t())))
 
 
+@pytest.mark.parametrize("shape", [(16, 1024, 4096), (7, 100, 33), (4, 8, 256)], ids=["16x1024", "7x100", "3d"])
+def test_bf16_linear_with_bias_adds_it_to_the_fp32_sums_and_rounds_once(shape):
+    # nn.Linear's addmm(bias, x, w.t()) on the AMX kernel: its fp32 sums (the same kernel's as an
+    # fp8 _scaled_mm with unit scales, fp32 out) plus the bias in fp32, one rounding.
+    *lead, k, n = shape
+    g = torch.Generator().manual_seed(k + n)
+    x8 = (torch.randn(*lead, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    w8 = (torch.randn(n, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    bias = (torch.randn(n, generator=g) * 8).to(torch.bfloat16)
+    one = torch.tensor(1.0, device="neuron")
+    sums = torch._scaled_mm(x8.reshape(-1, k).to("neuron"), w8.to("neuron").t(), one, one,
+                            out_dtype=torch.float32).cpu()
+    want = (sums + bias.float()).to(torch.bfloat16).reshape(*lead, n)
+    got = torch.nn.functional.linear(x8.to(torch.bfloat16).to("neuron"), w8.to(torch.bfloat16).to("neuron"),
+                                     bias.to("neuron"))
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_addmm_with_other_beta_keeps_cpus_kernel():
+    g = torch.Generator().manual_seed(12)
+    a = (torch.randn(16, 1024, generator=g) * 4).to(torch.float8_e4m3fn).bfloat16()
+    w = (torch.randn(4096, 1024, generator=g) * 4).to(torch.float8_e4m3fn).bfloat16()
+    bias = torch.randn(4096, generator=g).bfloat16()
+    want = torch.addmm(bias, a, w.t(), beta=0.5)
+    got = torch.addmm(bias.to("neuron"), a.to("neuron"), w.to("neuron").t(), beta=0.5)
+    assert torch.equal(bits(got), bits(want))
+
+
 def test_bf16_mm_route_is_the_same_with_and_without_the_engine():
     x, w8, _ = operands(64, 256, 96, seed=4)
     w = w8.to(torch.bfloat16)
