@@ -8,8 +8,7 @@
 // the output dtype. For fp32 CPU's kernels already do that fast, so fp32 runs CPU's kernels
 // bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts; on AMX hosts the
 // products of nn.Linear's forward with at most 256 rows run amx_gemm.h's kernel: gemm::amx_mm),
-// and so do fp16
-// products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
+// and so do fp16 products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
 // bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
 // path: products exact (a 16-bit float product has at most 22 significant bits), fp32
 // accumulation, one rounding. Which path depends on the host (docs/benchmarks.md):
