@@ -68,7 +68,7 @@ struct Record {
                                        c10::ScalarType::Float};
   std::array<float, 2> scalar{};
   const float* value = nullptr;  // kScale: the 0-dim factor's bytes, read when the region runs
-  AllocationStamp out_stamp;  // the precompiled family: the output's allocation (allocator.h)
+  AllocationStamp out_stamp;  // the precompiled and GEMM families: the output's allocation (allocator.h)
   void* result = nullptr;                 // kMaxAll's 0-dim output
   // kAbs, kMaxAll, kToBf16: the input's sizes, then strides (redo, the cast); kMatmul: m, n, k,
   // A's and B's leading dimensions; kMulCols: the vector's sizes, then strides.
