@@ -487,6 +487,15 @@ bool queueable_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
          (bias == nullptr || out.is_same(*bias) || disjoint_memory(out, *bias));
 }
 
+// Whether an out= product of a and b may run on the AMX kernel (gemm::amx_mm) into `out`: bf16,
+// the result's sizes, rows of unit stride apart, disjoint from the operands (else CPU's kernel
+// resizes, raises or reads what it writes). Inductor's extern calls then take the eager route.
+bool amx_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return gemm::amx_mm(a, b) && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.size(0) == a.size(0) &&
+         out.size(1) == b.size(1) && out.stride(1) == 1 && out.stride(0) >= out.size(1) && !out.is_conj() &&
+         !out.is_neg() && disjoint_memory(out, a) && disjoint_memory(out, b);
+}
+
 at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
   at::native::resize_output(out, r.sizes());
   out.copy_(r);
@@ -498,13 +507,16 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
   if (!half_out(out) && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
-    q.enqueue("aten::mm.out", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    if (amx_out(out, self, mat2)) q.enqueue("aten::mm.out", [a, b, o] { gemm::amx_mm_out(o, a, b); });
+    else q.enqueue("aten::mm.out", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
     return out;
   }
+  const bool amx = amx_out(out, self, mat2);
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::mm.out");
-  at::cpu::mm_out(o, a, b);
+  if (amx) gemm::amx_mm_out(o, a, b);
+  else at::cpu::mm_out(o, a, b);
   zc.sync_inputs();
   return out;
 }
@@ -520,15 +532,21 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
       queueable_out(out, mat1, mat2, sizes, &self)) {
     QueuedCall q;
     at::Tensor s = out.is_same(self) ? at::Tensor() : q.in(self), a = q.in(mat1), b = q.in(mat2), o = q.inout(out);
+    if (s.defined() && disjoint_memory(out, self) && amx_out(out, mat1, mat2) && gemm::amx_addmm(self, mat1, mat2, beta, alpha)) {
+      q.enqueue("aten::addmm.out", [s, a, b, o] { gemm::amx_mm_out(o, a, b, &s); });
+      return out;
+    }
     q.enqueue("aten::addmm.out", [s, a, b, o, beta, alpha]() mutable {
       at::cpu::addmm_out(o, s.defined() ? s : o, a, b, beta, alpha);
     });
     return out;
   }
+  const bool amx = disjoint_memory(out, self) && amx_out(out, mat1, mat2) && gemm::amx_addmm(self, mat1, mat2, beta, alpha);
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::addmm.out");
-  at::cpu::addmm_out(o, s, a, b, beta, alpha);
+  if (amx) gemm::amx_mm_out(o, a, b, &s);
+  else at::cpu::addmm_out(o, s, a, b, beta, alpha);
   zc.sync_inputs();
   return out;
 }
