@@ -576,6 +576,27 @@ void track_records(const std::vector<const void*>& records, size_t n) {
   }
 }
 
+// Bytes [begin, end).
+struct Span {
+  uintptr_t begin, end;
+  bool meets(const Span& o) const { return begin < o.end && o.begin < end; }
+};
+Span span(uintptr_t begin, size_t bytes) { return {begin, begin + bytes}; }
+Span span(const void* p, int64_t bytes) { return span(reinterpret_cast<uintptr_t>(p), static_cast<size_t>(bytes)); }
+
+// A record's geometry as sizes then strides (kAbs, kMaxAll, kToBf16, kMulCols).
+at::IntArrayRef sizes_of(const Record& r) {
+  return at::IntArrayRef(r.geometry.data(), static_cast<std::ptrdiff_t>(r.geometry.size() / 2));
+}
+at::IntArrayRef strides_of(const Record& r) {
+  const auto rank = static_cast<std::ptrdiff_t>(r.geometry.size() / 2);
+  return at::IntArrayRef(r.geometry.data() + rank, rank);
+}
+// A CPU view of `t`-typed bytes at p in the record's geometry.
+at::Tensor view_of(void* p, const Record& r, c10::ScalarType t) {
+  return at::from_blob(p, sizes_of(r), strides_of(r), at::TensorOptions().dtype(t));
+}
+
 // A region of the precompiled family: each group through tile_fusion::run, at once.
 template <class Groups>
 neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<const void*>& records, size_t n) {
@@ -600,11 +621,7 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
         if (!redo[i]) continue;
         const tile_fusion::Step& st = grp.steps[i];
         const Record& rec = *grp.step_records[i];
-        const auto rank = static_cast<std::ptrdiff_t>(rec.geometry.size() / 2);
-        const at::IntArrayRef sizes(rec.geometry.data(), rank), strides(rec.geometry.data() + rank, rank);
-        auto view = [&](uint8_t slot) {
-          return at::from_blob(grp.buffers[slot], sizes, strides, at::TensorOptions().dtype(grp.dtypes[slot]));
-        };
+        auto view = [&](uint8_t slot) { return view_of(grp.buffers[slot], rec, grp.dtypes[slot]); };
         if (st.op == tile_fusion::Op::Abs) {
           if (slots[st.out].stored) {
             at::Tensor o = view(st.out);
@@ -619,7 +636,7 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
         }
         at::Tensor input;
         if (producer >= 0 && !slots[st.in].stored) {  // as the unfused abs: same layout, ATen's kernel
-          input = at::empty_strided(sizes, strides, at::TensorOptions().dtype(grp.dtypes[st.in]));
+          input = at::empty_strided(sizes_of(rec), strides_of(rec), at::TensorOptions().dtype(grp.dtypes[st.in]));
           at::cpu::abs_out(input, view(grp.steps[producer].in));
         } else {
           input = view(st.in);
@@ -652,21 +669,6 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
 // mul through ATen over the product recomputed unscaled. Taken only when the widened weight and
 // the product are unstored (freed by the region's end: allocator.h, freed_by), else the kernels
 // run unfused; the vector's cast runs through the queued copy's own calls.
-struct Span {
-  uintptr_t begin, end;
-  bool meets(const Span& o) const { return begin < o.end && o.begin < end; }
-};
-Span span(const void* p, int64_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(p);
-  return {b, b + static_cast<uintptr_t>(bytes)};
-}
-
-// A CPU view of a record's tensor from its geometry (sizes then strides).
-at::Tensor view_of(void* p, const c10::SmallVector<int64_t, 8>& geometry, size_t at, size_t rank, c10::ScalarType t) {
-  const at::IntArrayRef sizes(geometry.data() + at, rank), strides(geometry.data() + at + rank, rank);
-  return at::from_blob(p, sizes, strides, at::TensorOptions().dtype(t));
-}
-
 neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, const std::vector<uint64_t>& seqs) {
   if (!detail::g_tiles) return {0, 1, {}};
   auto rec = [&](size_t i) { return i < records.size() ? static_cast<const Record*>(records[i]) : nullptr; };
@@ -722,9 +724,8 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
   }
   try {
     if (cast != nullptr) {  // as the queued copy runs it (ops.cpp, queued_copy)
-      const size_t rank = cast->geometry.size() / 2;
-      at::Tensor src = view_of(cast->ptr[1], cast->geometry, 0, rank, at::kFloat);
-      at::Tensor dst = view_of(cast->ptr[0], cast->geometry, 0, rank, at::kBFloat16);
+      at::Tensor src = view_of(cast->ptr[1], *cast, at::kFloat);
+      at::Tensor dst = view_of(cast->ptr[0], *cast, at::kBFloat16);
       if (!fast_copy(dst, src)) dst.copy_(src);
     }
     std::vector<float> post;
@@ -751,8 +752,7 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
       plain.bf16 = static_cast<uint16_t*>(prod.data_ptr());
       plain.ld = n;
       amx_gemm::gemm(m, n, k, ma, mb, plain);
-      const size_t rank = mul->geometry.size() / 2;
-      at::Tensor v = view_of(mul->ptr[2], mul->geometry, 0, rank, at::kBFloat16);
+      at::Tensor v = view_of(mul->ptr[2], *mul, at::kBFloat16);
       at::Tensor y = at::from_blob(mul->ptr[0], {m, n}, at::TensorOptions().dtype(at::kBFloat16));
       at::cpu::mul_out(y, prod, v);  // (bf16 products are commutative, NaN's bits included)
     }
@@ -840,13 +840,12 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     // Whether [begin, begin + bytes) meets another fresh buffer of this kernel or a factor a
     // kScale kernel of the region reads (buffers seen before: seen_meeting).
     auto overlaps = [&](uintptr_t begin, size_t bytes) {
-      auto meets = [&](uintptr_t b, uintptr_t e) { return b < begin + bytes && begin < e; };
-      if (std::any_of(values.begin(), values.end(), [&](uintptr_t v) { return meets(v, v + sizeof(float)); })) {
+      const Span here = span(begin, bytes);
+      if (std::any_of(values.begin(), values.end(), [&](uintptr_t v) { return here.meets(span(v, sizeof(float))); })) {
         return true;
       }
       return std::any_of(fresh.begin(), fresh.end(), [&](const Fresh& f) {
-        const auto fb = reinterpret_cast<uintptr_t>(f.ptr);
-        return meets(fb, fb + f.bytes);
+        return here.meets(span(reinterpret_cast<uintptr_t>(f.ptr), f.bytes));
       });
     };
     for (uint8_t i = 0; i < kArity[r.kind] && !conflict; ++i) {

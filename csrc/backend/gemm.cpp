@@ -504,14 +504,14 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
 
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   if (half_out(out) && half_pair(self, mat2, 2) && out.scalar_type() == self.scalar_type()) return copy_into(out, mm_hot(self, mat2));
+  const bool amx = amx_out(out, self, mat2);
   if (!half_out(out) && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
-    if (amx_out(out, self, mat2)) q.enqueue("aten::mm.out", [a, b, o] { gemm::amx_mm_out(o, a, b); });
+    if (amx) q.enqueue("aten::mm.out", [a, b, o] { gemm::amx_mm_out(o, a, b); });
     else q.enqueue("aten::mm.out", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
     return out;
   }
-  const bool amx = amx_out(out, self, mat2);
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::mm.out");
@@ -528,11 +528,13 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }
   const std::vector<int64_t> sizes = {mat1.size(0), mat2.size(1)};
+  const bool amx = !out.is_same(self) && disjoint_memory(out, self) && amx_out(out, mat1, mat2) &&
+                   gemm::amx_addmm(self, mat1, mat2, beta, alpha);
   if (!half_out(out) && queueable_product(mat1, mat2, 2) && queueable_bias(self, mat1, sizes, beta, alpha) &&
       queueable_out(out, mat1, mat2, sizes, &self)) {
     QueuedCall q;
     at::Tensor s = out.is_same(self) ? at::Tensor() : q.in(self), a = q.in(mat1), b = q.in(mat2), o = q.inout(out);
-    if (s.defined() && disjoint_memory(out, self) && amx_out(out, mat1, mat2) && gemm::amx_addmm(self, mat1, mat2, beta, alpha)) {
+    if (amx) {
       q.enqueue("aten::addmm.out", [s, a, b, o] { gemm::amx_mm_out(o, a, b, &s); });
       return out;
     }
@@ -541,7 +543,6 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
     });
     return out;
   }
-  const bool amx = disjoint_memory(out, self) && amx_out(out, mat1, mat2) && gemm::amx_addmm(self, mat1, mat2, beta, alpha);
   ZeroCopy zc;
   at::Tensor s = zc.in(self), a = zc.in(mat1), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::addmm.out");

@@ -776,14 +776,16 @@ at::Tensor elementwise(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, c
 
 // The fusion record of a queued functional binary op into a fresh `out`: the generated family's
 // (float32 operands of one count), else for mul the precompiled family's product with a 0-dim
-// factor (torchao's scaling casts).
+// factor (torchao's scaling casts) or the GEMM family's product by a per-column vector.
 template <const char* Name>
 neuron::rt::engine::Record binary_record(const at::Tensor& out, const at::Tensor& self, const at::Tensor& other,
                                          const at::Scalar* alpha) {
   neuron::rt::engine::Record r = fusion::enabled() ? fusion::binary(Name, out, self, other, alpha) : nullptr;
   static const bool is_mul = std::string_view(Name) == "aten::mul.Tensor";
-  if (r == nullptr && is_mul && fusion::tiles_enabled()) r = fusion::scale(Name, out, self, other);
-  if (r == nullptr && is_mul && fusion::tiles_enabled()) r = fusion::col_scale(Name, out, self, other);
+  if (r == nullptr && is_mul && fusion::tiles_enabled()) {
+    r = fusion::scale(Name, out, self, other);
+    if (r == nullptr) r = fusion::col_scale(Name, out, self, other);
+  }
   return r;
 }
 

@@ -64,8 +64,9 @@ KINDS = (
     ("addcdiv", 4, 1, "{x0} + Vec({s0}) * {x1} / {x2}"),
     ("lerp_scalar", 3, 1, "lerp_vec({x0}, {x1}, {s0})"),
     ("sqrt", 2, 0, None),
-    # (The enum's later kinds, casts, kScale, kClamp, kAbs and kMaxAll, are the precompiled
-    # family's: backend/tile_fusion.h runs them; their signatures never reach this module.)
+    # (The enum's later kinds are the precompiled family's (casts, kScale, kClamp, kAbs, kMaxAll:
+    # backend/tile_fusion.h) and the GEMM family's (fusion.cpp, fuse_gemm); their signatures
+    # never reach this module.)
 )
 
 _PRELUDE = r"""
