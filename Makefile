@@ -77,7 +77,8 @@ test: $(TORCH)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=30 tests
 	# The execution engine is on by default, so most ops above queue their kernels: the device
 	# tests again with synchronous kernels (what NEURON_LAUNCH_BLOCKING=1 and the profiler run),
-	# ~2.5 min. The other directories pass that way too (docs/testing.md) but do not run twice.
+	# but for those that set the engine's state themselves (tests/conftest.py: they would run as
+	# above). The other directories pass that way too (docs/testing.md) but do not run twice.
 	NEURON_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/device
 
 bench: build $(VLLM)

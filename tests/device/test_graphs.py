@@ -152,6 +152,35 @@ def test_a_graphs_freed_memory_stays_reserved_for_its_pool_until_reset_or_destro
     assert torch.neuron.memory_allocated() == base and torch.neuron.memory_reserved() == base_reserved
 
 
+@pytest.mark.parametrize("force_gc", [False, True])
+def test_a_graph_context_collects_garbage_only_when_asked_and_empties_the_cache(force_gc):
+    # torch.cuda.graph's contract since PyTorch 2.9: gc.collect() only under
+    # torch.compiler.config.force_cudagraph_gc, the allocator's idle blocks given back always
+    import weakref
+
+    x = torch.zeros(64, device="neuron")
+    gc.collect()
+    gc.disable()  # no automatic collection between the cycle's making and the capture
+    try:
+        cycle = [torch.empty(16 << 20, dtype=torch.uint8, device="neuron")]
+        cycle.append(cycle)  # memory only a collection frees
+        held = weakref.ref(cycle[0])
+        del cycle
+        idle = torch.empty(16 << 20, dtype=torch.uint8, device="neuron")
+        del idle  # an idle segment of its own in the cache (past 10 MiB)
+        torch.neuron.synchronize()
+        reserved = torch.neuron.memory_reserved()
+        g = torch.neuron.NeuronGraph()
+        with torch.compiler.config.patch(force_cudagraph_gc=force_gc), torch.neuron.graph(g):
+            x.add_(1)
+        assert (held() is None) == force_gc
+        assert torch.neuron.memory_reserved() <= reserved - (16 << 20) * (2 if force_gc else 1)
+    finally:
+        gc.enable()
+    g.replay()
+    assert torch.equal(x.cpu(), torch.ones(64))
+
+
 def test_a_capture_reuses_the_blocks_it_freed_and_replays_in_order(engine_mode):
     a = torch.randn(4096, device="neuron")
     ptrs = {}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 MiB = 1 << 20
+pytestmark = pytest.mark.usefixtures("gc_frozen_heap")
 
 
 def big(n_mib=4):

@@ -12,7 +12,7 @@ MiB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
-def _clean():
+def _clean(gc_frozen_heap):
     gc.collect()
     torch.neuron.empty_cache()
     yield

@@ -23,7 +23,7 @@ NUMBERS = (0.5, 3, -7, 0.1, -0.0, 1e40, 1e-320, 2**53 + 1, 2**63 - 1, True, math
 
 
 @pytest.fixture(params=["sync", "engine"], autouse=True)
-def mode(request):
+def small_path_mode(request):
     was = engine.is_enabled()
     engine.set_enabled(request.param == "engine")
     yield request.param
@@ -184,12 +184,12 @@ def test_small_ops_are_counted_as_executed():
     assert ops.get("aten::add.Tensor") == 1 and ops.get("aten::mul_.Tensor") == 1
 
 
-def test_a_queued_small_op_reads_what_earlier_queued_work_wrote(mode):
+def test_a_queued_small_op_reads_what_earlier_queued_work_wrote(small_path_mode):
     y = torch.ones(16, device=DEV)
     queue_slow_work()
     y.mul_(3)
     z = y + 1
-    if mode == "engine":
+    if small_path_mode == "engine":
         assert not torch.neuron.current_stream().query()  # z returned before its kernel ran
     assert_same_bits(z, torch.full((16,), 4.0))
 
@@ -306,12 +306,12 @@ def test_a_partially_overlapping_copy_raises_as_on_cpu():
         xn[1:].copy_(xn[:-1])
 
 
-def test_a_queued_copy_reads_what_earlier_queued_work_wrote(mode):
+def test_a_queued_copy_reads_what_earlier_queued_work_wrote(small_path_mode):
     x = torch.ones(16, device=DEV)
     queue_slow_work()
     x.mul_(3)
     y = x.clone()
-    if mode == "engine":
+    if small_path_mode == "engine":
         assert not torch.neuron.current_stream().query()  # the copy did not wait for the queue
     x.zero_()  # after the copy: y keeps 3
     assert torch.equal(y.cpu(), torch.full((16,), 3.0))
@@ -348,11 +348,11 @@ def test_zero__of_views_matches_cpu():
     assert torch.equal(torch.view_as_real(wn.cpu()).view(torch.int32), torch.view_as_real(w).view(torch.int32))
 
 
-def test_a_queued_zero__runs_after_earlier_queued_work(mode):
+def test_a_queued_zero__runs_after_earlier_queued_work(small_path_mode):
     x = torch.ones(16, device=DEV)
     queue_slow_work()
     x.mul_(3)
     x.zero_()
-    if mode == "engine":
+    if small_path_mode == "engine":
         assert not torch.neuron.current_stream().query()  # zero_ did not wait for the queue
     assert torch.equal(x.cpu(), torch.zeros(16))

@@ -11,8 +11,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import tiny_models  # noqa: E402
-from serving_support import ENGINE, run_engines  # noqa: E402
+from serving_support import ENGINE, HARNESS_TIMEOUT, run_engines  # noqa: E402
 from vllm_harness import MAX_TOKENS, PREFIX_SUFFIX, PROMPTS, long_prompt  # noqa: E402
+
+
+# Session fixtures that start a harness process (its engines one after the other).
+_HARNESSES = frozenset({"engines", "quant_engines"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-timeout counts a fixture's set-up in the first test that asks for it: a test that
+    may start a harness may take the harness's own limit, and a little more to read its result."""
+    for item in items:
+        if _HARNESSES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(HARNESS_TIMEOUT + 60))
 
 
 @pytest.fixture(scope="session")

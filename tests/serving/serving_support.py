@@ -32,16 +32,35 @@ def serving_env(**extra: str) -> dict:
     return env
 
 
-def run_engines(runs: list[dict], tmp_path, timeout: int = 420) -> dict:
+# A harness process's time limit. Its ~17 engines take 2-4 minutes on a quiet 2-core host and
+# twice that on a busy one; the tests that wait for it get this plus a margin (conftest.py).
+HARNESS_TIMEOUT = 900
+
+
+def run_engines(runs: list[dict], tmp_path, timeout: int = HARNESS_TIMEOUT) -> dict:
     """Run harness scenarios (engines one after the other) in one fresh process.
 
     ``runs``: ``{"key", "scenario", "model", "args", "env"}`` each; returns ``{key: result}``.
     A run that raised carries ``harness_error`` (checked by :func:`result_of`)."""
-    env = serving_env(VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
-                      VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_harness.py"),
-                           json.dumps(runs)], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(tmp_path))
+    cache = tmp_path / "vllm-cache"
+    cache.mkdir()
+    # vLLM inspects a model architecture in a subprocess of its own (~10-20 s: it imports torch
+    # and vLLM) unless its modelinfos cache holds it; one cache for every harness of the session
+    # (entries are keyed by the model module's hash). The compile caches stay per harness.
+    shared = tmp_path.parent / "vllm-modelinfos"
+    shared.mkdir(exist_ok=True)
+    (cache / "modelinfos").symlink_to(shared, target_is_directory=True)
+    env = serving_env(VLLM_CACHE_ROOT=str(cache), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    try:
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_harness.py"),
+                               json.dumps(runs)], env=env, capture_output=True, text=True,
+                              timeout=timeout, cwd=str(tmp_path))
+    except subprocess.TimeoutExpired as e:
+        # the harness prints "harness: KEY SECONDS" after each engine: name the one it was in
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        done = [ln for ln in err.splitlines() if ln.startswith("harness: ")]
+        raise AssertionError(f"the vLLM harness outlasted {timeout} s; engines finished: {done}; "
+                             f"its stderr ends:\n{err[-4000:]}") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("HARNESS_RESULT ")]
     assert lines, f"harness printed no result (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
     results = json.loads(lines[-1][len("HARNESS_RESULT "):])
