@@ -15,6 +15,21 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
                           env=full_env, timeout=timeout, cwd=REPO)
 
 
+def vllm_cache_root(tmp_path) -> str:
+    """A fresh VLLM_CACHE_ROOT under ``tmp_path`` whose ``modelinfos`` is shared by every vLLM
+    run of the session (the directory next to ``tmp_path``'s). Without an entry there, vLLM
+    inspects a model architecture in a subprocess of its own that imports torch and vLLM (10-20
+    s); entries are keyed by the model module's hash. The compile caches stay per run."""
+    import pathlib
+
+    root = pathlib.Path(tmp_path) / "vllm-cache"
+    root.mkdir()
+    shared = pathlib.Path(tmp_path).parent / "vllm-modelinfos"
+    shared.mkdir(exist_ok=True)
+    (root / "modelinfos").symlink_to(shared, target_is_directory=True)
+    return str(root)
+
+
 # The kernels of csrc/backend/random.cpp, as torchneuron's op tracking names them. An op that ran
 # one draws from neuron's Philox generator, whose numbers differ from CPU's by design.
 RANDOM_KERNELS = frozenset(f"aten::{k}" for k in (

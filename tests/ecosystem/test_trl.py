@@ -7,6 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from hf_support import SENTENCES, reset_accelerate_state, tiny_llama
+from support import vllm_cache_root
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -85,7 +86,7 @@ def test_grpo_generates_with_colocated_vllm_in_sleep_mode(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCHNEURON_DEVICE_MEMORY="1GiB",
                VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false",
-               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+               VLLM_CACHE_ROOT=vllm_cache_root(tmp_path))
     env.pop("VLLM_TARGET_DEVICE", None)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600, cwd=str(tmp_path))

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from support import vllm_cache_root
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Every engine of these tests: fp32 (exact comparison with HF), a small emulated device, a
@@ -42,15 +44,7 @@ def run_engines(runs: list[dict], tmp_path, timeout: int = HARNESS_TIMEOUT) -> d
 
     ``runs``: ``{"key", "scenario", "model", "args", "env"}`` each; returns ``{key: result}``.
     A run that raised carries ``harness_error`` (checked by :func:`result_of`)."""
-    cache = tmp_path / "vllm-cache"
-    cache.mkdir()
-    # vLLM inspects a model architecture in a subprocess of its own (~10-20 s: it imports torch
-    # and vLLM) unless its modelinfos cache holds it; one cache for every harness of the session
-    # (entries are keyed by the model module's hash). The compile caches stay per harness.
-    shared = tmp_path.parent / "vllm-modelinfos"
-    shared.mkdir(exist_ok=True)
-    (cache / "modelinfos").symlink_to(shared, target_is_directory=True)
-    env = serving_env(VLLM_CACHE_ROOT=str(cache), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = serving_env(VLLM_CACHE_ROOT=vllm_cache_root(tmp_path), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     try:
         proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_harness.py"),
                                json.dumps(runs)], env=env, capture_output=True, text=True,
