@@ -94,16 +94,16 @@ def engines(llama_dir, qwen_moe_dir, lora_dir, tmp_path_factory) -> dict:
         dict(key="bad_backend", scenario="init_error", model=llama_dir,
              args=dict(ENGINE, attention_backend="FLASH_ATTN")),
         dict(key="llama", scenario="llm", model=llama_dir, args=ENGINE),
+        # the execution engine on (the default; set here whatever the environment says): vLLM's
+        # host kernels (slot mapping, CPU_ATTN's attention) run after the kernels queued before
         dict(key="cpu_attn", scenario="greedy", model=llama_dir,
-             args=dict(ENGINE, attention_backend="CPU_ATTN")),
+             args=dict(ENGINE, attention_backend="CPU_ATTN"), env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
         dict(key="nki", scenario="greedy", model=llama_dir, args=ENGINE,
              env={"TORCHNEURON_NKI_SDPA": "1"}),
         dict(key="qwen2_moe", scenario="greedy", model=qwen_moe_dir, args=ENGINE),
-        # the execution engine on: host kernels of vLLM (slot mapping, CPU_ATTN) after the queue
+        # ... and with the default attention backend
         dict(key="async", scenario="greedy", model=llama_dir, args=ENGINE,
              env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
-        dict(key="async_cpu_attn", scenario="greedy", model=llama_dir,
-             args=dict(ENGINE, attention_backend="CPU_ATTN"), env={"TORCHNEURON_ASYNC_EXECUTION": "1"}),
         dict(key="compiled", scenario="greedy", model=llama_dir,
              args=dict(ENGINE, enforce_eager=False)),
         # vLLM's full decode graphs (eager model code): decode steps replay NeuronGraphs

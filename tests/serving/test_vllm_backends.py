@@ -18,7 +18,7 @@ def test_llama_equals_hf(engines, llama_hf, key):
     _check_against_hf(result_of(engines, key), llama_hf)
 
 
-@pytest.mark.parametrize("key", ["async", "async_cpu_attn"])
+@pytest.mark.parametrize("key", ["async", "cpu_attn"])
 def test_llama_with_the_execution_engine_on_equals_hf(engines, llama_hf, key):
     # vLLM's host kernels (slot mapping; CPU_ATTN's attention and cache write) run after the
     # kernels queued for their inputs: before, every token after the first differed
