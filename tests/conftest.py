@@ -1,6 +1,7 @@
 """Shared fixtures. The neuron device is autoloaded by ``import torch``."""
 
 import gc
+import os
 
 import pytest
 import torch
@@ -21,8 +22,6 @@ def pytest_collection_modifyitems(config, items):
     """Under NEURON_LAUNCH_BLOCKING=1 (`make test`'s second pass over tests/device), a test
     whose fixtures pin the engine's state would run exactly as in the first pass: deselected.
     (The ``sync`` variants of ``engine_mode`` ran synchronously there already.)"""
-    import os
-
     if os.environ.get("NEURON_LAUNCH_BLOCKING") != "1":
         return
     kept, repeats = [], []
