@@ -26,12 +26,17 @@ inline bool avx512vbmi() {
   static const bool yes = avx512bw() && __builtin_cpu_supports("avx512vbmi");
   return yes;
 }
+inline bool avx512fp16() {
+  static const bool yes = avx512bw() && __builtin_cpu_supports("avx512fp16");
+  return yes;
+}
 #else
 inline bool avx2() { return false; }
 inline bool avx2_fma() { return false; }
 inline bool avx512bw() { return false; }
 inline bool avx512bf16() { return false; }
 inline bool avx512vbmi() { return false; }
+inline bool avx512fp16() { return false; }
 #endif
 
 }  // namespace torchneuron::cpu_features

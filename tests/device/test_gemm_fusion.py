@@ -47,7 +47,8 @@ def run(fn, fused):
     return out, engine.stats()["gemm"] - before
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (33, 520, 100)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (33, 520, 100),
+                                   (5, 1031, 64), (40, 2085, 48)])
 def test_bf16_mm_with_column_major_weight_meets_tensore_contract(m, k, n):
     g = torch.Generator().manual_seed(m + k + n)
     a = torch.randn(m, k, generator=g).to(torch.bfloat16)
@@ -57,6 +58,22 @@ def test_bf16_mm_with_column_major_weight_meets_tensore_contract(m, k, n):
     # fp32 sums of k exact products, one rounding to bf16
     tol = exact.abs().max().item() * (k * 2.0**-23 + 2.0**-8)
     assert (got.double() - exact).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("k", [40, 300])
+def test_a_weight_narrower_than_its_rows_reads_nothing_past_k(k):
+    # The kernel reads whole weight tiles in place where they fit; a tail of k is staged with
+    # zeros. Here the weight is a column slice of rows holding Inf past k: a tile read past k
+    # would multiply Inf by the activations' zero padding, NaN.
+    g = torch.Generator().manual_seed(k)
+    a = torch.randn(16, k, generator=g).to(torch.bfloat16)
+    rows = torch.full((64, k + 64), float("inf"), dtype=torch.bfloat16)
+    rows[:, :k] = torch.randn(64, k, generator=g).to(torch.bfloat16)
+    w = rows.to("neuron")[:, :k]
+    got = torch.mm(a.to("neuron"), w.t()).cpu()
+    exact = a.double() @ rows[:, :k].double().t()
+    assert torch.isfinite(got).all()
+    assert (got.double() - exact).abs().max().item() <= exact.abs().max().item() * (k * 2.0**-23 + 2.0**-8)
 
 
 def test_bf16_mm_runs_the_amx_kernel_of_fp8_gemms():
@@ -155,7 +172,8 @@ def test_rows_past_the_limit_keep_cpus_kernel():
     assert torch.equal(bits(torch.mm(a.to("neuron"), w.to("neuron").t())), bits(torch.mm(a, w.t())))
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (200, 40, 130)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (7, 100, 33), (64, 256, 512), (256, 1024, 4096), (200, 40, 130),
+                                   (3, 2085, 40)])
 def test_weight_only_int8_linear_fuses_bit_for_bit(cast_fusion_on, m, k, n):
     x, w8, scale = operands(m, k, n, seed=m * k + n)
     want, fused_before = run(lambda: weight_only(x, w8, scale), False)
@@ -164,6 +182,21 @@ def test_weight_only_int8_linear_fuses_bit_for_bit(cast_fusion_on, m, k, n):
     assert torch.equal(bits(got), bits(want))
     exact = (x.cpu().double() @ w8.cpu().double().t()) * scale.cpu().bfloat16().double().flatten()
     assert (got.cpu().double() - exact).abs().max().item() <= exact.abs().max().item() * (k * 2.0**-23 + 2.0**-7)
+
+
+def test_every_int8_weight_value_widens_exactly(cast_fusion_on):
+    # Rows of the identity make the product the widened weight itself: weight row j is every
+    # code rotated by j, then again rotated by j + 17 (so k and k + 256 differ), so each picked
+    # k position sees all 256 codes, among them positions in a row's tail past its last whole
+    # group of 32 (k = 300).
+    k, n = 300, 256
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    w8 = torch.stack([torch.cat([codes.roll(j), codes.roll(j + 17)])[:k] for j in range(n)])
+    picked = torch.cat([torch.arange(0, 128), torch.arange(k - 128, k)])
+    x = torch.eye(k, dtype=torch.bfloat16)[picked]
+    got, fused = run(lambda: weight_only(x.to("neuron"), w8.to("neuron"), torch.ones(n, 1, device="neuron")), True)
+    assert fused == 1
+    assert torch.equal(bits(got), bits(w8[:, picked].t().to(torch.bfloat16)))
 
 
 def test_torchao_int8_weight_only_linear_fuses_bit_for_bit(cast_fusion_on):
