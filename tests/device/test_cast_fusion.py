@@ -176,6 +176,28 @@ def test_a_factor_inside_a_buffer_of_the_region_ends_the_region(cast_fusion_on):
     assert torch.equal(as_bits(z), as_bits(want))
 
 
+def test_a_factor_whose_memory_a_later_product_takes_ends_the_region(cast_fusion_on):
+    # A region's groups run one after the other, each first seen first, not in program order:
+    # here the product into f's freed memory (8192 values, the group of the first product) would
+    # run before the 4096-value product that reads f[7] as its factor, which would then read
+    # the new value.
+    g = torch.Generator().manual_seed(11)
+    y, x, f = (torch.randn(n, generator=g) for n in (8192, 4096, 8192))
+    s, s2 = torch.tensor(1.5), torch.tensor(-3.0)
+    yn, xn, sn, s2n = y.to("neuron"), x.to("neuron"), s.to("neuron"), s2.to("neuron")
+    fn = f.to("neuron")
+    torch.neuron.synchronize()
+    taken = fn.data_ptr()
+    a = yn * sn
+    b = xn * fn[7]
+    del fn
+    c = yn * s2n
+    assert c.data_ptr() == taken  # the allocator handed f's block to c
+    assert torch.equal(as_bits(b), as_bits(x * f[7]))
+    assert torch.equal(as_bits(a), as_bits(y * s))
+    assert torch.equal(as_bits(c), as_bits(y * s2))
+
+
 @pytest.mark.parametrize("lo,hi", [(float("nan"), 1.0), (5.0, -5.0)])
 def test_clamp_with_a_nan_bound_or_an_empty_range_matches_cpu(cast_fusion_on, lo, hi):
     # A NaN bound is left to ATen's kernel (no record); an empty range (lo > hi) fuses and
