@@ -102,10 +102,12 @@ bool amx_bf16() { return amx_tiles() && cblas_gemm_bf16bf16f32 != nullptr; }
 
 void set_amx_enabled(bool on) { amx_enabled.store(on); }
 
-// bf16 mm on AMX: amx_gemm.h's kernel against oneDNN's (ratio of times, 2 cores, B = W.t()):
-// rows 1-64 x 4096 x 4096 0.69-0.74; 256 x 1024 x 4096 0.96; 256 x 4096 x 4096 0.92;
-// 256 x 4096 x 11008 1.00-1.05; 128 x 768 x 768 0.88; 256 x 64 x 64 0.3; but 512 x 1024 x 4096
-// 1.1-1.2, 4096 x 1024 x 1024 1.3, 8192 x 512 x 512 1.8 (oneDNN's large-M kernels are faster).
+// bf16 mm on AMX: amx_gemm.h's kernel against oneDNN's (ratio of times, 2 cores, B = W.t();
+// thirty-seventh session, bf16 weights read in place): rows 1-64 x 4096 x 4096 0.55-0.70;
+// 64 x 4096 x 11008 0.50; 256 x 1024 x 4096 0.93-0.97; 256 x 4096 x 4096 0.84; 256 x 4096 x
+// 11008 0.79-0.82; 128 x 768 x 768 0.9-0.95; 256 x 64 x 64 0.6; 256 x 1024 x 1024 1.1 (kept: one
+// rule); but 384 x 1024 x 1024 1.15, 512 x 1024 x 4096 1.17, 1024 x 1024 x 4096 1.27, 4096 x
+// 1024 x 1024 1.5, 8192 x 512 x 512 2.0 (oneDNN's large-M kernels are faster).
 bool amx_mm(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && a.dim() == 2 && b.dim() == 2 &&
          a.size(1) == b.size(0) && a.size(0) >= 1 && a.size(0) <= kAmxMmRows && b.size(1) >= 1 && a.size(1) >= 1 &&

@@ -80,7 +80,7 @@ void set_amx_enabled(bool on);
 
 // Whether a bf16 `mm` of these neuron operands runs amx_gemm.h's kernel instead of CPU's
 // (oneDNN's): an AMX host, A's rows and B's columns contiguous along k (B = nn.Linear's
-// weight.t()), at most kAmxMmRows rows, where it took 0.3-1.05x oneDNN's time (gemm.cpp). Its
+// weight.t()), at most kAmxMmRows rows, where it takes 0.5-1.1x oneDNN's time (gemm.cpp). Its
 // fp32 sums run along k in TDPBF16PS's order; oneDNN's differ on some shapes (a few elements
 // one bf16 ulp apart), so these products are not CPU's bits.
 constexpr int64_t kAmxMmRows = 256;
