@@ -40,6 +40,8 @@ void gemm(int64_t m, int64_t n, int64_t k, const bf16_gemm::Matrix& a, const bf1
 
 // A bf16_gemm::Widen for int8 codes: every int8 value is exactly a bf16 one, so an int8 weight
 // is read as its bf16 cast would be (torchao's weight-only int8 linear; fusion.cpp's GEMM family).
+// Requires AVX512-FP16, which every AMX host has (fusion.cpp records an int8 widening only where
+// cpu_features::avx512fp16() says so).
 void widen_int8(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd);
 
 // One of several independent products (the groups of a grouped GEMM).

@@ -2,6 +2,7 @@
 #include "fusion.h"
 #include "allocator.h"
 #include "amx_gemm.h"
+#include "cpu_features.h"
 #include "enqueue.h"
 #include "extrema.h"
 #include "fp8.h"
@@ -449,7 +450,10 @@ neuron::rt::engine::Record cast(const at::Tensor& out, const at::Tensor& self) {
   const auto from = self.scalar_type(), to = out.scalar_type();
   if (from == at::kBFloat16 && to == at::kFloat) return tiled(kWiden, out, to, self, from, kCopy);
   if (from == at::kFloat && fp8::is_fp8(to)) return tiled(kNarrow, out, to, self, from, kCopy);
-  if (from == at::kChar && to == at::kBFloat16) return tiled(kWidenInt8, out, to, self, from, kCopy);
+  // (amx_gemm::widen_int8 widens through AVX512-FP16: on every AMX host, and nowhere else needed)
+  if (from == at::kChar && to == at::kBFloat16 && cpu_features::avx512fp16()) {
+    return tiled(kWidenInt8, out, to, self, from, kCopy);
+  }
   if (from == at::kFloat && to == at::kBFloat16) {
     auto r = tiled(kToBf16, out, to, self, from, kCopy);
     if (r != nullptr) keep_geometry(*r, self);
