@@ -17,7 +17,6 @@
 // Every tile is whole: k past its end is zeros in stage and in the packed panels, activation rows
 // past m are zeros, weight rows past n are whatever stage held (their sums are not stored).
 #include "amx_gemm.h"
-#include "cpu_features.h"
 #include "gemm.h"
 
 #include <ATen/Parallel.h>
@@ -40,30 +39,12 @@ bool supports(const bf16_gemm::Matrix&, const bf16_gemm::Matrix& b) { return b.t
 #if defined(__x86_64__)
 namespace {
 
-// Every int8 value is exact in fp32 and in bf16, so vcvtne2ps2bf16 (on every AMX host) rounds
-// nothing: 32 values per two sign extensions, two conversions and one narrowing.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void widen_int8_fp32(const uint8_t* src, int64_t ld,
-                                                                                     int64_t rows, int64_t n,
-                                                                                     uint16_t* dst, int64_t ldd) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* s = src + r * ld;
-    uint16_t* d = dst + r * ldd;
-    for (int64_t j = 0; j < n; j += 32) {
-      const __mmask32 m = n - j >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (n - j)) - 1);
-      const __m256i x = _mm256_maskz_loadu_epi8(m, s + j);
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
-      _mm512_mask_storeu_epi16(d + j, m, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-    }
-  }
-}
-
-// The same values through fp16, 32 lanes at a time (every AMX host has AVX512-FP16): an int8 is
-// exact in fp16, whose bits are the bf16 ones re-biased. For |v| >= 1 the fp16 exponent is 15-22
-// and the mantissa's low 3 bits are zero, so the bf16 bits are the fp16 ones without the sign,
-// shifted right by 3, plus (127 - 15) << 7, with the sign put back; 0 stays 0. 25 % faster
-// than the fp32 route (16 M values from memory, one thread: 0.89 vs 1.19 ms), which at decode
-// (one activation panel) is most of the kernel's time.
+// An int8 is exact in fp16, whose bits are the bf16 ones re-biased, 32 lanes at a time: for
+// |v| >= 1 the fp16 exponent is 15-22 and the mantissa's low 3 bits are zero, so the bf16 bits
+// are the fp16 ones without the sign, shifted right by 3, plus (127 - 15) << 7, with the sign put
+// back; 0 stays 0. 25 % faster than widening through fp32 and vcvtne2ps2bf16 (16 M values from
+// memory, one thread: 0.89 vs 1.19 ms), which at decode (one activation panel) is most of the
+// kernel's time.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"))) inline __m512i bf16_of_int8(__m256i x) {
   const __m512i h = _mm512_castph_si512(_mm512_cvtepi16_ph(_mm512_cvtepi8_epi16(x)));
   const __m512i t = _mm512_srli_epi16(_mm512_slli_epi16(h, 1), 4);
@@ -71,9 +52,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"))) inline __m512i b
   return _mm512_ternarylogic_epi32(e, h, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);  // e | (h & sign)
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"))) void widen_int8_fp16(const uint8_t* src, int64_t ld,
-                                                                                     int64_t rows, int64_t n,
-                                                                                     uint16_t* dst, int64_t ldd) {
+}  // namespace
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"))) void widen_int8(const uint8_t* src, int64_t ld,
+                                                                                int64_t rows, int64_t n,
+                                                                                uint16_t* dst, int64_t ldd) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* s = src + r * ld;
     uint16_t* d = dst + r * ldd;
@@ -86,13 +69,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"))) void widen_int8_
       _mm512_mask_storeu_epi16(d + j, m, bf16_of_int8(_mm256_maskz_loadu_epi8(m, s + j)));
     }
   }
-}
-
-}  // namespace
-
-void widen_int8(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd) {
-  static const bool fp16 = cpu_features::avx512fp16();
-  (fp16 ? widen_int8_fp16 : widen_int8_fp32)(src, ld, rows, n, dst, ldd);
 }
 
 namespace {
