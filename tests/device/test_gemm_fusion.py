@@ -25,6 +25,13 @@ def bits(t):
     return t.detach().cpu().contiguous().view(torch.int16)
 
 
+def assert_within_tensore_bound(got, exact, k, roundings=1):
+    """``got`` against the float64 ``exact`` product: fp32 sums of k exact products, then
+    ``roundings`` roundings to bf16 (2^-8 each), relative to the largest |exact|."""
+    tol = exact.abs().max().item() * (k * 2.0**-23 + roundings * 2.0**-8)
+    assert (got.cpu().double() - exact).abs().max().item() <= tol
+
+
 def weight_only(x, w8, scale):
     """torchao's Int8Tensor weight-only linear (per-row scales), op for op."""
     m = torch.mm(x, w8.t().to(x.dtype))
@@ -54,10 +61,7 @@ def test_bf16_mm_with_column_major_weight_meets_tensore_contract(m, k, n):
     a = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
     got = torch.mm(a.to("neuron"), w.to("neuron").t()).cpu()
-    exact = (a.double() @ w.double().t())
-    # fp32 sums of k exact products, one rounding to bf16
-    tol = exact.abs().max().item() * (k * 2.0**-23 + 2.0**-8)
-    assert (got.double() - exact).abs().max().item() <= tol
+    assert_within_tensore_bound(got, a.double() @ w.double().t(), k)
 
 
 @pytest.mark.parametrize("k", [40, 300])
@@ -73,7 +77,7 @@ def test_a_weight_narrower_than_its_rows_reads_nothing_past_k(k):
     got = torch.mm(a.to("neuron"), w.t()).cpu()
     exact = a.double() @ rows[:, :k].double().t()
     assert torch.isfinite(got).all()
-    assert (got.double() - exact).abs().max().item() <= exact.abs().max().item() * (k * 2.0**-23 + 2.0**-8)
+    assert_within_tensore_bound(got, exact, k)
 
 
 def test_bf16_mm_runs_the_amx_kernel_of_fp8_gemms():
@@ -181,7 +185,7 @@ def test_weight_only_int8_linear_fuses_bit_for_bit(cast_fusion_on, m, k, n):
     assert fused_before == 0 and fused == 1
     assert torch.equal(bits(got), bits(want))
     exact = (x.cpu().double() @ w8.cpu().double().t()) * scale.cpu().bfloat16().double().flatten()
-    assert (got.cpu().double() - exact).abs().max().item() <= exact.abs().max().item() * (k * 2.0**-23 + 2.0**-7)
+    assert_within_tensore_bound(got, exact, k, roundings=2)  # the product, then the column scale
 
 
 def test_every_int8_weight_value_widens_exactly(cast_fusion_on):
