@@ -1,6 +1,7 @@
 """Helpers shared by the tests (importable as ``support``; tests/ is on pytest's pythonpath)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -20,8 +21,6 @@ def vllm_cache_root(tmp_path) -> str:
     run of the session (the directory next to ``tmp_path``'s). Without an entry there, vLLM
     inspects a model architecture in a subprocess of its own that imports torch and vLLM (10-20
     s); entries are keyed by the model module's hash. The compile caches stay per run."""
-    import pathlib
-
     root = pathlib.Path(tmp_path) / "vllm-cache"
     root.mkdir()
     shared = pathlib.Path(tmp_path).parent / "vllm-modelinfos"

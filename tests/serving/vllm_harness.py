@@ -345,6 +345,7 @@ SCENARIOS = {"llm": scenario_llm, "greedy": scenario_greedy, "lora": scenario_lo
              "init_error": scenario_init_error,
              "sleep": scenario_sleep}
 
+
 def _freeze_heap() -> None:
     """Keep what is alive now (torch, vLLM and transformers' modules: millions of objects) out of
     the collector's sight. vLLM calls gc.collect about seven times while an engine starts, each
