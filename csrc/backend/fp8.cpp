@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -376,9 +377,71 @@ void narrow(const void* src, bool bf16, uint8_t* dst, bool e4m3, int64_t n) {
 
 bool wide(c10::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
+#if defined(__x86_64__)
+// torchao's scaling cast in registers: each 16 values loaded (bf16 widened by a shift), times
+// the scale, clamped, narrowed and stored as 16 codes, where the precompiled family's tiles
+// (tile_fusion.cpp) store and reload the float32 vector between the steps. The same
+// instructions as its steps (one vmulps, the bounds' vmaxps then vminps, narrow16), so the
+// same bits; the tail runs them on masked lanes. Without a scale the factor is 1 and without
+// a clamp the bounds are infinite: both then pass every value on to the same fp8 code (a
+// signaling NaN comes out quiet, a subnormal flushed under FTZ/DAZ stays a signed zero: fp8
+// keeps only a NaN's sign, and float32 subnormals round to +-0 in fp8).
+template <bool E4M3>
+__attribute__((target("avx512f,avx512bw"))) inline __m128i scaled_narrow16(__m512i f, __m512 s, __m512 l, __m512 h) {
+  const __m512 v = _mm512_min_ps(h, _mm512_max_ps(l, _mm512_mul_ps(_mm512_castsi512_ps(f), s)));
+  return narrow16<E4M3>(_mm512_castps_si512(v));
+}
+// 16 source values (the lanes in m, zeros elsewhere) as fp32 bit patterns.
+template <bool BF16>
+__attribute__((target("avx512f,avx512bw"))) inline __m512i load16(const void* src, int64_t i, __mmask16 m) {
+  if constexpr (BF16) {
+    // (a 512-bit masked load: AVX-512BW alone, no VL)
+    const __m256i b = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i));
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16);
+  } else {
+    return _mm512_maskz_loadu_epi32(m, static_cast<const float*>(src) + i);
+  }
+}
+template <bool E4M3, bool BF16>
+__attribute__((target("avx512f,avx512bw"))) void scaled_narrow_avx512(const void* src, float scale, float lo,
+                                                                       float hi, uint8_t* dst, int64_t n) {
+  const __m512 s = _mm512_set1_ps(scale), l = _mm512_set1_ps(lo), h = _mm512_set1_ps(hi);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), scaled_narrow16<E4M3>(load16<BF16>(src, i, 0xFFFF), s, l, h));
+  }
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m128i codes = scaled_narrow16<E4M3>(load16<BF16>(src, i, m), s, l, h);
+    _mm512_mask_storeu_epi8(dst + i, m, _mm512_castsi128_si512(codes));
+  }
+}
+#endif
+
 }  // namespace
 
 bool vectorized() { return cpu_features::avx2_fma(); }
+
+bool scaled_narrow_available() {
+#if defined(__x86_64__)
+  return wide_avx512();
+#else
+  return false;
+#endif
+}
+
+void scaled_narrow(const void* src, bool bf16, const float* scale, const float* bounds, uint8_t* dst, bool e4m3,
+                   int64_t n) {
+#if defined(__x86_64__)
+  TORCH_INTERNAL_ASSERT(wide_avx512(), "fp8::scaled_narrow needs full-width AVX-512");
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float s = scale ? *scale : 1.f, lo = bounds ? bounds[0] : -kInf, hi = bounds ? bounds[1] : kInf;
+  if (e4m3) bf16 ? scaled_narrow_avx512<true, true>(src, s, lo, hi, dst, n) : scaled_narrow_avx512<true, false>(src, s, lo, hi, dst, n);
+  else bf16 ? scaled_narrow_avx512<false, true>(src, s, lo, hi, dst, n) : scaled_narrow_avx512<false, false>(src, s, lo, hi, dst, n);
+#else
+  TORCH_INTERNAL_ASSERT(false, "fp8::scaled_narrow needs full-width AVX-512");
+#endif
+}
 
 bool convert(const void* src, c10::ScalarType from, void* dst, c10::ScalarType to, int64_t n) {
   if (is_fp8(from) && wide(to)) {

@@ -34,6 +34,16 @@ void widen_rows_bf16(const uint8_t* src, int64_t ld, c10::ScalarType from, int64
 // `convert` handles (parallel over the elements). Returns false, doing nothing, otherwise.
 bool try_copy(const at::Tensor& dst, const at::Tensor& src);
 
+// dst[i] = the fp8 code (e4m3 or e5m2) of min(max(v * *scale, bounds[0]), bounds[1]), v = src[i]
+// (bf16 widened, or float32), the product skipped without `scale` and the clamp without
+// `bounds`: the float32 kernels one after the other (ATen's clamp, c10's narrowing), bit for
+// bit, in one pass in registers. Only where scaled_narrow_available().
+void scaled_narrow(const void* src, bool bf16, const float* scale, const float* bounds, uint8_t* dst, bool e4m3,
+                   int64_t n);
+// Whether the host runs 512-bit integer ops at full width (Intel's AVX-512 cores), which
+// scaled_narrow needs.
+bool scaled_narrow_available();
+
 // Whether the vectorized (AVX2) path of the fp32/bf16 -> fp8 conversion is in use.
 bool vectorized();
 

@@ -131,6 +131,37 @@ __attribute__((target("avx512f"))) float max_avx512(const void* a, int64_t n, fl
                           : static_cast<const void*>(static_cast<const float*>(a) + i);
   return max_scalar<Bf16>(rest, n - i, _mm512_reduce_max_ps(acc), nan);
 }
+// The max of |a| over n values (bfloat16 when Bf16, else float32) with `m` (>= 0 or -inf): an
+// abs read only by a max, in one pass. With the sign bit cleared, non-NaN floats order as their
+// bits do as unsigned integers, so the max is an integer max of the masked bits, and a NaN is a
+// masked value above infinity's bits: *nan is set exactly when the two steps apart would see one.
+template <bool Bf16>
+__attribute__((target("avx512f,avx512bw"))) float absmax_avx512(const void* a, int64_t n, float m, bool* nan) {
+  using U = std::conditional_t<Bf16, uint16_t, uint32_t>;
+  constexpr int64_t kLanes = 64 / sizeof(U);
+  const auto* p = static_cast<const U*>(a);
+  __m512i acc = _mm512_setzero_si512();
+  const __m512i mask = Bf16 ? _mm512_set1_epi16(0x7FFF) : _mm512_set1_epi32(0x7FFFFFFF);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512i v = _mm512_and_si512(_mm512_loadu_si512(p + i), mask);
+    acc = Bf16 ? _mm512_max_epu16(acc, v) : _mm512_max_epu32(acc, v);
+  }
+  uint32_t bits = 0;
+  alignas(64) U lanes[kLanes];
+  _mm512_store_si512(lanes, acc);
+  for (const U b : lanes) bits = std::max<uint32_t>(bits, b);
+  constexpr U kMagnitude = static_cast<U>(static_cast<U>(~U{0}) >> 1);
+  for (; i < n; ++i) bits = std::max<uint32_t>(bits, static_cast<U>(p[i] & kMagnitude));
+  const uint32_t f32 = Bf16 ? bits << 16 : bits;
+  if (f32 > 0x7F800000u) {
+    *nan = true;
+    return m;
+  }
+  float v;
+  std::memcpy(&v, &f32, 4);
+  return std::max(m, v);
+}
 __attribute__((target("avx2"))) void widen_avx2(const uint16_t* a, float* o, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -213,6 +244,58 @@ float* scratch(size_t nslots) {
   return buf.get();
 }
 
+// Runs of steps done in registers, not through the tiles: an abs read only by the max after it
+// (amax), and a scaling cast (widen, scale, clamp, narrow: any run of them ending in the narrow,
+// two steps or more). Their intermediates must be unstored and read by no other step.
+enum class Fused : uint8_t { None, AbsMax, ScaledNarrow };
+struct Segment {
+  Fused kind = Fused::None;
+  size_t first = 0, count = 1;  // steps [first, first + count)
+  int scale = -1, clamp = -1;   // the run's Scale and Clamp steps (ScaledNarrow)
+};
+
+// Whether the value step `writer` puts in its slot is an intermediate only step `writer + 1`
+// reads: read by no later step before a step overwrites the slot (slots are memory: a later
+// kernel's output may take a dead intermediate's), and unstored unless overwritten (a stored
+// slot's last value is what memory must hold).
+bool private_link(const Step* steps, size_t nsteps, const Slot* slots, size_t writer) {
+  const uint8_t slot = steps[writer].out;
+  if (writer + 1 >= nsteps || steps[writer + 1].in != slot) return false;
+  auto writes = [&](size_t j) { return steps[j].op != Op::Max && steps[j].out == slot; };
+  bool overwritten = writes(writer + 1);
+  for (size_t j = writer + 2; j < nsteps && !overwritten; ++j) {
+    if (steps[j].in == slot) return false;
+    overwritten = writes(j);
+  }
+  return overwritten || !slots[slot].stored;
+}
+
+c10::SmallVector<Segment, 8> plan(const Step* steps, size_t nsteps, const Slot* slots, bool absmax, bool narrow) {
+  c10::SmallVector<Segment, 8> out;
+  for (size_t i = 0; i < nsteps;) {
+    Segment seg{Fused::None, i, 1};
+    if (absmax && steps[i].op == Op::Abs && i + 1 < nsteps && steps[i + 1].op == Op::Max &&
+        private_link(steps, nsteps, slots, i)) {
+      seg = {Fused::AbsMax, i, 2};
+    } else if (narrow) {  // widen? scale? clamp? then narrow, each feeding only the next
+      size_t j = i;
+      Segment run{Fused::ScaledNarrow, i, 0};
+      if (steps[j].op == Op::Widen) ++j;
+      if (j < nsteps && steps[j].op == Op::Scale) run.scale = static_cast<int>(j++);
+      if (j < nsteps && steps[j].op == Op::Clamp) run.clamp = static_cast<int>(j++);
+      bool linked = j < nsteps && steps[j].op == Op::Narrow && j > i;
+      for (size_t w = i; linked && w < j; ++w) linked = private_link(steps, nsteps, slots, w);
+      if (linked) {
+        run.count = j + 1 - i;
+        seg = run;
+      }
+    }
+    out.push_back(seg);
+    i += seg.count;
+  }
+  return out;
+}
+
 }  // namespace
 
 void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int64_t numel, bool* redo) {
@@ -228,6 +311,7 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
   std::vector<float> maxima(nsteps, kLowest);
   std::vector<char> nans(nsteps, 0);
   std::mutex merge;
+  const auto segments = plan(steps, nsteps, slots, k == Isa::Avx512, fp8::scaled_narrow_available());
   at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
     float* tiles = scratch(nslots);
     c10::SmallVector<float, 8> local_max(nsteps, kLowest);
@@ -238,8 +322,30 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
       for (const auto s : c10::irange(nslots)) {
         at[s] = static_cast<char*>(slots[s].data) + t0 * static_cast<int64_t>(c10::elementSize(slots[s].dtype));
       }
-      for (const auto i : c10::irange(nsteps)) {
+      for (const Segment& seg : segments) {
+        const size_t i = seg.first;
         const Step& st = steps[i];
+        if (seg.kind == Fused::AbsMax) {
+          const size_t mx = i + 1;
+          bool nan = false;
+          const bool bf16 = slots[st.in].dtype == at::kBFloat16;
+          local_max[mx] = bf16 ? absmax_avx512<true>(at[st.in], n, local_max[mx], &nan)
+                               : absmax_avx512<false>(at[st.in], n, local_max[mx], &nan);
+          local_nan[mx] |= static_cast<char>(nan);  // (the abs is unstored: nothing of it to redo)
+          continue;
+        }
+        if (seg.kind == Fused::ScaledNarrow) {
+          const Step& last = steps[i + seg.count - 1];
+          const Slot& out = slots[last.out];
+          uint8_t* dst = out.stored ? static_cast<uint8_t*>(out.data) + t0
+                                    : reinterpret_cast<uint8_t*>(tiles + last.out * kTile);
+          const float* scale = seg.scale >= 0 ? &values[seg.scale] : nullptr;
+          const float bounds[2] = {seg.clamp >= 0 ? steps[seg.clamp].lo : 0.f, seg.clamp >= 0 ? steps[seg.clamp].hi : 0.f};
+          fp8::scaled_narrow(at[st.in], slots[st.in].dtype == at::kBFloat16, scale, seg.clamp >= 0 ? bounds : nullptr,
+                             dst, out.dtype == at::kFloat8_e4m3fn, n);
+          at[last.out] = reinterpret_cast<char*>(dst);
+          continue;
+        }
         if (st.op == Op::Max) {
           bool nan = false;
           local_max[i] = max(at[st.in], n, slots[st.in].dtype == at::kBFloat16, local_max[i], &nan, k);

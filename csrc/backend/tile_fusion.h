@@ -48,7 +48,10 @@ struct Slot {
 };
 
 // Runs `steps` in order over elements [0, numel) of `slots`, tile by tile (parallel over the
-// elements as ATen's elementwise kernels are). Slots hold numel elements each. Sets redo[i]
+// elements as ATen's elementwise kernels are). On AVX-512 hosts two kinds of runs of steps whose
+// intermediates no other step reads skip the tiles and go in registers: an abs and the max of
+// it (an amax: one integer max over the magnitudes' bits), and a scaling cast (widen, scale,
+// clamp, narrow). Slots hold numel elements each. Sets redo[i]
 // for each Max step i whose result was zero or NaN (its result is then unset) and each Abs
 // step i that met a NaN (its NaNs' bits are then ATen's vector path's, not its scalar path's).
 void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int64_t numel, bool* redo);

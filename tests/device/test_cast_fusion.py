@@ -115,6 +115,63 @@ def test_nan_bits_pass_scale_and_clamp_in_vectors_and_in_the_tail(cast_fusion_on
         assert torch.equal(as_bits(g_), as_bits(w))
 
 
+def random_float32(n, seed):
+    """float32 values of every bit pattern (NaN payloads of both signs, infinities, subnormals)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int32).view(torch.float32)
+
+
+# A scaling cast whose float32 temporaries die at once, as torchao's do, runs in registers
+# (fp8.cpp, scaled_narrow): each form, from bfloat16 (widened) or from float32.
+SCALING_FORMS = {
+    "widen, scale, clamp": (torch.bfloat16, lambda t, s, m: (t.to(torch.float32) * s).clamp(-m, m)),
+    "widen, scale": (torch.bfloat16, lambda t, s, m: t.to(torch.float32) * s),
+    "widen, clamp": (torch.bfloat16, lambda t, s, m: t.to(torch.float32).clamp(-m, m)),
+    "widen": (torch.bfloat16, lambda t, s, m: t.to(torch.float32)),
+    "scale, clamp": (torch.float32, lambda t, s, m: (t * s).clamp(-m, m)),
+    "scale": (torch.float32, lambda t, s, m: t * s),
+}
+
+
+@pytest.mark.parametrize("form", SCALING_FORMS)
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
+def test_a_cast_whose_temporaries_die_keeps_every_bit(cast_fusion_on, form, fp8):
+    # 40003 elements: partial tiles and partial 16-lane vectors (masked lanes) in each range.
+    dtype, f = SCALING_FORMS[form]
+    x = hard_bf16(40003, seed=21) if dtype == torch.bfloat16 else random_float32(40003, seed=21)
+    s, m = torch.tensor(0.37), torch.finfo(fp8).max
+    xn, sn = x.to("neuron"), s.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()["tiled"]
+    got = f(xn, sn, m).to(fp8)
+    torch.neuron.synchronize()
+    assert engine.stats()["tiled"] - before == 1
+    assert torch.equal(as_bits(got), as_bits(f(x, s, m).to(fp8)))
+
+
+def test_a_temporary_two_kernels_read_is_computed_for_both(cast_fusion_on):
+    # The product feeds the clamp and, later in the region, a second narrowing: a pass in
+    # registers from the product to the first fp8 result would leave the second nothing to read.
+    x = hard_bf16(40003, seed=22)
+    s = torch.tensor(1.9)
+
+    def program(t, sc):
+        y = t.to(torch.float32) * sc
+        a = y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        b = y.to(torch.float8_e5m2)
+        return a, b
+
+    xn, sn = x.to("neuron"), s.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()
+    got = program(xn, sn)
+    torch.neuron.synchronize()
+    after = engine.stats()
+    assert after["fused"] - before["fused"] == 5 and after["tiled"] - before["tiled"] == 1
+    for g_, w in zip(got, program(x, s)):
+        assert torch.equal(as_bits(g_), as_bits(w))
+
+
 def test_a_result_still_referenced_is_stored(cast_fusion_on):
     # The intermediates are kept here: the fused pass must write each of them.
     x = hard_bf16(5000, seed=4)
@@ -312,10 +369,8 @@ def test_amax_runs_as_one_region_with_cpu_bits(cast_fusion_on, dtype, layout):
     assert torch.equal(as_bits(got), as_bits(torch.max(torch.abs(x))))
 
 
-def test_amax_of_nans_takes_atens_bits(cast_fusion_on):
-    # The order-free max holds except for which NaN: that result comes from ATen's kernels
-    # over the same memory (the redo).
-    x = nan_bf16(40003, seed=10)
+def assert_amax_in_one_region_with_cpu_bits(x):
+    """torchao's amax, torch.max(torch.abs(x)), runs on neuron as one fused group with CPU's bits."""
     xn = x.to("neuron")
     torch.neuron.synchronize()
     before = engine.stats()["tiled"]
@@ -323,6 +378,35 @@ def test_amax_of_nans_takes_atens_bits(cast_fusion_on):
     torch.neuron.synchronize()
     assert engine.stats()["tiled"] - before == 1
     assert torch.equal(as_bits(got), as_bits(torch.max(torch.abs(x))))
+
+
+def test_amax_of_nans_takes_atens_bits(cast_fusion_on):
+    # The order-free max holds except for which NaN: that result comes from ATen's kernels
+    # over the same memory (the redo).
+    x = nan_bf16(40003, seed=10)
+    assert_amax_in_one_region_with_cpu_bits(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("n", [45, 40003])
+def test_amax_whose_largest_magnitude_is_the_last_element(cast_fusion_on, dtype, n):
+    # The last element falls past the last full vector of its range (64 bf16 or 16 fp32
+    # lanes): the scalar tail must see it. Negative, as the sign must not count.
+    x = (torch.rand(n, generator=torch.Generator().manual_seed(23)) * 10).to(dtype)
+    x[-1] = -1000.0
+    assert_amax_in_one_region_with_cpu_bits(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("where", [0, 20001, 40002])
+def test_amax_with_one_signaling_nan_is_nan(cast_fusion_on, dtype, where):
+    # A NaN with the quiet bit clear (the smallest payload) is still a NaN: the result is
+    # ATen's NaN, wherever the NaN sits (a vector's lane or the tail).
+    x = torch.randn(40003, generator=torch.Generator().manual_seed(24)).to(dtype)
+    ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    x.view(ints)[where] = 0x7F81 if dtype == torch.bfloat16 else 0x7F800001
+    assert torch.isnan(torch.max(torch.abs(x)))
+    assert_amax_in_one_region_with_cpu_bits(x)
 
 
 @pytest.mark.parametrize("n", [45, 40003])
