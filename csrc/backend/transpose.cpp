@@ -114,8 +114,9 @@ template <class E> struct Block {
 };
 #endif
 
-// prefetcht0 of the line at p, in an asm statement: GCC deletes a loop whose only statements
-// are __builtin_prefetch calls (it counts them as no side effect), as it did prefetch_tile's.
+// prefetcht0 of the line at p, in an asm statement: GCC 12 may delete a loop whose only
+// statements are __builtin_prefetch calls once inlined (C++ lets it drop a loop without side
+// effects, and it counts a prefetch as none): prefetch_tile's loops vanished so.
 inline void prefetch(const char* p) {
 #if defined(__x86_64__)
   asm volatile("prefetcht0 %0" : : "m"(*p));
