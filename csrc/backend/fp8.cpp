@@ -436,8 +436,9 @@ void scaled_narrow(const void* src, bool bf16, const float* scale, const float* 
   TORCH_INTERNAL_ASSERT(wide_avx512(), "fp8::scaled_narrow needs full-width AVX-512");
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const float s = scale ? *scale : 1.f, lo = bounds ? bounds[0] : -kInf, hi = bounds ? bounds[1] : kInf;
-  if (e4m3) bf16 ? scaled_narrow_avx512<true, true>(src, s, lo, hi, dst, n) : scaled_narrow_avx512<true, false>(src, s, lo, hi, dst, n);
-  else bf16 ? scaled_narrow_avx512<false, true>(src, s, lo, hi, dst, n) : scaled_narrow_avx512<false, false>(src, s, lo, hi, dst, n);
+  auto* run = e4m3 ? (bf16 ? scaled_narrow_avx512<true, true> : scaled_narrow_avx512<true, false>)
+                   : (bf16 ? scaled_narrow_avx512<false, true> : scaled_narrow_avx512<false, false>);
+  run(src, s, lo, hi, dst, n);
 #else
   TORCH_INTERNAL_ASSERT(false, "fp8::scaled_narrow needs full-width AVX-512");
 #endif

@@ -340,9 +340,10 @@ void run(const Step* steps, size_t nsteps, const Slot* slots, size_t nslots, int
           uint8_t* dst = out.stored ? static_cast<uint8_t*>(out.data) + t0
                                     : reinterpret_cast<uint8_t*>(tiles + last.out * kTile);
           const float* scale = seg.scale >= 0 ? &values[seg.scale] : nullptr;
-          const float bounds[2] = {seg.clamp >= 0 ? steps[seg.clamp].lo : 0.f, seg.clamp >= 0 ? steps[seg.clamp].hi : 0.f};
-          fp8::scaled_narrow(at[st.in], slots[st.in].dtype == at::kBFloat16, scale, seg.clamp >= 0 ? bounds : nullptr,
-                             dst, out.dtype == at::kFloat8_e4m3fn, n);
+          const bool clamped = seg.clamp >= 0;
+          const float bounds[2] = {clamped ? steps[seg.clamp].lo : 0.f, clamped ? steps[seg.clamp].hi : 0.f};
+          fp8::scaled_narrow(at[st.in], slots[st.in].dtype == at::kBFloat16, scale, clamped ? bounds : nullptr, dst,
+                             out.dtype == at::kFloat8_e4m3fn, n);
           at[last.out] = reinterpret_cast<char*>(dst);
           continue;
         }
