@@ -789,8 +789,11 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   const bool tiles = is_tiled(static_cast<const Record*>(records[0])->kind);
   // (A graph capture records both families whatever is on: only the families on fuse.)
   if (!(tiles ? detail::g_tiles : detail::g_on)) return {0, 1, {}};
-  // The 0-dim factors the region's kScale kernels read: no kernel of the region may write them.
+  // The 0-dim values the region's kernels use: the factors its kScale kernels read (when the
+  // group runs, before its pass) and the results its kMaxAll kernels write (after it). No kernel
+  // of the region may write a factor or a result's memory; two kScale kernels may read one factor.
   c10::SmallVector<uintptr_t, 4> values;
+  c10::SmallVector<bool, 4> written;  // per value: a result (else a factor)
   // Adds one record to the region; false (and nothing changed) if it must end before it.
   auto add = [&](const Record& r, uint64_t seq) {
     if (is_gemm(r.kind) || is_tiled(r.kind) != tiles) return false;
@@ -882,11 +885,20 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       fresh.push_back({r.ptr[i], bytes, r.dtype[i], born});
     }
     // A factor inside memory the region touches could change under it; a max's result is read
-    // by nothing in the region (it is written after the group's pass).
+    // by nothing in the region (it is written after the group's pass). Groups run in the order
+    // they were first seen, not in program order, so a result meeting any value seen before, or a
+    // factor meeting a result, ends the region; a factor another kScale kernel reads is only read
+    // twice (torchao with a static scale, one loss scale for many tensors).
     const void* scalar = r.value != nullptr ? static_cast<const void*>(r.value) : r.result;
     if (scalar != nullptr) {
       const auto v = reinterpret_cast<uintptr_t>(scalar);
-      conflict = conflict || overlaps(v, sizeof(float)) || !seen_meeting(v, sizeof(float)).empty();
+      const Span here = span(v, sizeof(float));
+      for (size_t i = 0; i < values.size() && !conflict; ++i) {
+        conflict = here.meets(span(values[i], sizeof(float))) && (written[i] || r.value == nullptr);
+      }
+      conflict = conflict || std::any_of(fresh.begin(), fresh.end(), [&](const Fresh& f) {
+                   return here.meets(span(reinterpret_cast<uintptr_t>(f.ptr), f.bytes));
+                 }) || !seen_meeting(v, sizeof(float)).empty();
     }
     // kAbs's and kMaxAll's rules (tile_fusion.h: a NaN or a zero max makes the group redo them
     // through ATen after its pass): they read memory nothing in the region writes before or
@@ -908,7 +920,10 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       }
     }
     if (conflict || nbufs + fresh.size() > kMaxSlots) return false;
-    if (scalar != nullptr) values.push_back(reinterpret_cast<uintptr_t>(scalar));
+    if (scalar != nullptr) {
+      values.push_back(reinterpret_cast<uintptr_t>(scalar));
+      written.push_back(r.value == nullptr);
+    }
     for (uintptr_t k : kill) {  // dead: never stored, and no longer found by address
       const Buf& b = bufs.at(k);
       groups[b.group].dead.push_back(static_cast<uint8_t>(b.slot));

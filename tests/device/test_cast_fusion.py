@@ -255,6 +255,39 @@ def test_a_factor_whose_memory_a_later_product_takes_ends_the_region(cast_fusion
     assert torch.equal(as_bits(c), as_bits(y * s2))
 
 
+def test_two_casts_with_one_factor_run_in_one_region(cast_fusion_on):
+    # A static scale (or one loss scale for many tensors): two kernels read one factor, which
+    # nothing writes, so the region need not end between them.
+    x, y = hard_bf16(4096, seed=25), hard_bf16(4096, seed=26)
+    s = torch.tensor(0.6)
+    xn, yn, sn = x.to("neuron"), y.to("neuron"), s.to("neuron")
+    torch.neuron.synchronize()
+    before = engine.stats()
+    got = [scaling_cast(xn, sn, torch.float8_e4m3fn), scaling_cast(yn, sn, torch.float8_e5m2)]
+    torch.neuron.synchronize()
+    after = engine.stats()
+    assert after["fused"] - before["fused"] == 8 and after["tiled"] - before["tiled"] == 1
+    for g_, w in zip(got, [scaling_cast(x, s, torch.float8_e4m3fn), scaling_cast(y, s, torch.float8_e5m2)]):
+        assert torch.equal(as_bits(g_), as_bits(w))
+
+
+@pytest.mark.parametrize("n", [4096, 5000], ids=["same group", "other group"])
+def test_a_factor_a_max_of_the_region_writes_ends_the_region(cast_fusion_on, n):
+    # The product reads its factor when its group runs, before the pass after which the max
+    # writes it: in one region it would read the value from before the max.
+    # (The abs is kept, so that the product's output cannot take its memory: that alone would
+    # end the region, kAbs's rules.)
+    g = torch.Generator().manual_seed(27)
+    x, y = torch.randn(4096, generator=g), torch.randn(n, generator=g)
+    xn, yn = x.to("neuron"), y.to("neuron")
+    torch.neuron.synchronize()
+    a = torch.abs(xn)
+    m = torch.max(a)
+    z = yn * m
+    assert torch.equal(as_bits(z), as_bits(y * torch.max(torch.abs(x))))
+    assert torch.equal(as_bits(a), as_bits(torch.abs(x)))
+
+
 @pytest.mark.parametrize("lo,hi", [(float("nan"), 1.0), (5.0, -5.0)])
 def test_clamp_with_a_nan_bound_or_an_empty_range_matches_cpu(cast_fusion_on, lo, hi):
     # A NaN bound is left to ATen's kernel (no record); an empty range (lo > hi) fuses and
