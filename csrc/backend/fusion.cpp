@@ -792,8 +792,11 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   // The 0-dim values the region's kernels use: the factors its kScale kernels read (when the
   // group runs, before its pass) and the results its kMaxAll kernels write (after it). No kernel
   // of the region may write a factor or a result's memory; two kScale kernels may read one factor.
-  c10::SmallVector<uintptr_t, 4> values;
-  c10::SmallVector<bool, 4> written;  // per value: a result (else a factor)
+  struct Value {
+    uintptr_t at;
+    bool written;  // a result (else a factor)
+  };
+  c10::SmallVector<Value, 4> values;
   // Adds one record to the region; false (and nothing changed) if it must end before it.
   auto add = [&](const Record& r, uint64_t seq) {
     if (is_gemm(r.kind) || is_tiled(r.kind) != tiles) return false;
@@ -844,16 +847,18 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
                std::find(hg.abs_in.begin(), hg.abs_in.end(), b.slot) == hg.abs_in.end();
       });
     };
-    // Whether [begin, begin + bytes) meets another fresh buffer of this kernel or a factor a
-    // kScale kernel of the region reads (buffers seen before: seen_meeting).
-    auto overlaps = [&](uintptr_t begin, size_t bytes) {
-      const Span here = span(begin, bytes);
-      if (std::any_of(values.begin(), values.end(), [&](uintptr_t v) { return here.meets(span(v, sizeof(float))); })) {
-        return true;
-      }
+    // Whether `here` meets another fresh buffer of this kernel (buffers seen before: seen_meeting).
+    auto meets_fresh = [&](const Span& here) {
       return std::any_of(fresh.begin(), fresh.end(), [&](const Fresh& f) {
         return here.meets(span(reinterpret_cast<uintptr_t>(f.ptr), f.bytes));
       });
+    };
+    // Whether [begin, begin + bytes) meets another fresh buffer of this kernel or a 0-dim value
+    // of the region (a factor or a result).
+    auto overlaps = [&](uintptr_t begin, size_t bytes) {
+      const Span here = span(begin, bytes);
+      const auto meets = [&](const Value& v) { return here.meets(span(v.at, sizeof(float))); };
+      return std::any_of(values.begin(), values.end(), meets) || meets_fresh(here);
     };
     for (uint8_t i = 0; i < kArity[r.kind] && !conflict; ++i) {
       const auto begin = reinterpret_cast<uintptr_t>(r.ptr[i]);
@@ -893,12 +898,10 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     if (scalar != nullptr) {
       const auto v = reinterpret_cast<uintptr_t>(scalar);
       const Span here = span(v, sizeof(float));
-      for (size_t i = 0; i < values.size() && !conflict; ++i) {
-        conflict = here.meets(span(values[i], sizeof(float))) && (written[i] || r.value == nullptr);
-      }
-      conflict = conflict || std::any_of(fresh.begin(), fresh.end(), [&](const Fresh& f) {
-                   return here.meets(span(reinterpret_cast<uintptr_t>(f.ptr), f.bytes));
-                 }) || !seen_meeting(v, sizeof(float)).empty();
+      conflict = conflict || std::any_of(values.begin(), values.end(), [&](const Value& o) {
+                   return here.meets(span(o.at, sizeof(float))) && (o.written || r.value == nullptr);
+                 });
+      conflict = conflict || meets_fresh(here) || !seen_meeting(v, sizeof(float)).empty();
     }
     // kAbs's and kMaxAll's rules (tile_fusion.h: a NaN or a zero max makes the group redo them
     // through ATen after its pass): they read memory nothing in the region writes before or
@@ -920,10 +923,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       }
     }
     if (conflict || nbufs + fresh.size() > kMaxSlots) return false;
-    if (scalar != nullptr) {
-      values.push_back(reinterpret_cast<uintptr_t>(scalar));
-      written.push_back(r.value == nullptr);
-    }
+    if (scalar != nullptr) values.push_back({reinterpret_cast<uintptr_t>(scalar), r.value == nullptr});
     for (uintptr_t k : kill) {  // dead: never stored, and no longer found by address
       const Buf& b = bufs.at(k);
       groups[b.group].dead.push_back(static_cast<uint8_t>(b.slot));

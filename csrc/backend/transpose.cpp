@@ -133,18 +133,26 @@ inline void prefetch(const char* p) {
 // 860-970; results freed at once (bench/layout.py, destination in cache): fp8 same, bf16 3-6 %
 // and fp32 8-11 % faster. prefetchw for the destination measured slower (bf16 720-760), and
 // prefetcht1 (second-level cache only) gains less (bf16 640-700).
-template <class E, int64_t kTile>
-void prefetch_tile(const E* src, E* dst, int64_t rows, int64_t cols, int64_t tiles, int64_t col_tiles, int64_t t) {
+// Tile t of a stack of rows x cols destinations cut into kTile-square tiles, tiles a matrix and
+// col_tiles a row of them: matrix b, destination rows [i0, i0 + ni), columns [j0, j0 + nj).
+struct Tile {
+  int64_t b, i0, j0, ni, nj;
+};
+inline Tile tile_at(int64_t t, int64_t kTile, int64_t rows, int64_t cols, int64_t tiles, int64_t col_tiles) {
   const int64_t b = t / tiles, i0 = (t % tiles) / col_tiles * kTile, j0 = (t % col_tiles) * kTile;
-  const int64_t ni = std::min(kTile, rows - i0), nj = std::min(kTile, cols - j0);
-  const auto* s = reinterpret_cast<const char*>(src + b * rows * cols);
-  const auto* d = reinterpret_cast<const char*>(dst + b * rows * cols);
+  return {b, i0, j0, std::min(kTile, rows - i0), std::min(kTile, cols - j0)};
+}
+
+template <class E>
+void prefetch_tile(const E* src, E* dst, int64_t rows, int64_t cols, const Tile& tl) {
+  const auto* s = reinterpret_cast<const char*>(src + tl.b * rows * cols);
+  const auto* d = reinterpret_cast<const char*>(dst + tl.b * rows * cols);
   constexpr int64_t esize = sizeof(E);
-  for (int64_t j = 0; j < nj; ++j) {
-    for (int64_t o = 0; o < ni * esize; o += 64) prefetch(s + ((j0 + j) * rows + i0) * esize + o);
+  for (int64_t j = 0; j < tl.nj; ++j) {
+    for (int64_t o = 0; o < tl.ni * esize; o += 64) prefetch(s + ((tl.j0 + j) * rows + tl.i0) * esize + o);
   }
-  for (int64_t i = 0; i < ni; ++i) {
-    for (int64_t o = 0; o < nj * esize; o += 64) prefetch(d + ((i0 + i) * cols + j0) * esize + o);
+  for (int64_t i = 0; i < tl.ni; ++i) {
+    for (int64_t o = 0; o < tl.nj * esize; o += 64) prefetch(d + ((tl.i0 + i) * cols + tl.j0) * esize + o);
   }
 }
 
@@ -174,11 +182,10 @@ void transpose_stack(const E* src, E* dst, int64_t batch, int64_t rows, int64_t 
     E* in = bufs;
     E* out = bufs + kTile * kTile + kPad;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, i0 = (t % tiles) / col_tiles * kTile, j0 = (t % col_tiles) * kTile;
-      const int64_t ni = std::min(kTile, rows - i0), nj = std::min(kTile, cols - j0);
+      const auto [b, i0, j0, ni, nj] = tile_at(t, kTile, rows, cols, tiles, col_tiles);
       const E* s = src + b * rows * cols;
       E* d = dst + b * rows * cols;
-      if (far && t + 1 < t1) prefetch_tile<E, kTile>(src, dst, rows, cols, tiles, col_tiles, t + 1);
+      if (far && t + 1 < t1) prefetch_tile(src, dst, rows, cols, tile_at(t + 1, kTile, rows, cols, tiles, col_tiles));
       if (ni == kTile) {  // a constant size: the copies compile to a few vector moves
         for (int64_t j = 0; j < nj; ++j) std::memcpy(in + j * kTile, s + (j0 + j) * rows + i0, kTile * sizeof(E));
       } else {
