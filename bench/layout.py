@@ -9,6 +9,7 @@ element by element; neuron streams both sides through L1 tiles).
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -30,6 +31,17 @@ def cases(device: str) -> dict:
     b = torch.randn(1024, 2048, device=device).bfloat16()
     out["bf16 1024x2048 max(abs(x.t()))"] = lambda: torch.max(torch.abs(b.t()))
     out["bf16 1024x2048 .t() -> fp8"] = lambda: b.t().to(torch.float8_e4m3fn)
+    # torchao's tensor-wise cast: amax, the scale from it, then scale, clamp and narrow
+    # (hp_tensor_to_float8_dynamic's ops; on neuron the precompiled family's runs in registers).
+    m8 = torch.finfo(torch.float8_e4m3fn).max
+    out["bf16 1024x2048 torchao scaling cast -> fp8"] = lambda: (
+        b.to(torch.float32) * (m8 / torch.clamp(torch.max(torch.abs(b)).to(torch.float64), min=1e-12)).to(torch.float32)
+    ).clamp(-m8, m8).to(torch.float8_e4m3fn)
+    # Results kept, as a training step keeps its transposes: their memory is not in cache when written.
+    big = torch.randn(1024, 2048, device=device)
+    for name, dt in (("fp8", torch.float8_e4m3fn), ("fp32", torch.float32)):
+        out[f"{name} 1024x2048 .t().contiguous(), last 10 kept"] = (
+            lambda xt=big.to(dt).t(), kept=collections.deque(maxlen=10): kept.append(xt.contiguous()))
     out["stacked 1000x16x16 fp32 .transpose(-1,-2).contiguous()"] = (
         lambda s=torch.randn(1000, 16, 16, device=device): s.transpose(-1, -2).contiguous())
     out["NCHW -> NHWC 8x32x32x32 fp32"] = (
