@@ -1,6 +1,7 @@
 """Transposed layouts: copies between row-major and column-major layouts (`x.t().contiguous()`),
-whole-tensor max of a transposed tensor, and the fp8 casts of torchao's float8 training, neuron
-against CPU in the same run (csrc/backend/transpose.cpp, extrema.cpp, fp8.cpp).
+whole-tensor max of a transposed tensor, the fp8 casts of torchao's float8 training and bf16
+weight-gradient products (A column-major), neuron against CPU in the same run
+(csrc/backend/transpose.cpp, extrema.cpp, fp8.cpp, gemm.cpp).
 
 Times per call with the default intra-op threads on both devices; ratios neuron / CPU, median
 and [min-max] over interleaved rounds. Target: every case <= 1.0 (CPU walks the strided side
@@ -46,6 +47,11 @@ def cases(device: str) -> dict:
         lambda s=torch.randn(1000, 16, 16, device=device): s.transpose(-1, -2).contiguous())
     out["NCHW -> NHWC 8x32x32x32 fp32"] = (
         lambda c=torch.randn(8, 32, 32, 32, device=device): c.contiguous(memory_format=torch.channels_last))
+    # Weight gradients: grad_output.t() @ input, a bf16 mm whose A is column-major (gemm.cpp,
+    # row_major_first: neuron multiplies a row-major copy of A where B is wide).
+    for m, k, n in ((1024, 1024, 2048), (2048, 1024, 1024), (768, 2048, 3072)):
+        ga, gb = torch.randn(k, m, device=device).bfloat16(), torch.randn(k, n, device=device).bfloat16()
+        out[f"bf16 weight-gradient mm {m}x{k}x{n} (A column-major)"] = lambda ga=ga, gb=gb: ga.t() @ gb
     out["attention (4,8,256,64) fp32 .transpose(-1,-2).contiguous()"] = (
         lambda q=torch.randn(4, 8, 256, 64, device=device): q.transpose(-1, -2).contiguous())
     return out
@@ -58,7 +64,7 @@ def main() -> None:
     cpu, dev = cases("cpu"), cases("neuron")
     missed = []
     for name in cpu:
-        inner = 20 if "1024" in name or "attention" in name or "1000x" in name else 200
+        inner = 5 if "weight-gradient" in name else 20 if "1024" in name or "attention" in name or "1000x" in name else 200
         s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, inner, ROUNDS)
         r = ratios(s["neuron"], s["cpu"])
         if summary(r)[0] > 1.0:

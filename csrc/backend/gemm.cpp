@@ -315,6 +315,46 @@ void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const 
   at::Tensor(o).copy_(acc);  // the one rounding
 }
 
+// oneDNN's bf16 matmul reads a column-major A (`grad_output.t() @ input`: every weight gradient
+// of a linear layer) through a reorder it repeats for each block of B's columns, which costs
+// more the wider B is. Where a row-major copy of A first (transpose.h, at memory speed) wins:
+// B's columns >= kRowMajorColumns, or rows >= kRowMajorRows with columns >= 512; bf16 `mm`, 2
+// threads, AMX host, time with the copy / without it (docs/benchmarks.md): 1024 x 1024 x 2048
+// 0.64, 768 x 2048 x 3072 0.58, 4096 x 2048 x 3072 0.34, 2048 x 512 x 512 0.82, 256 x 256 x
+// 2048 0.87, 64 x 2048 x 1536 0.83; but 1024 x 1024 x 1024 1.37, 512 x 512 x 512 1.6 and 768 x
+// 2048 x 768 1.39, where oneDNN's kernel for a column-major A is faster than for a row-major one.
+// oneDNN's sums for the two layouts are the same on most shapes and one bf16 ulp apart in a few
+// elements on others (1024 x 1024 x 2048: 169 of 2 M), so these products are not CPU's bits.
+constexpr int64_t kRowMajorColumns = 1536, kRowMajorRows = 2048, kRowMajorElements = 65536;
+bool row_major_first(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t d = a.dim();
+  if (a.scalar_type() != at::kBFloat16 || b.scalar_type() != at::kBFloat16 || product_routed(a) || d < 2 ||
+      b.dim() != d || a.stride(d - 2) != 1 || a.stride(d - 1) != a.size(d - 2)) {
+    return false;
+  }
+  const int64_t m = a.size(d - 2), n = b.size(d - 1);
+  return m * a.size(d - 1) >= kRowMajorElements && (n >= kRowMajorColumns || (m >= kRowMajorRows && n >= 512));
+}
+
+// CPU's mm_out (bmm_out when batched). With `row` defined (a scratch of a's sizes and dtype, for
+// row_major_first), A is first copied into it row-major.
+void cpu_product(at::Tensor o, const at::Tensor& a, const at::Tensor& b, const at::Tensor& row, bool batched) {
+  const at::Tensor& ra = row.defined() && transpose::try_copy(row, a) ? row : a;
+  if (batched) at::cpu::bmm_out(o, ra, b);
+  else at::cpu::mm_out(o, ra, b);
+}
+
+// The synchronous call's scratch for cpu_product (undefined where row_major_first says no).
+at::Tensor row_scratch(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b) {
+  return row_major_first(a, b) ? gemm::scratch(zc, a.sizes(), a.scalar_type()) : at::Tensor();
+}
+// A queued kernel's, allocated at the call: the kernel may not enter the device pool, and host
+// memory would fault its pages in on every call. `keep` holds the device tensor until the
+// kernel is queued (the stream-ordered pool then hands its block only to later kernels).
+at::Tensor row_scratch(QueuedCall& q, const at::Tensor& a, const at::Tensor& b, at::Tensor& keep) {
+  return row_major_first(a, b) ? q.out(keep, a.sizes(), a.scalar_type()) : at::Tensor();
+}
+
 // Queues half_product: the kernel takes a ZeroCopy of its own, whose scratch is host memory.
 void enqueue_half_product(QueuedCall& q, const char* name, const at::Tensor& a, const at::Tensor& b,
                           const at::Tensor& o, const std::optional<at::Tensor>& self, float beta, float alpha) {
@@ -366,7 +406,8 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
       q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
                 fusion::tiles_enabled() ? fusion::matmul(out, self, mat2) : nullptr);
     } else {
-      q.enqueue("aten::mm", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+      at::Tensor keep, row = row_scratch(q, a, b, keep);
+      q.enqueue("aten::mm", [a, b, o, row] { cpu_product(o, a, b, row, false); });
     }
     return out;
   }
@@ -378,7 +419,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 2)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
   else if (gemm::amx_mm(a, b)) gemm::amx_mm_out(o, a, b);
-  else at::cpu::mm_out(o, a, b);
+  else cpu_product(o, a, b, row_scratch(zc, a, b), false);
   zc.sync_inputs();
   return out;
 }
@@ -425,7 +466,8 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     if (product_routed(a)) {
       enqueue_half_product(q, "aten::bmm", a, b, o, std::nullopt, 0.0f, 1.0f);
     } else {
-      q.enqueue("aten::bmm", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+      at::Tensor keep, row = row_scratch(q, a, b, keep);
+      q.enqueue("aten::bmm", [a, b, o, row] { cpu_product(o, a, b, row, true); });
     }
     return out;
   }
@@ -436,7 +478,7 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   at::Tensor out = pooled(zc, {a.size(0), a.size(1), b.size(2)}, a.scalar_type());
   at::Tensor o = zc.in_output(out);
   if (half_pair(a, b, 3)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
-  else at::cpu::bmm_out(o, a, b);
+  else cpu_product(o, a, b, row_scratch(zc, a, b), true);
   zc.sync_inputs();
   return out;
 }
@@ -510,15 +552,16 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
   if (!half_out(out) && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
+    at::Tensor keep, row = amx ? at::Tensor() : row_scratch(q, a, b, keep);
     if (amx) q.enqueue("aten::mm.out", [a, b, o] { gemm::amx_mm_out(o, a, b); });
-    else q.enqueue("aten::mm.out", [a, b, o]() mutable { at::cpu::mm_out(o, a, b); });
+    else q.enqueue("aten::mm.out", [a, b, o, row] { cpu_product(o, a, b, row, false); });
     return out;
   }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::mm.out");
   if (amx) gemm::amx_mm_out(o, a, b);
-  else at::cpu::mm_out(o, a, b);
+  else cpu_product(o, a, b, row_scratch(zc, a, b), false);
   zc.sync_inputs();
   return out;
 }
@@ -560,13 +603,14 @@ at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& 
       queueable_out(out, self, mat2, {self.size(0), self.size(1), mat2.size(2)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
-    q.enqueue("aten::bmm.out", [a, b, o]() mutable { at::cpu::bmm_out(o, a, b); });
+    at::Tensor keep, row = row_scratch(q, a, b, keep);
+    q.enqueue("aten::bmm.out", [a, b, o, row] { cpu_product(o, a, b, row, true); });
     return out;
   }
   ZeroCopy zc;
   at::Tensor a = zc.in(self), b = zc.in(mat2), o = zc.in_output(out);
   zc.launch("aten::bmm.out");
-  at::cpu::bmm_out(o, a, b);
+  cpu_product(o, a, b, row_scratch(zc, a, b), true);
   zc.sync_inputs();
   return out;
 }

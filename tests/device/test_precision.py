@@ -445,6 +445,68 @@ def test_fp32_and_bf16_still_equal_cpu_bit_for_bit(dtype):
     assert torch.equal(F.conv2d(x.to(DEV), w.to(DEV)).cpu(), F.conv2d(x, w))
 
 
+def _column_major_product(op, a_rows, b):
+    """op over A = a_rows' transpose (column-major, as `grad_output.t()` in a weight gradient)."""
+    a = a_rows.transpose(-1, -2)
+    if op == "mm":
+        return torch.mm(a, b)
+    if op == "bmm":
+        return torch.bmm(a, b)
+    out = torch.empty(*a.shape[:-1], b.shape[-1], dtype=a.dtype, device=a.device)
+    return (torch.mm if op == "mm_out" else torch.bmm)(a, b, out=out)
+
+
+@pytest.mark.parametrize("op", ["mm", "mm_out", "bmm", "bmm_out"])
+def test_bf16_product_of_a_column_major_a_multiplies_a_row_major_copy(op):
+    # gemm.cpp, row_major_first: oneDNN re-reads a column-major bf16 A for every block of B's
+    # columns; from 1,536 columns neuron copies A row-major first. Its sums are then oneDNN's for
+    # a row-major A, which at this shape differ from CPU's for the column-major A in a few
+    # elements (checked below: the comparison tells the routes apart).
+    if not ROUTES["bf16_cpu_kernels"]:
+        pytest.skip("CPU's bf16 kernels are not oneDNN's on this host: bf16 products are routed")
+    torch.manual_seed(7)
+    batch = (3,) if op.startswith("bmm") else ()
+    a_rows = torch.randn(*batch, 1024, 96, dtype=torch.bfloat16)
+    b = torch.randn(*batch, 1024, 1536, dtype=torch.bfloat16)
+    want = _column_major_product(op, a_rows.transpose(-1, -2).contiguous().transpose(-1, -2), b)
+    assert not torch.equal(want, _column_major_product(op, a_rows, b))
+    got = _column_major_product(op, a_rows.to(DEV), b.to(DEV))
+    assert torch.equal(got.cpu(), want)
+
+
+def test_bf16_linear_weight_gradient_multiplies_a_row_major_copy():
+    # The weight gradient of nn.Linear(1536 -> 96) over 1,024 tokens is grad_output.t() @ input:
+    # 96 x 1024 x 1536 with A column-major, the product the route is for.
+    if not ROUTES["bf16_cpu_kernels"]:
+        pytest.skip("CPU's bf16 kernels are not oneDNN's on this host: bf16 products are routed")
+    torch.manual_seed(8)
+    x = torch.randn(1024, 1536, dtype=torch.bfloat16)
+    w = torch.randn(96, 1536, dtype=torch.bfloat16)
+    g = torch.randn(1024, 96, dtype=torch.bfloat16)
+    wd = w.to(DEV).requires_grad_()
+    F.linear(x.to(DEV), wd).backward(g.to(DEV))
+    assert torch.equal(wd.grad.cpu(), g.t().contiguous() @ x)
+
+
+@pytest.mark.parametrize("case", ["narrow_b", "padded_a"])
+def test_bf16_products_outside_the_row_major_rule_keep_cpus_bits(case):
+    # Where oneDNN's kernel for a column-major A is as fast (fewer than 1,536 columns and 2,048
+    # rows), or A is not a dense column-major matrix, neuron runs CPU's kernel on A as it is.
+    if not ROUTES["bf16_cpu_kernels"]:
+        pytest.skip("CPU's bf16 kernels are not oneDNN's on this host: bf16 products are routed")
+    torch.manual_seed(9)
+    if case == "narrow_b":  # 64 x 4096 x 1024: the two layouts' sums differ in a few elements
+        wide, b = torch.randn(4096, 64, dtype=torch.bfloat16), torch.randn(4096, 1024, dtype=torch.bfloat16)
+        cols = 64
+    else:  # 96 x 1024 x 1536 as above, A's columns 128 elements apart
+        wide, b = torch.randn(1024, 128, dtype=torch.bfloat16), torch.randn(1024, 1536, dtype=torch.bfloat16)
+        cols = 96
+    a_rows = wide[:, :cols]
+    want = a_rows.t() @ b
+    assert not torch.equal(want, a_rows.t().contiguous() @ b)
+    assert torch.equal((wide.to(DEV)[:, :cols].t() @ b.to(DEV)).cpu(), want)
+
+
 # ---- fp16: convolution and attention --------------------------------------------------------
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("dtype", HALF)
