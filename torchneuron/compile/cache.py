@@ -35,10 +35,11 @@ def _codegen_tag() -> str:
     """Subdirectory naming the code generator: Inductor's cache key covers the graph, its
     configuration and the torch version, but not this package's code generation (wrapper,
     kernel overrides, patches) or its switches, so artifacts written by another torchneuron
-    version, or with the other tanh variant, would otherwise be loaded as hits."""
-    from .inductor import fast_tanh_enabled
+    version, or with the other tanh or erf variant, would otherwise be loaded as hits."""
+    from .inductor import fast_erf_enabled, fast_tanh_enabled
 
-    return f"gen-{_source_hash()}" + ("" if fast_tanh_enabled() else "-precise-tanh")
+    return (f"gen-{_source_hash()}" + ("" if fast_tanh_enabled() else "-precise-tanh") +
+            ("" if fast_erf_enabled() else "-precise-erf"))
 
 
 @functools.lru_cache(maxsize=None)
