@@ -80,3 +80,12 @@ def use_fast_opinfo_input_tracking() -> None:
     for module in (common_utils, core):
         assert hasattr(module, "extract_test_fn"), module.__name__
         module.extract_test_fn = _extract_test_fn_from_frames
+
+
+def fp32_ulp(ref64):
+    """One fp32 ULP at |ref64| (a float64 tensor of exact values): the unit the compiled
+    kernels' fast math (tanh, erf) is measured in."""
+    import torch
+
+    ref = ref64.float().abs()
+    return (torch.nextafter(ref, torch.tensor(float("inf"))) - ref).double()

@@ -10,7 +10,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from compile_models import DEV
-from support import run_python
+from support import fp32_ulp, run_python
 
 # Tiny arguments (where a 2/(1+exp(-2x))-1 rewrite would lose all relative accuracy), the
 # polynomial/exp crossover region, saturation, signed zeros and non-finite values.
@@ -23,11 +23,6 @@ def _inputs():
                       torch.logspace(-30, 1, 20_000), -torch.logspace(-30, 1, 20_000)])
 
 
-def _ulp(ref64):
-    ref = ref64.float()
-    return (torch.nextafter(ref.abs(), torch.tensor(float("inf"))) - ref.abs()).double()
-
-
 def test_compiled_tanh_within_four_ulp_of_exact():
     x = _inputs()
     fn = torch.compile(torch.tanh, backend="neuron")
@@ -35,7 +30,7 @@ def test_compiled_tanh_within_four_ulp_of_exact():
     assert "neuron_tanh(" in code  # the fast path was emitted, so this test exercises it
     exact = torch.tanh(x.double())
     finite = exact.isfinite()
-    err = (out.cpu().double() - exact).abs()[finite] / _ulp(exact)[finite]
+    err = (out.cpu().double() - exact).abs()[finite] / fp32_ulp(exact)[finite]
     assert err.max().item() <= 4.0
     assert torch.equal(out.cpu()[~finite].isnan(), exact[~finite].isnan())
     assert torch.equal(out.cpu()[:2].signbit(), torch.tensor([False, True]))  # tanh(+-0) = +-0
