@@ -83,7 +83,7 @@ test: $(TORCH)
 
 bench: build $(VLLM)
 	$(PY) bench/eager_overhead.py
-	@for b in bench/compile.py bench/precision.py bench/layout.py bench/norms.py bench/rng.py bench/rnn.py bench/engine.py bench/hf_steps.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
+	@for b in bench/compile.py bench/precision.py bench/layout.py bench/layers.py bench/rng.py bench/rnn.py bench/engine.py bench/hf_steps.py bench/nki.py bench/nkilib.py bench/collectives.py bench/serving.py bench/ipc.py bench/profiler.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 # Mutation testing (docs/testing.md): not part of `make test`. The `mutation` extra (mutmut) is

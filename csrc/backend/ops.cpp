@@ -104,6 +104,7 @@
 
 #include "../runtime/runtime.h"
 #include "allocator.h"
+#include "embedding_backward.h"
 #include "enqueue.h"
 #include "fusion.h"
 #include "fallback.h"
@@ -1640,19 +1641,35 @@ at::Tensor nll_loss_backward_hot(const at::Tensor& grad_output, const at::Tensor
                                                                                  total_weight);
 }
 
-// embedding's weight gradient: CPU's kernel (no out= form) copied into a contiguous
-// [num_weights, grad.size(-1)] result, CPU's layout. An index out of range is the kernel's error.
+// embedding's weight gradient into a contiguous [num_weights, grad.size(-1)] result, CPU's
+// layout: written in place by embedding_backward.h's walk (CPU's kernel's bits, without its fresh
+// allocation and a copy) where it takes the arguments, else CPU's kernel (no out= form) copied in.
+// CPU drops an index outside the table here (the forward raised for it); so does the walk.
 at::Tensor embedding_dense_backward_hot(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
                                         int64_t padding_idx, bool scale_grad_by_freq) {
+  const bool walk = embedding::direct(grad, indices, scale_grad_by_freq);
   if (may_enqueue() && queueable_like(grad, grad) && c10::isFloatingType(grad.scalar_type()) && grad.dim() >= 1 &&
       queueable_index(grad, indices) && num_weights >= 0) {
     QueuedCall q;
     at::Tensor g = q.in(grad), i = q.in(indices), out;
     at::Tensor o = q.out(out, {num_weights, grad.size(-1)}, grad.scalar_type());
+    if (walk) {
+      q.enqueue(kEmbeddingBwd, [g, i, o, padding_idx] { embedding::dense_backward(o, g, i, padding_idx); });
+      return out;
+    }
     q.enqueue(kEmbeddingBwd, [g, i, o, num_weights, padding_idx, scale_grad_by_freq] {
       copy_result(kEmbeddingBwd, o,
                   at::cpu::embedding_dense_backward(g, i, num_weights, padding_idx, scale_grad_by_freq));
     });
+    return out;
+  }
+  if (walk && grad.is_privateuseone() && indices.is_privateuseone() && grad.device() == indices.device() &&
+      num_weights >= 0) {
+    ZeroCopy zc;
+    at::Tensor g = zc.in(grad), i = zc.in(indices);
+    zc.launch(kEmbeddingBwd);
+    at::Tensor out = pooled(zc, {num_weights, grad.size(-1)}, grad.scalar_type());
+    embedding::dense_backward(zc.in_output(out), g, i, padding_idx);
     return out;
   }
   return Hot<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool)>::call<

@@ -30,7 +30,6 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/sum.h>
 #include <c10/util/irange.h>
-#include <immintrin.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -39,6 +38,7 @@
 
 #include "cpu_features.h"
 #include "enqueue.h"
+#include "half_vec.h"
 #include "zero_copy.h"
 
 namespace torchneuron::rmsnorm_detail {
@@ -49,44 +49,16 @@ constexpr char kBwd[] = "aten::_fused_rms_norm_backward";
 // ---- AVX-512 rows (fp32, bf16, fp16 storage; fp32 arithmetic) --------------------------------
 enum class Dt { kF32, kBF16, kF16 };
 
-// 16 two-byte values (masked) through 512-bit byte-masked moves (AVX-512BW, no VL needed).
-__attribute__((target("avx512f,avx512bw"))) inline __m256i half_load(const void* p, int64_t i, __mmask16 m) {
-  return _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(__mmask32(m), static_cast<const uint16_t*>(p) + i));
-}
-__attribute__((target("avx512f,avx512bw"))) inline void half_store(void* p, int64_t i, __mmask16 m, __m256i v) {
-  _mm512_mask_storeu_epi16(static_cast<uint16_t*>(p) + i, __mmask32(m), _mm512_castsi256_si512(v));
-}
-
 __attribute__((target("avx512f,avx512bw"))) inline __m512 load(const void* p, int64_t i, __mmask16 m, Dt dt) {
-  switch (dt) {
-    case Dt::kF32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-    case Dt::kBF16: {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half_load(p, i, m)), 16));
-    }
-    default: return _mm512_cvtph_ps(half_load(p, i, m));
-  }
+  if (dt == Dt::kF32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  return half_vec::widen(half_vec::load(static_cast<const uint16_t*>(p) + i, m), dt == Dt::kBF16);
 }
 
-// Stores f rounded to nearest even, as c10's conversions (bf16: NaN as c10's 0x7FC0).
 __attribute__((target("avx512f,avx512bw"))) inline void store(void* p, int64_t i, __mmask16 m, __m512 f, Dt dt) {
-  switch (dt) {
-    case Dt::kF32: _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, f); return;
-    case Dt::kBF16: {
-      const __m512i b = _mm512_castps_si512(f);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-      half_store(p, i, m, _mm512_cvtepi32_epi16(r));
-      return;
-    }
-    default:
-      half_store(p, i, m, _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
-  }
+  if (dt == Dt::kF32) _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, f);
+  else half_vec::store(static_cast<uint16_t*>(p) + i, m, half_vec::narrow(f, dt == Dt::kBF16));
 }
 
-inline __mmask16 tail(int64_t i, int64_t n) {
-  return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-}
 
 __attribute__((target("avx512f,avx512bw"))) void forward_rows(const void* x, const void* w, void* y, float* rstd,
                                                               int64_t begin, int64_t end, int64_t n, float eps,
@@ -97,14 +69,14 @@ __attribute__((target("avx512f,avx512bw"))) void forward_rows(const void* x, con
     char* yr = static_cast<char*>(y) + row * n * es;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-      const __m512 v = load(xr, i, tail(i, n), dt);
+      const __m512 v = load(xr, i, half_vec::lanes(i, n), dt);
       acc = _mm512_fmadd_ps(v, v, acc);
     }
     const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(n) + eps);
     rstd[row] = r;
     const __m512 rv = _mm512_set1_ps(r);
     for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = tail(i, n);
+      const __mmask16 m = half_vec::lanes(i, n);
       __m512 v = _mm512_mul_ps(load(xr, i, m, dt), rv);
       if (w != nullptr) v = _mm512_mul_ps(v, load(w, i, m, dt));
       store(yr, i, m, v, dt);
@@ -126,7 +98,7 @@ __attribute__((target("avx512f,avx512bw"))) void backward_rows(const void* dy, c
     if (dx != nullptr) {
       __m512 acc = _mm512_setzero_ps();
       for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail(i, n);
+        const __mmask16 m = half_vec::lanes(i, n);
         __m512 g = load(gr, i, m, dt);
         if (w != nullptr) g = _mm512_mul_ps(g, load(w, i, m, dt));
         acc = _mm512_fmadd_ps(_mm512_mul_ps(load(xr, i, m, dt), rv), g, acc);
@@ -134,7 +106,7 @@ __attribute__((target("avx512f,avx512bw"))) void backward_rows(const void* dy, c
       const __m512 sv = _mm512_set1_ps(_mm512_reduce_add_ps(acc) * inv_n);
       char* dr = static_cast<char*>(dx) + row * n * es;
       for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail(i, n);
+        const __mmask16 m = half_vec::lanes(i, n);
         __m512 g = load(gr, i, m, dt);
         if (w != nullptr) g = _mm512_mul_ps(g, load(w, i, m, dt));
         const __m512 xhat = _mm512_mul_ps(load(xr, i, m, dt), rv);
@@ -143,7 +115,7 @@ __attribute__((target("avx512f,avx512bw"))) void backward_rows(const void* dy, c
     }
     if (dwacc != nullptr) {
       for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail(i, n);
+        const __mmask16 m = half_vec::lanes(i, n);
         const __m512 xhat = _mm512_mul_ps(load(xr, i, m, dt), rv);
         const __m512 a = _mm512_maskz_loadu_ps(m, dwacc + i);
         _mm512_mask_storeu_ps(dwacc + i, m, _mm512_fmadd_ps(load(gr, i, m, dt), xhat, a));

@@ -1,0 +1,66 @@
+"""Training layers whose neuron kernels differ from CPU's, neuron against CPU in the same run.
+
+- RMSNorm (`nn.RMSNorm`, `F.rms_norm`: torchtitan's Llama, Qwen, Mistral-style models built on
+  torch.nn) runs one kernel each way on neuron (csrc/backend/rms_norm.cpp) where CPU runs its
+  composite of about ten ops forward and twenty backward; LayerNorm runs CPU's kernels on both
+  (for scale). Forward, then backward of a random gradient. Target: RMSNorm <= 0.25 (memory
+  passes: 2 forward and 3 backward against CPU's ~25).
+- The embedding's weight gradient (`embedding_dense_backward`) runs CPU's walk into the device's
+  pooled result (csrc/backend/embedding_backward.cpp), where CPU allocates a fresh zeroed table
+  every call. Target <= 0.5 at GPT-2's table (50257 x 768).
+
+Times per call with the default intra-op threads; ratio neuron / CPU, median and [min-max] over
+interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _stats import fmt, fmt_ratio, interleaved, ratios, summary  # noqa: E402
+
+ROUNDS = 9
+TARGETS = {"RMSNorm": 0.25, "embedding": 0.5}
+
+
+def cases(device: str) -> dict:
+    out = {}
+    for rows, dim, dt in ((4096, 1024, torch.bfloat16), (4096, 1024, torch.float32), (256, 4096, torch.bfloat16)):
+        x = torch.randn(rows, dim, device=device, dtype=dt, requires_grad=True)
+        g = torch.randn(rows, dim, device=device, dtype=dt)
+        name = f"{rows}x{dim} {str(dt).removeprefix('torch.')}"
+        for kind, layer in (("RMSNorm", torch.nn.RMSNorm(dim, eps=1e-6)), ("LayerNorm", torch.nn.LayerNorm(dim))):
+            layer = layer.to(device, dt)
+            out[f"{kind} {name}"] = (lambda layer=layer, x=x, g=g:
+                                     torch.autograd.grad(layer(x), [x] + list(layer.parameters()), g))
+    for rows, dim, tokens, dt in ((50257, 768, 1024, torch.float32), (32000, 1024, 2048, torch.bfloat16)):
+        idx = torch.randint(0, rows, (tokens,), device=device)
+        g = torch.randn(tokens, dim, device=device, dtype=dt)
+        out[f"embedding grad {rows}x{dim} {str(dt).removeprefix('torch.')}, {tokens} tokens"] = (
+            lambda g=g, idx=idx, rows=rows: torch.ops.aten.embedding_dense_backward(g, idx, rows, -1, False))
+    return out
+
+
+def main() -> None:
+    import torchneuron  # noqa: F401
+
+    print(f"training layers, {torch.get_num_threads()} intra-op threads; neuron / CPU")
+    cpu, dev = cases("cpu"), cases("neuron")
+    missed = []
+    for name in cpu:
+        s = interleaved({"cpu": cpu[name], "neuron": dev[name]}, 5, ROUNDS)
+        r = ratios(s["neuron"], s["cpu"])
+        target = TARGETS.get(name.split()[0])
+        if target is not None and summary(r)[0] > target:
+            missed.append(name)
+        print(f"  {name:44s} cpu {fmt(s['cpu'], 1e3, 'ms', 2)}, neuron {fmt(s['neuron'], 1e3, 'ms', 2)}, "
+              f"ratio {fmt_ratio(r)}" + (f"  (target <= {target})" if target is not None else ""))
+    print("targets missed: " + ", ".join(missed) if missed else "all targets met")
+
+
+if __name__ == "__main__":
+    main()
