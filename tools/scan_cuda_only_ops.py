@@ -86,9 +86,6 @@ EXCLUDED: dict[str, str] = {
     "_conv_depthwise2d": "ConvUtils.h: the depthwise backend is chosen only for input.is_cuda()",
     "_conv_depthwise2d.out": "ConvUtils.h: the depthwise backend is chosen only for input.is_cuda()",
     "conv_depthwise3d": "ConvUtils.h: the depthwise backend is chosen only for input.is_cuda()",
-    "_fused_rms_norm_backward": ("derivative of _fused_rms_norm for backends with a _fused_rms_norm kernel; "
-                                 "on neuron _fused_rms_norm is CompositeImplicitAutograd (rms_norm_composite), "
-                                 "so autograd differentiates the decomposition"),
     "_cslt_compress": _SEMI,
     "_cslt_sparse_mm": _SEMI,
     "_cslt_sparse_mm_search": _SEMI,

@@ -59,7 +59,6 @@ __attribute__((target("avx512f,avx512bw"))) inline void store(void* p, int64_t i
   else half_vec::store(static_cast<uint16_t*>(p) + i, m, half_vec::narrow(f, dt == Dt::kBF16));
 }
 
-
 __attribute__((target("avx512f,avx512bw"))) void forward_rows(const void* x, const void* w, void* y, float* rstd,
                                                               int64_t begin, int64_t end, int64_t n, float eps,
                                                               Dt dt) {
