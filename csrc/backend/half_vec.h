@@ -1,8 +1,9 @@
-// 16 bf16 or fp16 values at a time in fp32 AVX-512 registers, with c10's roundings: what the
-// row kernels (rms_norm.cpp, embedding_backward.cpp) load and store. Callers run these only where
-// cpu_features::avx512bw() holds.
+// 16 fp32, bf16 or fp16 values at a time in fp32 AVX-512 registers, with c10's roundings: what
+// the row kernels (rms_norm.cpp, embedding_backward.cpp, gelu_tanh.cpp) load and store. Callers
+// run these only where cpu_features::avx512bw() holds.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -39,6 +40,22 @@ __attribute__((target("avx512f,avx512bw"))) inline __m256i narrow(__m512 f, bool
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
   return _mm512_cvtepi32_epi16(r);
+}
+
+// A kernel's storage dtype (fp32 arithmetic throughout).
+enum class Dt { kF32, kBF16, kF16 };
+inline Dt dt_of(c10::ScalarType t) {
+  return t == c10::kFloat ? Dt::kF32 : t == c10::kBFloat16 ? Dt::kBF16 : Dt::kF16;
+}
+
+// 16 (masked) values of element i on as fp32, and back with one rounding.
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load(const void* p, int64_t i, __mmask16 m, Dt dt) {
+  if (dt == Dt::kF32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  return widen(load(static_cast<const uint16_t*>(p) + i, m), dt == Dt::kBF16);
+}
+__attribute__((target("avx512f,avx512bw"))) inline void store(void* p, int64_t i, __mmask16 m, __m512 f, Dt dt) {
+  if (dt == Dt::kF32) _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, f);
+  else store(static_cast<uint16_t*>(p) + i, m, narrow(f, dt == Dt::kBF16));
 }
 
 }  // namespace torchneuron::half_vec

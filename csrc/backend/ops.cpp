@@ -108,6 +108,7 @@
 #include "enqueue.h"
 #include "fusion.h"
 #include "fallback.h"
+#include "gelu_tanh.h"
 #include "fp8.h"
 #include "gpu_trace.h"
 #include "sync_debug.h"
@@ -1227,12 +1228,15 @@ HOT_NAME(kEmbeddingBwd, "aten::embedding_dense_backward")
 // for bit. Below kGeluAtenNumel elements (oneDNN's break-even on this host class, 2 threads)
 // neuron runs ATen's kernel; at and above it, CPU's `out=` kernel (oneDNN). Either way a
 // contiguous input's result comes from the device pool (its layout is CPU's); strided inputs
-// and mixed dtypes run CPU's functional kernel unchanged.
+// and mixed dtypes run CPU's functional kernel unchanged. The tanh approximation over
+// contiguous fp32/bf16/fp16 runs gelu_tanh.h's kernel instead (SLEEF's 3.5-ULP tanh).
 constexpr int64_t kGeluAtenNumel = 16384;
 
 void gelu_kernel(const at::Tensor& out, const at::Tensor& a, at::native::GeluType type, c10::string_view approximate) {
   at::Tensor o = out;
-  if (a.numel() < kGeluAtenNumel) {
+  if (type == at::native::GeluType::Tanh && gelu_tanh::available(a)) {
+    gelu_tanh::forward(o, a);  // SLEEF's 3.5-ULP tanh (gelu_tanh.h)
+  } else if (a.numel() < kGeluAtenNumel) {
     auto iter = at::TensorIterator::unary_op(o, a);
     at::native::GeluKernel(c10::kCPU, iter, type);
   } else {
@@ -1243,7 +1247,9 @@ void gelu_kernel(const at::Tensor& out, const at::Tensor& a, at::native::GeluTyp
 void gelu_backward_kernel(const at::Tensor& out, const at::Tensor& g, const at::Tensor& a, at::native::GeluType type,
                           c10::string_view approximate) {
   at::Tensor o = out;
-  if (a.numel() < kGeluAtenNumel) {
+  if (type == at::native::GeluType::Tanh && gelu_tanh::available(a, &g)) {
+    gelu_tanh::backward(o, g, a);
+  } else if (a.numel() < kGeluAtenNumel) {
     auto iter = at::TensorIterator::borrowing_binary_op(o, g, a);
     at::native::GeluBackwardKernel(c10::kCPU, iter, type);
   } else {

@@ -47,17 +47,9 @@ constexpr char kFwd[] = "aten::_fused_rms_norm";
 constexpr char kBwd[] = "aten::_fused_rms_norm_backward";
 
 // ---- AVX-512 rows (fp32, bf16, fp16 storage; fp32 arithmetic) --------------------------------
-enum class Dt { kF32, kBF16, kF16 };
-
-__attribute__((target("avx512f,avx512bw"))) inline __m512 load(const void* p, int64_t i, __mmask16 m, Dt dt) {
-  if (dt == Dt::kF32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-  return half_vec::widen(half_vec::load(static_cast<const uint16_t*>(p) + i, m), dt == Dt::kBF16);
-}
-
-__attribute__((target("avx512f,avx512bw"))) inline void store(void* p, int64_t i, __mmask16 m, __m512 f, Dt dt) {
-  if (dt == Dt::kF32) _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, f);
-  else half_vec::store(static_cast<uint16_t*>(p) + i, m, half_vec::narrow(f, dt == Dt::kBF16));
-}
+using half_vec::Dt;
+using half_vec::load;
+using half_vec::store;
 
 __attribute__((target("avx512f,avx512bw"))) void forward_rows(const void* x, const void* w, void* y, float* rstd,
                                                               int64_t begin, int64_t end, int64_t n, float eps,
@@ -174,9 +166,7 @@ bool direct(const at::Tensor& input, const std::optional<at::Tensor>& weight) {
 // The weight a queued kernel captured, or null when there is none.
 const at::Tensor* defined(const std::optional<at::Tensor>& w) { return w.has_value() && w->defined() ? &*w : nullptr; }
 
-Dt dt_of(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat ? Dt::kF32 : t.scalar_type() == at::kBFloat16 ? Dt::kBF16 : Dt::kF16;
-}
+Dt dt_of(const at::Tensor& t) { return half_vec::dt_of(t.scalar_type()); }
 
 // The rows per task: about 64 KiB of input each, at least one row.
 int64_t grain(int64_t n, int64_t element_size) { return std::max<int64_t>(1, 65536 / (n * element_size)); }
