@@ -68,8 +68,6 @@ __attribute__((target("avx512f,avx512bw"))) void backward_range(const void* g, c
   }
 }
 
-Dt dt_of(const at::Tensor& t) { return half_vec::dt_of(t.scalar_type()); }
-
 // Elements per task: 32 Ki (CPU's TensorIterator grain).
 constexpr int64_t kGrain = 32768;
 
@@ -87,14 +85,14 @@ bool available(const at::Tensor& a, const at::Tensor* grad) {
 }
 
 void forward(const at::Tensor& out, const at::Tensor& a) {
-  const Dt dt = dt_of(a);
+  const Dt dt = half_vec::dt_of(a.scalar_type());
   const void* src = a.const_data_ptr();
   void* dst = out.data_ptr();
   at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) { forward_range(src, dst, b, e, dt); });
 }
 
 void backward(const at::Tensor& out, const at::Tensor& grad, const at::Tensor& a) {
-  const Dt dt = dt_of(a);
+  const Dt dt = half_vec::dt_of(a.scalar_type());
   const void *g = grad.const_data_ptr(), *src = a.const_data_ptr();
   void* dst = out.data_ptr();
   at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) { backward_range(g, src, dst, b, e, dt); });

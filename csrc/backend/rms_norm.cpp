@@ -24,6 +24,7 @@
 // composite forward (`compositeimplicitautograd::_fused_rms_norm`) and the decomposition's
 // backward in ATen ops.
 #include <ATen/core/Tensor.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/_fused_rms_norm_compositeimplicitautograd_dispatch.h>
@@ -148,6 +149,9 @@ void backward_rows_f64(const double* dy, const double* x, const double* rstd, co
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------
+// An optional weight (a queued kernel's capture too), or null when there is none.
+const at::Tensor* defined(const std::optional<at::Tensor>& w) { return w.has_value() && w->defined() ? &*w : nullptr; }
+
 // Whether the kernels take these tensors (after contiguous copies where needed): neuron tensors
 // of one floating dtype they handle (a weight, if any, of the same dtype), the AVX-512 rows
 // available where the dtype needs them, not channels-last (whose composite result keeps that
@@ -160,13 +164,8 @@ bool direct(const at::Tensor& input, const std::optional<at::Tensor>& weight) {
       format == at::MemoryFormat::ChannelsLast || format == at::MemoryFormat::ChannelsLast3d || input.numel() == 0) {
     return false;
   }
-  return !weight.has_value() || !weight->defined() || queueable_like(input, *weight);
+  return defined(weight) == nullptr || queueable_like(input, *weight);
 }
-
-// The weight a queued kernel captured, or null when there is none.
-const at::Tensor* defined(const std::optional<at::Tensor>& w) { return w.has_value() && w->defined() ? &*w : nullptr; }
-
-Dt dt_of(const at::Tensor& t) { return half_vec::dt_of(t.scalar_type()); }
 
 // The rows per task: about 64 KiB of input each, at least one row.
 int64_t grain(int64_t n, int64_t element_size) { return std::max<int64_t>(1, 65536 / (n * element_size)); }
@@ -182,7 +181,7 @@ void forward_kernel(const at::Tensor& y, const at::Tensor& rstd, const at::Tenso
     });
     return;
   }
-  const Dt dt = dt_of(x);
+  const Dt dt = half_vec::dt_of(x.scalar_type());
   at::parallel_for(0, m, grain(n, x.element_size()), [&](int64_t b, int64_t e) {
     forward_rows(x.const_data_ptr(), wp, y.data_ptr(), rstd.data_ptr<float>(), b, e, n, static_cast<float>(eps), dt);
   });
@@ -211,7 +210,7 @@ void backward_kernel(const at::Tensor& dx, const at::Tensor& dw, const at::Tenso
                           parts > 0 ? part64.data() + k * n : nullptr, b, e, n);
       } else {
         backward_rows(dy.const_data_ptr(), x.const_data_ptr(), rstd.const_data_ptr<float>(), wp, dxp,
-                      parts > 0 ? part32.data() + k * n : nullptr, b, e, n, dt_of(x));
+                      parts > 0 ? part32.data() + k * n : nullptr, b, e, n, half_vec::dt_of(x.scalar_type()));
       }
     }
   });
@@ -225,7 +224,7 @@ void backward_kernel(const at::Tensor& dx, const at::Tensor& dw, const at::Tenso
 std::pair<int64_t, int64_t> rows_cols(const at::Tensor& input, at::IntArrayRef normalized_shape,
                                       const std::optional<at::Tensor>& weight) {
   at::native::_check_rms_norm_inputs_symint(input, c10::fromIntArrayRefSlow(normalized_shape),
-                                            weight.has_value() && weight->defined() ? *weight : at::Tensor());
+                                            defined(weight) != nullptr ? *weight : at::Tensor());
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   int64_t m = 1, n = 1;
   for (const auto i : c10::irange(input.dim())) (i < axis ? m : n) *= input.size(i);
@@ -237,8 +236,6 @@ std::vector<int64_t> stat_shape(const at::Tensor& input, size_t normalized_ndim)
   s.resize(input.dim(), 1);
   return s;
 }
-
-at::ScalarType opmath(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 double eps_or_default(std::optional<double> eps, at::ScalarType t) {
   if (eps.has_value()) return *eps;
@@ -252,27 +249,27 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input, at::I
     return at::compositeimplicitautograd::_fused_rms_norm(input, normalized_shape, weight, eps);
   }
   const auto [m, n] = rows_cols(input, normalized_shape, weight);
-  if (!input.is_contiguous() || (weight.has_value() && weight->defined() && !weight->is_contiguous())) {
+  if (!input.is_contiguous() || (defined(weight) != nullptr && !weight->is_contiguous())) {
     // one copy each (queued like any op), then the kernel: far cheaper than the composite's passes
     std::optional<at::Tensor> wc;
-    if (weight.has_value() && weight->defined()) wc = weight->contiguous();
+    if (defined(weight) != nullptr) wc = weight->contiguous();
     return fused_rms_norm(input.contiguous(), normalized_shape, wc, eps);
   }
   const double e = eps_or_default(eps, input.scalar_type());
   const auto stat = stat_shape(input, normalized_shape.size());
-  const bool w = weight.has_value() && weight->defined();
+  const bool w = defined(weight) != nullptr;
   if (may_enqueue()) {
     QueuedCall q;
     at::Tensor x = q.in(input), y, rstd;
     std::optional<at::Tensor> wa = q.in(weight);
-    at::Tensor yo = q.out(y, x.sizes(), x.scalar_type()), ro = q.out(rstd, stat, opmath(x.scalar_type()));
+    at::Tensor yo = q.out(y, x.sizes(), x.scalar_type()), ro = q.out(rstd, stat, at::toOpMathType(x.scalar_type()));
     q.enqueue(kFwd, [x, wa, yo, ro, m = m, n = n, e] { forward_kernel(yo, ro, x, defined(wa), m, n, e); });
     return {y, rstd};
   }
   ZeroCopy zc;
   at::Tensor x = zc.in(input), wa = w ? zc.in(*weight) : at::Tensor();
   zc.launch(kFwd);
-  at::Tensor y = pooled(zc, x.sizes(), x.scalar_type()), rstd = pooled(zc, stat, opmath(x.scalar_type()));
+  at::Tensor y = pooled(zc, x.sizes(), x.scalar_type()), rstd = pooled(zc, stat, at::toOpMathType(x.scalar_type()));
   forward_kernel(zc.in_output(y), zc.in_output(rstd), x, w ? &wa : nullptr, m, n, e);
   return {y, rstd};
 }
@@ -286,12 +283,12 @@ std::tuple<at::Tensor, at::Tensor> backward_composite(const at::Tensor& grad_out
   (void)rows_cols(input, normalized_shape, weight);
   TORCH_CHECK(!input.is_complex(), "_fused_rms_norm_backward: complex inputs are not supported on neuron (nor "
               "on CUDA); normalize the real and imaginary parts, or run rms_norm on the CPU");
-  const auto ct = opmath(input.scalar_type());
+  const auto ct = at::toOpMathType(input.scalar_type());
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> inner, outer;
   for (const auto i : c10::irange(input.dim())) (i < axis ? outer : inner).push_back(i);
   const at::Tensor g = grad_out.to(ct).contiguous(), x = input.to(ct).contiguous();
-  const bool w = weight.has_value() && weight->defined();
+  const bool w = defined(weight) != nullptr;
   const at::Tensor gx = w ? g.mul(weight->to(ct)) : g;
   const at::Tensor r = rstd.reshape(stat_shape(input, normalized_shape.size()));
   const at::Tensor xhat = x.mul(r);
@@ -313,10 +310,10 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& gra
                                                            at::IntArrayRef normalized_shape, const at::Tensor& rstd,
                                                            const std::optional<at::Tensor>& weight,
                                                            std::array<bool, 2> mask) {
-  const bool w = weight.has_value() && weight->defined();
+  const bool w = defined(weight) != nullptr;
   const bool ok = direct(input, weight) && queueable_like(input, grad_out) && grad_out.sizes() == input.sizes() &&
                   rstd.is_privateuseone() && rstd.device() == input.device() &&
-                  rstd.scalar_type() == opmath(input.scalar_type());
+                  rstd.scalar_type() == at::toOpMathType(input.scalar_type());
   if (!ok) return backward_composite(grad_out, input, normalized_shape, rstd, weight, mask);
   const auto [m, n] = rows_cols(input, normalized_shape, weight);
   if (!grad_out.is_contiguous() || !input.is_contiguous() || !rstd.is_contiguous() ||

@@ -125,14 +125,6 @@ inline void prefetch(const char* p) {
 #endif
 }
 
-// Asks for every cache line of tile t's source and destination rows while the tile before it
-// is transposed. Each row piece is one to four lines a page or more from the next, too short
-// a run for the hardware prefetchers to follow, so without this every line is a demand miss.
-// 1024 x 2048 and 2048 x 1024, 2 threads, results kept (their memory not in cache, as in a
-// training step), us: fp8 420-560 -> 320-390, bf16 850-990 -> 560-620, fp32 1340-1410 ->
-// 860-970; results freed at once (bench/layout.py, destination in cache): fp8 same, bf16 3-6 %
-// and fp32 8-11 % faster. prefetchw for the destination measured slower (bf16 720-760), and
-// prefetcht1 (second-level cache only) gains less (bf16 640-700).
 // Tile t of a stack of rows x cols destinations cut into kTile-square tiles, tiles a matrix and
 // col_tiles a row of them: matrix b, destination rows [i0, i0 + ni), columns [j0, j0 + nj).
 struct Tile {
@@ -143,6 +135,14 @@ inline Tile tile_at(int64_t t, int64_t kTile, int64_t rows, int64_t cols, int64_
   return {b, i0, j0, std::min(kTile, rows - i0), std::min(kTile, cols - j0)};
 }
 
+// Asks for every cache line of tile t's source and destination rows while the tile before it
+// is transposed. Each row piece is one to four lines a page or more from the next, too short
+// a run for the hardware prefetchers to follow, so without this every line is a demand miss.
+// 1024 x 2048 and 2048 x 1024, 2 threads, results kept (their memory not in cache, as in a
+// training step), us: fp8 420-560 -> 320-390, bf16 850-990 -> 560-620, fp32 1340-1410 ->
+// 860-970; results freed at once (bench/layout.py, destination in cache): fp8 same, bf16 3-6 %
+// and fp32 8-11 % faster. prefetchw for the destination measured slower (bf16 720-760), and
+// prefetcht1 (second-level cache only) gains less (bf16 640-700).
 template <class E>
 void prefetch_tile(const E* src, E* dst, int64_t rows, int64_t cols, const Tile& tl) {
   const auto* s = reinterpret_cast<const char*>(src + tl.b * rows * cols);
