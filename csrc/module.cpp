@@ -114,7 +114,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_precision_routes", []() {
     // How this host runs the GEMM family per dtype (docs/architecture.md, Precision).
     py::dict d;
-    d["bf16_cpu_kernels"] = torchneuron::gemm::cpu_fast_bf16();
+    d["bf16_cpu_kernels"] = torchneuron::gemm::cpu_fast_bf16() && !torchneuron::gemm::bf16_half_rate();
+    d["bf16_cpu_products_below_rows"] =
+        torchneuron::gemm::bf16_half_rate() ? torchneuron::gemm::kBf16RoutedRows : int64_t{0};
     d["fp16_cpu_product_kernels"] = torchneuron::gemm::cpu_fast_fp16();
     d["lowp_gemm"] = std::string(torchneuron::gemm::lowp_route());
     d["fp8_cast_vectorized"] = torchneuron::fp8::vectorized();
@@ -125,12 +127,17 @@ PYBIND11_MODULE(_C, m) {
     d["bf16_mm_amx_rows"] = torchneuron::amx_gemm::available() ? torchneuron::gemm::kAmxMmRows : 0;
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
-     "bf16 dot products, cpu_avx512_bf16), whether fp16 products do (oneDNN's fp16 kernels, "
+     "bf16 dot products at full rate, cpu_avx512_bf16 without bf16_cpu_products_below_rows), below how "
+     "many rows bf16 products keep them where bf16 is otherwise routed (0: all or none; gemm.h, "
+     "bf16_half_rate), whether fp16 products do (oneDNN's fp16 kernels, "
      "AVX512-FP16), the fp16/bf16 GEMM route (onednn-fp32 or mkl-mixed), whether fp8 casts are vectorized, whether fp8 "
      "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted), whether "
      "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel), "
      "whether fp8 GEMMs with B column-major run on the AMX kernel (amx_fp8_kernel, amx_gemm.h; ahead of both), "
      "and up to how many rows a bf16 mm with B column-major runs on it too (bf16_mm_amx_rows, 0: never).");
+  m.def("_set_bf16_half_rate", &torchneuron::gemm::set_bf16_half_rate, py::arg("value"),
+        "Testing: 1 routes bf16 as a host whose bf16 dot products run at half fp32's rate (gemm.h, "
+        "bf16_half_rate; needs AVX512-BF16), 0 as one where they do not, -1 as this host is.");
   m.def("_set_bf16_gemm_enabled", &torchneuron::bf16_gemm::set_enabled, py::arg("enabled"),
         "Testing: False routes fp8 GEMMs as on a host without AVX512-BF16 (bf16_gemm.h), True back.");
   m.def("_set_amx_gemm_enabled", &torchneuron::gemm::set_amx_enabled, py::arg("enabled"),

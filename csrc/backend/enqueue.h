@@ -174,6 +174,16 @@ class QueuedCall {
     result = pooled(*zc_, sizes, dtype, strides);
     return zc_->in_output(result);
   }
+  // `bytes` of device memory for the kernel's temporaries, allocated now from the caching
+  // allocator (the kernel may not enter it): the kernel passes the returned alias to its
+  // ZeroCopy's set_scratch_arena. Undefined for 0 bytes.
+  at::Tensor arena(int64_t bytes) {
+    if (bytes <= 0) return at::Tensor();
+    at::Tensor block;
+    at::Tensor alias = out(block, {bytes}, at::kByte);
+    arenas_.push_back(std::move(block));
+    return alias;
+  }
   template <class Work>
   void enqueue(const char* name, Work&& work, neuron::rt::engine::Record record = nullptr) {
     zc_->release_tensors();
@@ -184,10 +194,12 @@ class QueuedCall {
           w();
         },
         std::move(record), zc_->captured_tensors());
+    arenas_.clear();  // the stream-ordered pool hands their blocks only to later kernels
   }
 
  private:
   std::shared_ptr<ZeroCopy> zc_;
+  std::vector<at::Tensor> arenas_;  // the device blocks behind arena(), held until enqueued
 };
 
 // A value operand of a queued kernel: a neuron tensor of ref's device (strided, without lazy

@@ -15,6 +15,21 @@ namespace torchneuron::gemm {
 // (Intel Ice Lake) oneDNN emulates bf16 at 3.5x fp32's time.
 bool cpu_fast_bf16();
 
+// Whether the CPU's native bf16 dot products (AVX512-BF16's VDPBF16PS) run at about half an fp32
+// GEMM's rate: Intel cores of the Sapphire Rapids class (AVX512-FP16) whose AMX tiles are absent
+// or not granted (a VM hiding them), where VDPBF16PS issues on one port and FMA on two. oneDNN's
+// bf16 kernels there (2 cores, Intel Xeon model 207): mm 1024^3 14.5 ms against 9.2-9.9 ms in
+// fp32; conv2d forward + backward 13.9 ms against 10.2 ms and causal attention forward +
+// backward 87 ms against 50 ms on exact fp32 copies. bf16 then takes the exact route (routed(),
+// product_routed()), but for products of fewer than kBf16RoutedRows rows, where oneDNN's bf16
+// kernel, reading half the bytes of an fp32 copy, is as fast or faster (16 x 4096 x 4096: 4.3-5.1
+// against 8.1-8.5 ms; at 64 rows the two meet).
+bool bf16_half_rate();
+constexpr int64_t kBf16RoutedRows = 64;
+// Testing: 1 routes as such a host (where oneDNN's bf16 kernels exist), 0 as another, -1 as this
+// host is.
+void set_bf16_half_rate(int value);
+
 // Whether CPU's fp16 GEMMs are oneDNN's on this host: ATen takes them only with AVX512-FP16 or
 // AMX-FP16 (mkldnn_fp16_device_check), and they accumulate in fp32 there (TensorE's contract):
 // mm 1024^3 6.9 ms against 10.3 ms for exact fp32 copies and an fp32 GEMM (AMX host).
@@ -24,22 +39,29 @@ bool cpu_fast_fp16();
 // exact, fp32 accumulation, one rounding, as TensorE runs them): fp16 always (CPU's fp16
 // kernels are 10-400x slower than bf16 without AVX512-FP16/AMX, and even with AVX512-FP16 its
 // fp16 convolution backward took 214 ms against 2.9 ms); bf16 where CPU's bf16 kernels are slow
-// (!cpu_fast_bf16()).
+// (!cpu_fast_bf16() or bf16_half_rate()).
 inline bool routed(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
+  return t.scalar_type() == at::kHalf ||
+         (t.scalar_type() == at::kBFloat16 && (!cpu_fast_bf16() || bf16_half_rate()));
 }
 
 // The same for the products (mm, addmm, bmm, baddbmm, their out= forms, _grouped_mm): as
-// routed(), except that fp16 keeps CPU's kernels where they are oneDNN's (cpu_fast_fp16()).
+// routed(), except that fp16 keeps CPU's kernels where they are oneDNN's (cpu_fast_fp16()). On
+// bf16_half_rate() hosts the products' call sites also keep CPU's kernels below
+// kBf16RoutedRows rows (gemm.cpp, half_pair).
 inline bool product_routed(const at::Tensor& t) {
   return (t.scalar_type() == at::kHalf && !cpu_fast_fp16()) ||
-         (t.scalar_type() == at::kBFloat16 && !cpu_fast_bf16());
+         (t.scalar_type() == at::kBFloat16 && (!cpu_fast_bf16() || bf16_half_rate()));
 }
 
 // A CPU tensor over a fresh buffer from the device's caching allocator (no page faults for
 // large temporaries, unlike host allocations). `zc` keeps the buffer alive for the op.
 at::Tensor scratch(ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype,
                    c10::IntArrayRef strides = {});
+
+// The bytes an fp32 scratch of `numel` elements takes in a queued kernel's arena
+// (ZeroCopy::set_scratch_arena: 64-byte aligned).
+inline int64_t arena_bytes(int64_t numel) { return (numel * 4 + 63) / 64 * 64; }
 
 // An exact fp32 copy of `t` (fp16/bf16/fp32) in a scratch buffer, keeping a dense layout
 // (a transposed operand stays transposed, which oneDNN reads without a reorder).
@@ -70,6 +92,10 @@ void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
 // beta == 0 ignores acc's contents.
 void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
                      float beta, float alpha);
+
+// Whether matmul_lowp_f32 multiplies a and b with MKL's mixed-precision GEMM (reading the 16-bit
+// operands) rather than exact fp32 copies of them, for an fp32 accumulator contiguous or not.
+bool mixed_route(const at::Tensor& a, const at::Tensor& b, bool contiguous_acc);
 
 // Whether the CPU multiplies bf16 tiles on AMX (and MKL's bf16 x bf16 -> fp32 GEMM, which uses
 // it, is linked): then matmul_lowp_f32 runs bf16 operands on that GEMM at any size, and fp8

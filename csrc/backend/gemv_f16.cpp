@@ -1,11 +1,13 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-// fp16 matrix-vector products (mv, addmv) at the speed of reading the matrix.
+// fp16 and bf16 matrix-vector products (mv, addmv) at the speed of reading the matrix.
 //
 // A matrix-vector product reads every element of the matrix once, so its time is the matrix's
 // bytes over memory bandwidth, and TensorE's contract (exact products, fp32 sums, one rounding)
 // costs nothing extra: widening an fp16 element to fp32 is one instruction. Where ATen gives fp16
 // gemv to oneDNN (AVX512-FP16 hosts) it took 262 us for 1024^2 against 64 us for bf16 (a matmul
-// primitive on one column); this kernel reads the fp16 matrix directly, in either layout:
+// primitive on one column), and so did bf16 on hosts whose bf16 dot products run at half rate
+// (gemm.h, bf16_half_rate: 309 us against fp16's 48 us through this kernel); this kernel reads
+// the 16-bit matrix directly, in either layout:
 //   - row-major (unit column stride): one fp32 dot product per row, 64 columns per step in four
 //     independent accumulators;
 //   - column-major (unit row stride, e.g. mv(A.t(), x)): blocks of 128 rows accumulated in eight
@@ -14,6 +16,7 @@
 #include "gemv_f16.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <vector>
@@ -28,33 +31,46 @@ namespace torchneuron::gemv_f16 {
 namespace {
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f,f16c,fma"))) inline __m512 widen16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// 16 values widened exactly to fp32: fp16 by F16C's conversion, bf16 by shifting its bits into
+// the top half of an fp32 word.
+template <bool BF16>
+__attribute__((target("avx512f,avx512bw,f16c,fma"))) inline __m512 widen16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else return _mm512_cvtph_ps(h);
+}
+
+template <bool BF16>
+inline float widen1(uint16_t b) {
+  if constexpr (BF16) return static_cast<float>(c10::BFloat16(b, c10::BFloat16::from_bits()));
+  else return static_cast<float>(c10::Half(b, c10::Half::from_bits()));
 }
 
 // acc[i] = sum_j m[i * ld + j] * x[j] for rows [r0, r1)
-__attribute__((target("avx512f,f16c,fma"))) void rows_dot(const uint16_t* m, int64_t ld, const float* x,
-                                                          int64_t k, float* acc, int64_t r0, int64_t r1) {
+template <bool BF16>
+__attribute__((target("avx512f,avx512bw,f16c,fma"))) void rows_dot(const uint16_t* m, int64_t ld, const float* x,
+                                                                   int64_t k, float* acc, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
     const uint16_t* row = m + i * ld;
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 64 <= k; j += 64) {
-      a0 = _mm512_fmadd_ps(widen16(row + j), _mm512_loadu_ps(x + j), a0);
-      a1 = _mm512_fmadd_ps(widen16(row + j + 16), _mm512_loadu_ps(x + j + 16), a1);
-      a2 = _mm512_fmadd_ps(widen16(row + j + 32), _mm512_loadu_ps(x + j + 32), a2);
-      a3 = _mm512_fmadd_ps(widen16(row + j + 48), _mm512_loadu_ps(x + j + 48), a3);
+      a0 = _mm512_fmadd_ps(widen16<BF16>(row + j), _mm512_loadu_ps(x + j), a0);
+      a1 = _mm512_fmadd_ps(widen16<BF16>(row + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+      a2 = _mm512_fmadd_ps(widen16<BF16>(row + j + 32), _mm512_loadu_ps(x + j + 32), a2);
+      a3 = _mm512_fmadd_ps(widen16<BF16>(row + j + 48), _mm512_loadu_ps(x + j + 48), a3);
     }
-    for (; j + 16 <= k; j += 16) a0 = _mm512_fmadd_ps(widen16(row + j), _mm512_loadu_ps(x + j), a0);
+    for (; j + 16 <= k; j += 16) a0 = _mm512_fmadd_ps(widen16<BF16>(row + j), _mm512_loadu_ps(x + j), a0);
     float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; j < k; ++j) sum += static_cast<float>(c10::Half(row[j], c10::Half::from_bits())) * x[j];
+    for (; j < k; ++j) sum += widen1<BF16>(row[j]) * x[j];
     acc[i] = sum;
   }
 }
 
 // acc[i] = sum_j m[j * ld + i] * x[j] for rows [r0, r1) (a column-major matrix)
-__attribute__((target("avx512f,f16c,fma"))) void cols_axpy(const uint16_t* m, int64_t ld, const float* x,
-                                                           int64_t k, float* acc, int64_t r0, int64_t r1) {
+template <bool BF16>
+__attribute__((target("avx512f,avx512bw,f16c,fma"))) void cols_axpy(const uint16_t* m, int64_t ld, const float* x,
+                                                                    int64_t k, float* acc, int64_t r0, int64_t r1) {
   constexpr int64_t kBlock = 128;
   int64_t i0 = r0;
   for (; i0 + kBlock <= r1; i0 += kBlock) {
@@ -63,7 +79,7 @@ __attribute__((target("avx512f,f16c,fma"))) void cols_axpy(const uint16_t* m, in
     for (int64_t j = 0; j < k; ++j) {
       const uint16_t* col = m + j * ld + i0;
       const __m512 xj = _mm512_set1_ps(x[j]);
-      for (int v = 0; v < 8; ++v) a[v] = _mm512_fmadd_ps(widen16(col + 16 * v), xj, a[v]);
+      for (int v = 0; v < 8; ++v) a[v] = _mm512_fmadd_ps(widen16<BF16>(col + 16 * v), xj, a[v]);
     }
     for (int v = 0; v < 8; ++v) _mm512_storeu_ps(acc + i0 + 16 * v, a[v]);
   }
@@ -71,9 +87,7 @@ __attribute__((target("avx512f,f16c,fma"))) void cols_axpy(const uint16_t* m, in
     for (int64_t i = i0; i < r1; ++i) acc[i] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       const uint16_t* col = m + j * ld;
-      for (int64_t i = i0; i < r1; ++i) {
-        acc[i] = std::fma(static_cast<float>(c10::Half(col[i], c10::Half::from_bits())), x[j], acc[i]);
-      }
+      for (int64_t i = i0; i < r1; ++i) acc[i] = std::fma(widen1<BF16>(col[i]), x[j], acc[i]);
     }
   }
 }
@@ -95,10 +109,12 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   const int64_t rows = m.size(0), k = m.size(1);
   const bool row_major = m.stride(1) == 1 || k <= 1, col_major = m.stride(0) == 1 || rows <= 1;
   if (!available() || !o.is_contiguous() || (!row_major && !col_major)) return false;
+  const bool bf16 = m.scalar_type() == at::kBFloat16;
+  const auto wide = bf16 ? widen1<true> : widen1<false>;
   std::vector<float> x(static_cast<size_t>(k));
   const at::Tensor vc = v.contiguous();
   const auto* vp = static_cast<const uint16_t*>(vc.const_data_ptr());
-  for (int64_t j = 0; j < k; ++j) x[j] = static_cast<float>(c10::Half(vp[j], c10::Half::from_bits()));
+  for (int64_t j = 0; j < k; ++j) x[j] = wide(vp[j]);
   std::vector<float> acc(static_cast<size_t>(rows));
   const auto* mp = static_cast<const uint16_t*>(m.const_data_ptr());
   // (a matrix with one row or column is both: read it along its unit stride)
@@ -107,8 +123,8 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   // about 64 KiB of the matrix per task
   const int64_t grain = std::max<int64_t>(by_rows ? 1 : 128, (int64_t{32} << 10) / std::max<int64_t>(1, k));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    if (by_rows) rows_dot(mp, ld, x.data(), k, acc.data(), r0, r1);
-    else cols_axpy(mp, ld, x.data(), k, acc.data(), r0, r1);
+    if (by_rows) (bf16 ? rows_dot<true> : rows_dot<false>)(mp, ld, x.data(), k, acc.data(), r0, r1);
+    else (bf16 ? cols_axpy<true> : cols_axpy<false>)(mp, ld, x.data(), k, acc.data(), r0, r1);
   });
   auto* op = static_cast<uint16_t*>(o.data_ptr());
   const at::Tensor se = beta != 0.0f ? s.expand({rows}) : at::Tensor();
@@ -116,8 +132,8 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   const int64_t ss = beta != 0.0f ? se.stride(0) : 0;
   for (int64_t i = 0; i < rows; ++i) {
     float r = alpha == 0.0f ? 0.0f : alpha * acc[i];  // (BLAS: alpha = 0 reads no product, NaN or not)
-    if (sp) r += beta * static_cast<float>(c10::Half(sp[i * ss], c10::Half::from_bits()));
-    op[i] = c10::Half(r).x;
+    if (sp) r += beta * wide(sp[i * ss]);
+    op[i] = bf16 ? c10::BFloat16(r).x : c10::Half(r).x;  // round to nearest even, as CPU's casts
   }
   return true;
 #else

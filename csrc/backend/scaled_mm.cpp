@@ -85,7 +85,14 @@ bool mixed_route() { return gemm::amx_bf16() || std::strcmp(gemm::lowp_route(), 
 constexpr int64_t kAmxMinRows = 128;
 bool columns_along_k(const at::Tensor& b) { return b.stride(-2) == 1 && b.stride(-1) != 1; }
 bool amx_kernel(const at::Tensor& b) { return amx_gemm::available() && columns_along_k(b); }
+//  On hosts whose bf16 dot products run at half rate (gemm.h, bf16_half_rate: no AMX there)
+//  products of kBf16RoutedRows rows or more take exact fp32 copies and an fp32 GEMM instead, as
+//  bf16 products do (2 cores, row-wise -> bf16, ms, this kernel / fp32 copies: 1024^3 15.1 /
+//  11.9, 2048^3 111 / 72.5, 256x1024x4096 13.9 / 11.5; but 16x4096x4096 5.2 / 22.4); fewer
+//  rows keep this kernel, tensor-wise -> bf16 too (oneDNN's bf16 GEMM on widened copies there:
+//  16x4096x4096 15-19 ms).
 bool fused_route(int64_t rows, const at::Tensor& b) {
+  if (gemm::bf16_half_rate() && rows >= gemm::kBf16RoutedRows && !amx_kernel(b)) return false;
   return amx_kernel(b) || (bf16_gemm::available() && (!gemm::amx_bf16() || rows < kAmxMinRows));
 }
 
@@ -334,7 +341,8 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
   const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
-                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K) && !amx_kernel(b);
+                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K) && !amx_kernel(b) &&
+                           !gemm::bf16_half_rate();
   const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
   if (fused_route(M, b) && !onednn_bf16) {
     // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32
@@ -404,8 +412,13 @@ at::Tensor run_scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const a
     at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b);
     const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
     at::Tensor o = out.defined() ? q.into(out) : q.out(out, {a.size(0), b.size(1)}, dtype);
-    q.enqueue(name, [a, b, sa, sb, bi, sr, o] {
+    // Off the fused kernels: the widened copies and the fp32 accumulator (gemm.h, arena_bytes).
+    const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+    at::Tensor arena = q.arena(gemm::arena_bytes(M * N) +
+                               (fused_route(M, b) ? 0 : gemm::arena_bytes(M * K) + gemm::arena_bytes(K * N)));
+    q.enqueue(name, [a, b, sa, sb, bi, sr, o, arena] {
       ZeroCopy zc(ZeroCopy::Queued{});
+      zc.set_scratch_arena(arena);
       scaled_mm_into(zc, o, a, b, sa, sb, bi, sr);
     });
     return out;

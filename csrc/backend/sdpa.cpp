@@ -56,6 +56,14 @@ at::Tensor round_to(const at::Tensor& t, c10::ScalarType dt) {
   return r;
 }
 
+// The arena bytes of these tensors' exact fp32 copies (and a routed mask's).
+int64_t copies_bytes(std::initializer_list<at::Tensor> ts, const std::optional<at::Tensor>& mask) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : ts) bytes += gemm::arena_bytes(t.numel());
+  if (mask.has_value() && mask->defined() && attention_routed(*mask)) bytes += gemm::arena_bytes(mask->numel());
+  return bytes;
+}
+
 std::optional<at::Tensor> upcast_opt(ZeroCopy& zc, const std::optional<at::Tensor>& t) {
   if (t.has_value() && t->defined() && attention_routed(*t)) return gemm::upcast(zc, *t);
   return t;
@@ -245,14 +253,17 @@ std::tuple<at::Tensor, at::Tensor> enqueue_forward(const char* name, const at::T
                         out_strides.empty() ? std::vector<int64_t>{L * H * E, E, H * E, 1} : out_strides.vec());
   at::Tensor lo = keep_lse ? q.out(lse, {B, H, L}, acc, {L * H, 1, H}) : q.out(lse, {B, H, 0}, acc);
   const bool direct = direct_flash(query, key, value, mask);
-  q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, direct, B, H, L] {
+  // A routed dtype's exact fp32 copies (gemm.h, arena_bytes).
+  at::Tensor arena = q.arena(half_attention(query, key, value) ? copies_bytes({query, key, value}, mask) : 0);
+  q.enqueue(name, [qa, ka, va, ma, oo, lo, is_causal, scale, keep_lse, direct, B, H, L, arena] {
     if (direct) {
       // Without keep_lse the logsumexp goes to host scratch (the efficient op may not return it).
       at::Tensor l = keep_lse ? lo : at::empty({B, L, H}, lo.options()).transpose(1, 2);
       flash_forward_into(oo, l, qa, ka, va, is_causal, ma, scale);
       return;
     }
-    ZeroCopy zc(ZeroCopy::Queued{});  // a routed dtype's fp32 copies: host scratch (gemm.h)
+    ZeroCopy zc(ZeroCopy::Queued{});
+    zc.set_scratch_arena(arena);
     auto [o, l] = flash_forward(zc, qa, ka, va, 0.0, is_causal, ma, scale);
     at::Tensor(oo).copy_(o);
     if (keep_lse) at::Tensor(lo).copy_(l);
@@ -279,12 +290,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> enqueue_backward(
   at::Tensor gko = q.out(gk, key.sizes(), key.scalar_type(), bhle_strides(key));
   at::Tensor gvo = q.out(gv, value.sizes(), value.scalar_type(), bhle_strides(value));
   const bool direct = direct_flash(query, key, value, mask);
-  q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale, direct] {
+  at::Tensor arena =
+      q.arena(half_attention(query, key, value) ? copies_bytes({grad_out, query, key, value, out}, mask) : 0);
+  q.enqueue(name, [go, qa, ka, va, oa, la, ma, gqo, gko, gvo, is_causal, scale, direct, arena] {
     if (direct) {
       flash_backward_into(gqo, gko, gvo, go, qa, ka, va, oa, la, is_causal, ma, scale);
       return;
     }
     ZeroCopy zc(ZeroCopy::Queued{});
+    zc.set_scratch_arena(arena);
     auto [a, b, c] = flash_backward(zc, go, qa, ka, va, oa, la, 0.0, is_causal, ma, scale);
     at::Tensor(gqo).copy_(a);
     at::Tensor(gko).copy_(b);

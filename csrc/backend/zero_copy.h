@@ -95,6 +95,22 @@ class ZeroCopy {
   // Whether this ZeroCopy belongs to a queued kernel (ZeroCopy(Queued{})).
   bool queued() const { return queued_; }
 
+  // A queued kernel's temporaries (gemm::scratch) may come from `arena`, the CPU alias of
+  // device memory its call allocated from the caching allocator: a queued kernel may not enter
+  // the pool, and fresh host memory faults its pages in on every call (an fp16 product's
+  // widened 4096 x 4096 weight: 64 MiB, ~20 ms). take_scratch returns `bytes` of it (64-byte
+  // aligned) or nullptr once it is used up.
+  void set_scratch_arena(at::Tensor arena) {
+    arena_ = std::move(arena);
+    arena_used_ = 0;
+  }
+  void* take_scratch(size_t bytes) {
+    const size_t at = (arena_used_ + 63) & ~size_t{63};
+    if (!arena_.defined() || at + bytes > arena_.nbytes()) return nullptr;
+    arena_used_ = at + bytes;
+    return static_cast<char*>(arena_.data_ptr()) + at;
+  }
+
   // For a kernel queued on the execution engine (enqueue.h), after the last in(): drop the
   // references to the device tensors, keeping only the aliases (raw views of the bytes). A
   // tensor the user drops is then freed at once, as on CUDA: the caching allocator's block is
@@ -123,6 +139,8 @@ class ZeroCopy {
 
   int device_ = -1;
   bool queued_ = false;    // ZeroCopy(Queued{})
+  at::Tensor arena_;       // set_scratch_arena
+  size_t arena_used_ = 0;
   void note_tensor(const at::Tensor& t, int64_t flags) {
     if (C10_UNLIKELY(trace_ != nullptr)) prof::encode_tensor(trace_->rec.tensors, t, flags);
     if (C10_UNLIKELY(captured_ != nullptr)) prof::encode_tensor(captured_->tensors, t, flags);

@@ -164,6 +164,8 @@ def test_16_bit_matrix_vector_ops_keep_cpus_kernels_on_avx512_hosts(op, dtype):
         pytest.skip("routed on hosts without AVX-512")
     if dtype == torch.float16 and op != "dot" and ROUTES["fp16_cpu_product_kernels"]:
         pytest.skip("CPU's fp16 gemv is oneDNN's matmul here: neuron's fp16 gemv kernel runs instead")
+    if dtype == torch.bfloat16 and op != "dot" and ROUTES["bf16_cpu_products_below_rows"]:
+        pytest.skip("bf16 dot products run at half rate here: neuron's gemv kernel runs instead")
     torch.manual_seed(1)
     m, v, c = rand(64, 1024, dtype=dtype), rand(1024, dtype=dtype), rand(64, dtype=dtype)
     run = {"mv": lambda m, v, c: torch.mv(m, v),
@@ -177,14 +179,24 @@ def test_16_bit_matrix_vector_ops_keep_cpus_kernels_on_avx512_hosts(op, dtype):
     assert torch.equal(got.cpu(), run(m, v, c))
 
 
-GEMV_F16 = pytest.mark.skipif(not ROUTES["fp16_cpu_product_kernels"],
-                              reason="neuron's fp16 gemv kernel runs where CPU's fp16 GEMMs are oneDNN's")
+@pytest.fixture(params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def gemv_dtype(request):
+    """The dtypes neuron's gemv kernel runs: fp16 where CPU's fp16 GEMMs are oneDNN's, bf16 where
+    bf16 dot products run at half rate (routed so here on any AVX512-BF16 host)."""
+    if request.param == torch.float16 and not ROUTES["fp16_cpu_product_kernels"]:
+        pytest.skip("neuron's fp16 gemv kernel runs where CPU's fp16 GEMMs are oneDNN's")
+    if request.param == torch.bfloat16:
+        if not ROUTES["cpu_avx512_bf16"] or ROUTES["lowp_gemm"] != "onednn-fp32":
+            pytest.skip("bf16 takes the kernel on hosts with AVX512-BF16 at half rate")
+        _C._set_bf16_half_rate(1)
+    yield request.param
+    _C._set_bf16_half_rate(-1)
 
 
-def _gemv_matrix(rows, k, layout):
-    """An fp16 (rows x k) matrix on neuron, row-major, column-major, or either with a leading
-    dimension larger than its extent (a slice of a wider or taller matrix)."""
-    m = rand(rows, k)
+def _gemv_matrix(rows, k, layout, dtype=torch.float16):
+    """A (rows x k) matrix on neuron, row-major, column-major, or either with a leading dimension
+    larger than its extent (a slice of a wider or taller matrix)."""
+    m = rand(rows, k, dtype=dtype)
     if layout == "rows":
         return m, m.to(DEV)
     if layout == "cols":
@@ -198,15 +210,14 @@ def _gemv_matrix(rows, k, layout):
     return m, tall.to(DEV)[:, 3:3 + rows].t()
 
 
-@GEMV_F16
 @pytest.mark.parametrize("layout", ["rows", "cols", "rows_ld", "cols_ld"])
 @pytest.mark.parametrize("rows,k", [(1, 1), (7, 15), (130, 64), (300, 1000), (129, 4096)])
-def test_fp16_gemv_kernel_reads_either_layout_with_fp32_sums(rows, k, layout):
+def test_gemv_kernel_reads_either_layout_with_fp32_sums(rows, k, layout, gemv_dtype):
     # Every block and tail of the kernel (64-column steps, 16-column steps, scalar columns;
     # 128-row blocks and the remaining rows) against the exact value rounded once.
     torch.manual_seed(rows * 7 + k)
-    m, md = _gemv_matrix(rows, k, layout)
-    v, c = rand(k), rand(rows)
+    m, md = _gemv_matrix(rows, k, layout, gemv_dtype)
+    v, c = rand(k, dtype=gemv_dtype), rand(rows, dtype=gemv_dtype)
     got = torch.mv(md, v.to(DEV))
     absprod = m.double().abs() @ v.double().abs()
     assert_tensore(got, m.double() @ v.double(), k, absprod=absprod, min_equal=0.95)
@@ -215,24 +226,24 @@ def test_fp16_gemv_kernel_reads_either_layout_with_fp32_sums(rows, k, layout):
     assert_tensore(got, exact, k, absprod=2.0 * absprod, min_equal=0.95)
 
 
-@GEMV_F16
-def test_fp16_gemv_kernel_allocates_only_the_result_and_follows_blas_scalars():
+def test_gemv_kernel_allocates_only_the_result_and_follows_blas_scalars(gemv_dtype):
     torch.manual_seed(0)
-    m, v = rand(64, 256), rand(256)
+    h = gemv_dtype
+    m, v = rand(64, 256, dtype=h), rand(256, dtype=h)
     md, vd = m.to(DEV), v.to(DEV)
     torch.mv(md, vd)
     before = torch.neuron.memory_stats()["allocation.all.allocated"]
     torch.mv(md, vd)
     assert torch.neuron.memory_stats()["allocation.all.allocated"] - before == 1  # no fp32 copies
-    nan_self = torch.full((64,), float("nan"), dtype=torch.float16)
+    nan_self = torch.full((64,), float("nan"), dtype=h)
     # beta = 0 ignores self (NaN included); alpha = 0 reads no product; a broadcast self
     got = torch.addmv(nan_self.to(DEV), md, vd, beta=0.0)
     assert_tensore(got, m.double() @ v.double(), 256, absprod=m.double().abs() @ v.double().abs(), min_equal=0.95)
     nan_m = m.clone()
     nan_m[3, 7] = float("nan")
-    c = rand(64)
-    assert torch.equal(torch.addmv(c.to(DEV), nan_m.to(DEV), vd, beta=0.5, alpha=0.0).cpu(), (0.5 * c.float()).half())
-    s = rand(1)
+    c = rand(64, dtype=h)
+    assert torch.equal(torch.addmv(c.to(DEV), nan_m.to(DEV), vd, beta=0.5, alpha=0.0).cpu(), (0.5 * c.float()).to(h))
+    s = rand(1, dtype=h)
     got = torch.addmv(s.to(DEV), md, vd, beta=1.0, alpha=1.0).cpu()
     assert_tensore(got, s.double() + m.double() @ v.double(), 256, absprod=m.double().abs() @ v.double().abs(),
                    min_equal=0.95)
@@ -264,9 +275,14 @@ def test_precision_routes_describe_this_host():
     assert ROUTES["lowp_gemm"] in ("onednn-fp32", "mkl-mixed")
     # CPU's bf16 kernels are kept exactly where oneDNN is usable (AVX-512) and the CPU has native
     # bf16 dot products (AVX512-BF16): an AVX-512 CPU without them (Ice Lake) routes bf16 too.
-    assert ROUTES["bf16_cpu_kernels"] == (ROUTES["lowp_gemm"] == "onednn-fp32" and ROUTES["cpu_avx512_bf16"])
     with open("/proc/cpuinfo") as f:
         flags = f.read()
+    # ... at full rate: an AVX512-FP16 core (Intel Sapphire Rapids class) without AMX tiles runs
+    # them at half fp32's rate, and routes bf16 but for products of fewer than 64 rows.
+    half_rate = ROUTES["cpu_avx512_bf16"] and " avx512_fp16" in flags and " amx_bf16" not in flags
+    assert ROUTES["bf16_cpu_products_below_rows"] == (64 if half_rate and ROUTES["lowp_gemm"] == "onednn-fp32" else 0)
+    assert ROUTES["bf16_cpu_kernels"] == (ROUTES["lowp_gemm"] == "onednn-fp32" and ROUTES["cpu_avx512_bf16"]
+                                          and not half_rate)
     assert ROUTES["cpu_avx512_bf16"] == (" avx512_bf16" in flags)
     # AMX is taken exactly where the CPU has its bf16 tiles (and torch links MKL, as its x86 builds do)
     assert ROUTES["amx_bf16_gemm"] == (" amx_bf16" in flags and torch.backends.mkl.is_available())
@@ -421,6 +437,69 @@ def test_amx_route_takes_mkls_bf16_gemm_as_the_fp32_accumulator_for_row_major_b(
             _C._set_amx_gemm_enabled(True)
         assert not torch.equal(other, expect)  # the comparison tells the routes apart
         assert torch.allclose(other, expect, rtol=1e-5, atol=1e-3)
+
+
+@pytest.fixture
+def bf16_half_rate():
+    """Route bf16 as a host whose bf16 dot products run at half fp32's rate (gemm.h)."""
+    if not ROUTES["cpu_avx512_bf16"] or ROUTES["lowp_gemm"] != "onednn-fp32":
+        pytest.skip("needs oneDNN's native bf16 kernels (AVX512-BF16)")
+    _C._set_bf16_half_rate(1)
+    yield
+    _C._set_bf16_half_rate(-1)
+
+
+def _bf16_product(op, a, b, c):
+    if op == "mm":
+        return a @ b
+    if op == "mm_out":
+        return torch.mm(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device))
+    if op == "addmm":
+        return torch.addmm(c, a, b)
+    if op == "linear":
+        return F.linear(a, b.t(), c)
+    return torch.bmm(a.expand(2, -1, -1), b.expand(2, -1, -1))[1]
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("op", ["mm", "mm_out", "addmm", "linear", "bmm"])
+def test_bf16_products_from_64_rows_take_exact_fp32_copies_on_half_rate_hosts(op, engine, bf16_half_rate):
+    # oneDNN's bf16 GEMM there runs at ~0.65 of an fp32 GEMM's speed: from 64 rows the product is
+    # one fp32 GEMM of exact copies, rounded once (TensorE's contract), which differs from CPU's
+    # bf16 sums somewhere at k = 2,048; below, oneDNN's bf16 kernel (reading half the bytes) is
+    # kept bit for bit.
+    torch.manual_seed(11)
+    previous = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine)
+    try:
+        for rows, routed in ((64, True), (63, False)):
+            a, b, c = (torch.randn(rows, 2048, dtype=torch.bfloat16), torch.randn(2048, 96, dtype=torch.bfloat16),
+                       torch.randn(96, dtype=torch.bfloat16))
+            got = _bf16_product(op, a.to(DEV), b.to(DEV), c.to(DEV)).cpu()
+            cpu = _bf16_product(op, a, b, c)
+            exact = (a.double() @ b.double() + (c.double() if op in ("addmm", "linear") else 0))
+            if routed:
+                assert not torch.equal(got, cpu)
+                assert_tensore(got, exact, 2048, absprod=a.double().abs() @ b.double().abs() + (
+                    c.double().abs() if op in ("addmm", "linear") else 0))
+            else:
+                assert torch.equal(got, cpu)
+    finally:
+        torch.neuron.engine.set_enabled(previous)
+
+
+def test_bf16_convolution_and_attention_take_exact_fp32_copies_on_half_rate_hosts(bf16_half_rate):
+    # CPU's fp32 kernels on exact (channels-last) copies, rounded once: TensorE's contract, where
+    # CPU's bf16 kernels sum otherwise (2,304 products a convolution output here)
+    torch.manual_seed(12)
+    x, w = rand(2, 256, 9, 9, dtype=torch.bfloat16), rand(32, 256, 3, 3, dtype=torch.bfloat16)
+    got = F.conv2d(x.to(DEV), w.to(DEV))
+    assert_tensore(got, F.conv2d(x.double(), w.double()), 2304, absprod=F.conv2d(x.double().abs(), w.double().abs()))
+    assert not torch.equal(got.cpu(), F.conv2d(x, w))
+    q = rand(1, 2, 64, 32, dtype=torch.bfloat16)
+    got = F.scaled_dot_product_attention(*(q.to(DEV),) * 3).cpu()
+    assert torch.equal(got, F.scaled_dot_product_attention(*(q.float(),) * 3).to(torch.bfloat16))
+    assert not torch.equal(got, F.scaled_dot_product_attention(q, q, q))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -632,11 +711,47 @@ def fp8_route(request):
         pytest.skip("this CPU has no AVX512-BF16")
     _C._set_amx_gemm_enabled(request.param == "amx")
     _C._set_bf16_gemm_enabled(request.param == "avx512_bf16")
+    _C._set_bf16_half_rate(0)  # the kernel at every size (half-rate hosts: test below)
     try:
         yield request.param
     finally:
         _C._set_amx_gemm_enabled(True)
         _C._set_bf16_gemm_enabled(True)
+        _C._set_bf16_half_rate(-1)
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_scaled_mm_takes_fp32_copies_from_64_rows_on_half_rate_hosts(scaling):
+    # Where bf16 dot products run at half rate (gemm.h, bf16_half_rate), an fp8 GEMM of 64 rows
+    # or more is an fp32 GEMM of exact copies (the route of hosts without AVX512-BF16); fewer
+    # rows keep the AVX512-BF16 kernel, which reads the codes in place.
+    if not ROUTES["bf16_fp32_gemm_avx512"] or ROUTES["lowp_gemm"] != "onednn-fp32":
+        pytest.skip("needs the AVX512-BF16 kernel and oneDNN")
+    torch.manual_seed(13)
+
+    def run(a, b, half_rate, kernel):
+        sa = torch.tensor(0.5) if scaling == "tensorwise" else torch.rand(a.shape[0], 1) + 0.5
+        sb = torch.tensor(2.0) if scaling == "tensorwise" else torch.rand(1, b.shape[1]) + 0.5
+        _C._set_amx_gemm_enabled(False)
+        _C._set_bf16_half_rate(half_rate)
+        _C._set_bf16_gemm_enabled(kernel)
+        try:
+            return torch._scaled_mm(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), out_dtype=torch.float32).cpu()
+        finally:
+            _C._set_amx_gemm_enabled(True)
+            _C._set_bf16_half_rate(-1)
+            _C._set_bf16_gemm_enabled(True)
+
+    for rows, copies in ((64, True), (63, False)):
+        a, b = _fp8_operands(rows, 2048, 96, E4M3, E4M3)
+        torch.manual_seed(14)
+        kernel = run(a, b, 0, True)
+        torch.manual_seed(14)
+        fp32 = run(a, b, 0, False)
+        torch.manual_seed(14)
+        half = run(a, b, 1, True)
+        assert not torch.equal(kernel, fp32)  # the routes' sums differ somewhere at this depth
+        assert torch.equal(half, fp32 if copies else kernel)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
