@@ -249,6 +249,59 @@ def test_gemv_kernel_allocates_only_the_result_and_follows_blas_scalars(gemv_dty
                    min_equal=0.95)
 
 
+def _one_row(op, x, w, c):
+    """op on a 1 x k activation and an n x k weight, and the matrix-vector op it amounts to."""
+    if op == "mm_row_major":
+        wr = w.t().contiguous().t()  # the same values, B = wr.t() row-major
+        return x @ wr.t(), torch.mv(wr, x[0])
+    if op == "addmm":
+        return torch.addmm(c, x, w.t(), beta=0.5, alpha=2.0), torch.addmv(c, w, x[0], beta=0.5, alpha=2.0)
+    if op == "linear_3d":
+        return F.linear(x[None], w, c)[0], torch.addmv(c, w, x[0])
+    return x @ w.t(), torch.mv(w, x[0])
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("op", ["mm_weight_t", "mm_row_major", "addmm", "linear_3d"])
+def test_one_row_products_run_the_gemv_kernel(op, engine, gemv_dtype):
+    # A decode step's linear layer (1 x k @ k x n) is a matrix-vector product: the gemv kernel's,
+    # bit for bit the same as mv of the same weight, and TensorE's contract. The second weight
+    # makes the order of the sums show (+-16 and many 2^-21 in one row: a single accumulator
+    # loses the small ones; CPU's bf16 GEMM on one row gives another value than the kernel).
+    h = gemv_dtype
+    torch.manual_seed(15)
+    x, w, c = rand(1, 4096, dtype=h), rand(300, 4096, dtype=h), rand(300, dtype=h)
+    ordered = torch.full((300, 4096), 2.0 ** -21)
+    ordered[:, 0], ordered[:, 32] = 16, -16
+    previous = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine)
+    try:
+        got, mv = _one_row(op, x.to(DEV), w.to(DEV), c.to(DEV))
+        assert got.shape == (1, 300)
+        assert torch.equal(got.cpu()[0], mv.cpu())
+        exact, absprod = _one_row(op, x.double(), w.double(), c.double())[0], _one_row(
+            op, x.double().abs(), w.double().abs(), c.double().abs())[0]
+        assert_tensore(got, exact, 4096, absprod=absprod, min_equal=0.95)
+        got, mv = _one_row(op, torch.ones(1, 4096, dtype=h, device=DEV), ordered.to(h).to(DEV), c.to(DEV))
+        assert torch.equal(got.cpu()[0], mv.cpu())
+    finally:
+        torch.neuron.engine.set_enabled(previous)
+
+
+def test_one_row_addmm_with_alpha_zero_keeps_cpus_nan():
+    # CPU's addmm multiplies even with alpha = 0 (an inf product gives NaN), where BLAS's gemv
+    # reads no product: such calls keep CPU's kernel.
+    for h in (torch.float16, torch.bfloat16):
+        x, w, c = rand(1, 64, dtype=h), rand(300, 64, dtype=h), rand(300, dtype=h)
+        x[0, 3] = float("inf")
+        _C._set_bf16_half_rate(1 if ROUTES["cpu_avx512_bf16"] else -1)
+        try:
+            got = torch.addmm(c.to(DEV), x.to(DEV), w.to(DEV).t(), alpha=0.0).cpu()
+        finally:
+            _C._set_bf16_half_rate(-1)
+        assert torch.equal(got.isnan(), torch.addmm(c, x, w.t(), alpha=0.0).isnan())
+
+
 @pytest.mark.parametrize("dtype", HALF)
 def test_fp16_linear_backward_matches_fp64_reference(dtype):
     torch.manual_seed(2)
