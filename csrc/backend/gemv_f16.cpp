@@ -19,6 +19,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -91,6 +92,106 @@ __attribute__((target("avx512f,avx512bw,f16c,fma"))) void cols_axpy(const uint16
     }
   }
 }
+
+// 16 values (n <= 16 of them, the rest zero) of a 16-bit row widened to fp32.
+template <bool BF16>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 widen16_tail(const uint16_t* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else return _mm512_cvtph_ps(h);
+}
+
+// The partial sums of R activation rows (fp32) with T weight rows (16-bit) over k in [j0, j1):
+// R x T vectors of 16 lanes, part[(r * T + t) * 16 + lane], each lane summing its k values in
+// order; zero-initialized when `first`. j0 is a multiple of 16; only j1 = k may leave a tail.
+template <bool BF16, int R, int T>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const float* a, int64_t lda,
+                                                                          const uint16_t* w, int64_t ldw,
+                                                                          int64_t j0, int64_t j1, float* part,
+                                                                          bool first) {
+  __m512 c[R][T];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) c[r][t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (r * T + t) * 16);
+  int64_t j = j0;
+  for (; j + 16 <= j1; j += 16) {
+    __m512 wv[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) wv[t] = widen16<BF16>(w + t * ldw + j);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_loadu_ps(a + r * lda + j);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) c[r][t] = _mm512_fmadd_ps(av, wv[t], c[r][t]);
+    }
+  }
+  if (j < j1) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (j1 - j)) - 1u);
+    __m512 wv[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) wv[t] = widen16_tail<BF16>(w + t * ldw + j, m);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_maskz_loadu_ps(m, a + r * lda + j);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) c[r][t] = _mm512_fmadd_ps(av, wv[t], c[r][t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(part + (r * T + t) * 16, c[r][t]);
+}
+
+__attribute__((target("avx512f"))) inline float reduce16(const float* v) {
+  return _mm512_reduce_add_ps(_mm512_loadu_ps(v));
+}
+
+// acc (m x n, leading dimension ldc) for weight rows [n0, n1) against all m activation rows (fp32,
+// leading dimension lda), over all of k: k in chunks of kChunk; per chunk, blocks of 4 weight
+// rows (then single ones), each multiplied with every group of 4 activation rows while the
+// chunk's weight values and activations (m x 2 KiB) sit in L1, so each weight row is read from
+// memory once. The 16-lane partial sums (`part`, (n1 - n0) x ceil(m / 4) x 4 x 16 floats) are kept
+// between chunks, so every lane sums its k values in order as one pass would, and reduced at
+// the end.
+constexpr int64_t kChunk = 512;
+template <bool BF16, int R>
+void group(const float* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t j0, int64_t j1, int64_t n0,
+           int64_t n1, float* part) {
+  int64_t t = n0;
+  for (; t + 4 <= n1; t += 4) block<BF16, R, 4>(a, lda, w + t * ldw, ldw, j0, j1, part + (t - n0) * 64, j0 == 0);
+  for (; t < n1; ++t) block<BF16, R, 1>(a, lda, w + t * ldw, ldw, j0, j1, part + (t - n0) * 64, j0 == 0);
+}
+
+template <bool BF16>
+void weight_rows(const float* a, int64_t m, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, float* acc,
+                 int64_t ldc, int64_t n0, int64_t n1, float* part) {
+  const int64_t groups = (m + 3) / 4, stride = (n1 - n0) * 64;  // a group's partials
+  for (int64_t j0 = 0; j0 < k; j0 += kChunk) {
+    const int64_t j1 = std::min(k, j0 + kChunk);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* ar = a + g * 4 * lda;
+      float* pg = part + g * stride;
+      switch (std::min<int64_t>(4, m - g * 4)) {
+        case 4: group<BF16, 4>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
+        case 3: group<BF16, 3>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
+        case 2: group<BF16, 2>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
+        default: group<BF16, 1>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
+      }
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = std::min<int64_t>(4, m - g * 4);
+    const float* pg = part + g * stride;
+    int64_t t = n0;
+    for (; t + 4 <= n1; t += 4)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int u = 0; u < 4; ++u) acc[(g * 4 + r) * ldc + t + u] = reduce16(pg + (t - n0) * 64 + (r * 4 + u) * 16);
+    for (; t < n1; ++t)
+      for (int64_t r = 0; r < rows; ++r) acc[(g * 4 + r) * ldc + t] = reduce16(pg + (t - n0) * 64 + r * 16);
+  }
+}
 #endif
 
 }  // namespace
@@ -138,6 +239,48 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   return true;
 #else
   (void)o, (void)s, (void)m, (void)v, (void)beta, (void)alpha;
+  return false;
+#endif
+}
+
+bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, const at::Tensor& w, float beta,
+              float alpha) {
+#if defined(__x86_64__)
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  if (!available() || !o.is_contiguous() || w.stride(1) != 1 || m < 1 || k < 1) return false;
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  const auto wide = bf16 ? widen1<true> : widen1<false>;
+  // the activations widened once (m x k fp32, contiguous)
+  std::vector<float> af(static_cast<size_t>(m * k));
+  const at::Tensor ac = a.contiguous();
+  const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
+  for (int64_t i = 0; i < m * k; ++i) af[i] = wide(ap[i]);
+  std::vector<float> acc(static_cast<size_t>(m * n));
+  const auto* wp = static_cast<const uint16_t*>(w.const_data_ptr());
+  const int64_t ldw = w.stride(0);
+  // weight rows shared by the threads, 64 at a time (the sums do not depend on the split)
+  at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * 64, n1 = std::min(n, n0 + 64);
+      std::vector<float> part(static_cast<size_t>((m + 3) / 4 * (n1 - n0) * 64));
+      (bf16 ? weight_rows<true> : weight_rows<false>)(af.data(), m, k, wp, ldw, k, acc.data(), n, n0, n1,
+                                                      part.data());
+    }
+  });
+  auto* op = static_cast<uint16_t*>(o.data_ptr());
+  const at::Tensor se = s != nullptr && beta != 0.0f ? s->expand({m, n}) : at::Tensor();
+  const auto* sp = se.defined() ? static_cast<const uint16_t*>(se.const_data_ptr()) : nullptr;
+  const int64_t s0 = se.defined() ? se.stride(0) : 0, s1 = se.defined() ? se.stride(1) : 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float r = alpha * acc[i * n + j];
+      if (sp) r += beta * wide(sp[i * s0 + j * s1]);
+      op[i * n + j] = bf16 ? c10::BFloat16(r).x : c10::Half(r).x;
+    }
+  }
+  return true;
+#else
+  (void)o, (void)s, (void)a, (void)w, (void)beta, (void)alpha;
   return false;
 #endif
 }

@@ -16,4 +16,13 @@ bool available();
 bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const at::Tensor& v, float beta,
           float alpha);
 
+// o (m x n, contiguous) = round(alpha * a @ w.t() + beta * s) for a few activation rows a (m x k)
+// and a weight w (n x k) with unit column stride (nn.Linear's weight; the product's B = w.t()),
+// all of one dtype, fp16 or bf16; s (broadcast to m x n) read only when given and beta != 0.
+// Each weight row is widened in registers and multiplied with 4 activation rows at a time: fp32
+// sums of 16 lanes along k, reduced once, independent of the thread count; one rounding. False
+// (nothing written) for another layout.
+bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, const at::Tensor& w, float beta,
+              float alpha);
+
 }  // namespace torchneuron::gemv_f16

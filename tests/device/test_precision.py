@@ -11,6 +11,7 @@ fp32 keeps running CPU's kernels (bit for bit); so does bf16 on hosts where CPU'
 are oneDNN's (AVX-512), elsewhere bf16 takes the exact route and is held to the same contract.
 """
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,6 +286,55 @@ def test_one_row_products_run_the_gemv_kernel(op, engine, gemv_dtype):
         got, mv = _one_row(op, torch.ones(1, 4096, dtype=h, device=DEV), ordered.to(h).to(DEV), c.to(DEV))
         assert torch.equal(got.cpu()[0], mv.cpu())
     finally:
+        torch.neuron.engine.set_enabled(previous)
+
+
+def _sixteen_lane_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.t() in fp32 as the few-row kernel sums: lane l adds the exact products of k = l mod 16
+    in order (a zero-padded tail), then the lanes are reduced as GCC's _mm512_reduce_add_ps does
+    (halves of 8, of 4, then (0 + 2) + (1 + 3))."""
+    k = x.shape[1]
+    pad = (-k) % 16
+    xs = np.pad(x.float().numpy(), ((0, 0), (0, pad)))
+    ws = np.pad(w.float().numpy(), ((0, 0), (0, pad)))
+    prods = (xs[:, None, :].astype(np.float64) * ws[None, :, :]).astype(np.float32)  # exact
+    lanes = np.zeros(prods.shape[:2] + (16,), np.float32)
+    for c in range(prods.shape[2] // 16):
+        lanes = lanes + prods[..., c * 16:(c + 1) * 16]
+    t3 = lanes[..., 8:] + lanes[..., :8]
+    t6 = t3[..., 4:] + t3[..., :4]
+    return torch.from_numpy((t6[..., 0] + t6[..., 2]) + (t6[..., 1] + t6[..., 3]))
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("mkn", [(2, 4096, 300), (3, 1000, 7), (5, 17, 65), (8, 512, 129)], ids=str)
+def test_few_row_products_run_the_few_row_kernel_with_fp32_sums(mkn, engine, gemv_dtype):
+    # 2-8 rows (bf16 up to 16) with B = W.t(): the few-row kernel (gemv_f16.h), every tail of it
+    # (k not a multiple of 16, weight rows past a block of 4, activation rows past a group of 4),
+    # TensorE's contract, and bits that do not depend on the thread count.
+    m, k, n = mkn
+    h = gemv_dtype
+    torch.manual_seed(m * k + n)
+    x, w, c = rand(m, k, dtype=h), rand(n, k, dtype=h), rand(n, dtype=h)
+    previous = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine)
+    threads = torch.get_num_threads()
+    try:
+        xd, wd, cd = x.to(DEV), w.to(DEV), c.to(DEV)
+        got = xd @ wd.t()
+        absprod = x.double().abs() @ w.double().abs().t()
+        assert_tensore(got, x.double() @ w.double().t(), k, absprod=absprod, min_equal=0.95)
+        biased = torch.addmm(cd, xd, wd.t(), beta=0.5, alpha=2.0)
+        exact = 0.5 * c.double() + 2.0 * (x.double() @ w.double().t())
+        assert_tensore(biased, exact, k, absprod=2.0 * absprod, min_equal=0.95)
+        torch.set_num_threads(1)
+        assert torch.equal((xd @ wd.t()).cpu(), got.cpu())
+        # each row's sums are those of the row alone (4-row groups change no order)
+        assert torch.equal((xd[:1].expand(2, -1) @ wd.t()).cpu()[1], got.cpu()[0])
+        # the kernel's order exactly: 16 fp32 lanes along k, then _mm512_reduce_add_ps's tree
+        assert torch.equal(got.cpu(), _sixteen_lane_product(x, w).to(h))
+    finally:
+        torch.set_num_threads(threads)
         torch.neuron.engine.set_enabled(previous)
 
 
