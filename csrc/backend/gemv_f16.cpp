@@ -27,6 +27,7 @@
 #endif
 
 #include "cpu_features.h"
+#include "fp8.h"
 
 namespace torchneuron::gemv_f16 {
 namespace {
@@ -101,9 +102,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wide
   else return _mm512_cvtph_ps(h);
 }
 
-// The partial sums of R activation rows (fp32) with T weight rows (16-bit) over k in [j0, j1):
-// R x T vectors of 16 lanes, part[(r * T + t) * 16 + lane], each lane summing its k values in
-// order; zero-initialized when `first`. j0 is a multiple of 16; only j1 = k may leave a tail.
+// The partial sums of R activation rows (fp32, a[r * lda + j]) with T weight rows (16-bit, the
+// value at k index j of row t at w[t * ldw + j - j0]) over k in [j0, j1): R x T vectors of 16
+// lanes, part[(r * T + t) * 16 + lane], each lane summing its k values in order; zero-initialized
+// when `first`. j0 is a multiple of 16; only j1 = k may leave a tail.
 template <bool BF16, int R, int T>
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const float* a, int64_t lda,
                                                                           const uint16_t* w, int64_t ldw,
@@ -118,7 +120,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const f
   for (; j + 16 <= j1; j += 16) {
     __m512 wv[T];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) wv[t] = widen16<BF16>(w + t * ldw + j);
+    for (int t = 0; t < T; ++t) wv[t] = widen16<BF16>(w + t * ldw + (j - j0));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_loadu_ps(a + r * lda + j);
@@ -130,7 +132,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const f
     const __mmask16 m = static_cast<__mmask16>((1u << (j1 - j)) - 1u);
     __m512 wv[T];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) wv[t] = widen16_tail<BF16>(w + t * ldw + j, m);
+    for (int t = 0; t < T; ++t) wv[t] = widen16_tail<BF16>(w + t * ldw + (j - j0), m);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_maskz_loadu_ps(m, a + r * lda + j);
@@ -152,36 +154,50 @@ __attribute__((target("avx512f"))) inline float reduce16(const float* v) {
 // leading dimension lda), over all of k: k in chunks of kChunk; per chunk, blocks of 4 weight
 // rows (then single ones), each multiplied with every group of 4 activation rows while the
 // chunk's weight values and activations (m x 2 KiB) sit in L1, so each weight row is read from
-// memory once. The 16-lane partial sums (`part`, (n1 - n0) x ceil(m / 4) x 4 x 16 floats) are kept
-// between chunks, so every lane sums its k values in order as one pass would, and reduced at
-// the end.
+// memory once. fp8 weight rows (`fp8` their format, w their codes) are widened exactly to bf16
+// per chunk into a 4 KiB stage first. The 16-lane partial sums (`part`, ceil(m / 4) x (n1 - n0)
+// x 4 x 16 floats) are kept between chunks, so every lane sums its k values in order as one pass
+// would, and reduced at the end.
 constexpr int64_t kChunk = 512;
-template <bool BF16, int R>
-void group(const float* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t j0, int64_t j1, int64_t n0,
-           int64_t n1, float* part) {
-  int64_t t = n0;
-  for (; t + 4 <= n1; t += 4) block<BF16, R, 4>(a, lda, w + t * ldw, ldw, j0, j1, part + (t - n0) * 64, j0 == 0);
-  for (; t < n1; ++t) block<BF16, R, 1>(a, lda, w + t * ldw, ldw, j0, j1, part + (t - n0) * 64, j0 == 0);
+template <bool BF16, int T>
+void weight_block(const float* a, int64_t m, int64_t lda, const uint16_t* w, int64_t ldw, int64_t j0, int64_t j1,
+                  float* part, int64_t stride) {
+  for (int64_t g = 0; g * 4 < m; ++g) {
+    const float* ar = a + g * 4 * lda;
+    float* pg = part + g * stride;
+    switch (std::min<int64_t>(4, m - g * 4)) {
+      case 4: block<BF16, 4, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      case 3: block<BF16, 3, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      case 2: block<BF16, 2, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      default: block<BF16, 1, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+    }
+  }
 }
 
 template <bool BF16>
-void weight_rows(const float* a, int64_t m, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, float* acc,
-                 int64_t ldc, int64_t n0, int64_t n1, float* part) {
-  const int64_t groups = (m + 3) / 4, stride = (n1 - n0) * 64;  // a group's partials
+void weight_rows(const float* a, int64_t m, int64_t lda, const void* w, c10::ScalarType fp8, int64_t ldw, int64_t k,
+                 float* acc, int64_t ldc, int64_t n0, int64_t n1, float* part) {
+  const int64_t stride = (n1 - n0) * 64;  // a group's partials
+  uint16_t stage[4 * kChunk];
+  const bool staged = fp8 != c10::ScalarType::Undefined;
   for (int64_t j0 = 0; j0 < k; j0 += kChunk) {
     const int64_t j1 = std::min(k, j0 + kChunk);
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* ar = a + g * 4 * lda;
-      float* pg = part + g * stride;
-      switch (std::min<int64_t>(4, m - g * 4)) {
-        case 4: group<BF16, 4>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
-        case 3: group<BF16, 3>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
-        case 2: group<BF16, 2>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
-        default: group<BF16, 1>(ar, lda, w, ldw, j0, j1, n0, n1, pg); break;
+    for (int64_t t = n0; t < n1;) {
+      const int64_t rows = t + 4 <= n1 ? 4 : 1;
+      const uint16_t* wt = static_cast<const uint16_t*>(w) + t * ldw + j0;
+      int64_t ld = ldw;
+      if (staged) {
+        fp8::widen_rows_bf16(static_cast<const uint8_t*>(w) + t * ldw + j0, ldw, fp8, rows, j1 - j0, stage, kChunk);
+        wt = stage;
+        ld = kChunk;
       }
+      float* pt = part + (t - n0) * 64;
+      if (rows == 4) weight_block<BF16, 4>(a, m, lda, wt, ld, j0, j1, pt, stride);
+      else weight_block<BF16, 1>(a, m, lda, wt, ld, j0, j1, pt, stride);
+      t += rows;
     }
   }
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g * 4 < m; ++g) {
     const int64_t rows = std::min<int64_t>(4, m - g * 4);
     const float* pg = part + g * stride;
     int64_t t = n0;
@@ -191,6 +207,35 @@ void weight_rows(const float* a, int64_t m, int64_t lda, const uint16_t* w, int6
     for (; t < n1; ++t)
       for (int64_t r = 0; r < rows; ++r) acc[(g * 4 + r) * ldc + t] = reduce16(pg + (t - n0) * 64 + r * 16);
   }
+}
+
+// acc (m x n fp32, contiguous) = the sums of a @ w.t(): a (m x k) bf16, fp16 or fp8, w (n x k, unit
+// column stride) of a's 16-bit dtype or fp8.
+void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc) {
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  const auto wt = w.scalar_type();
+  const bool fp8w = fp8::is_fp8(wt), bf16 = fp8w || wt == at::kBFloat16;
+  // the activations widened once (m x k fp32, contiguous)
+  std::vector<float> af(static_cast<size_t>(m * k));
+  const at::Tensor ac = a.contiguous();
+  if (fp8::is_fp8(a.scalar_type())) {
+    fp8::convert(ac.const_data_ptr(), a.scalar_type(), af.data(), at::kFloat, m * k);
+  } else {
+    const auto wide = a.scalar_type() == at::kBFloat16 ? widen1<true> : widen1<false>;
+    const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
+    for (int64_t i = 0; i < m * k; ++i) af[i] = wide(ap[i]);
+  }
+  const int64_t ldw = w.stride(0);
+  const auto fmt = fp8w ? wt : c10::ScalarType::Undefined;
+  // weight rows shared by the threads, 64 at a time (the sums do not depend on the split)
+  at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> part(static_cast<size_t>((m + 3) / 4 * 64 * 64));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * 64, n1 = std::min(n, n0 + 64);
+      (bf16 ? weight_rows<true> : weight_rows<false>)(af.data(), m, k, w.const_data_ptr(), fmt, ldw, k, acc, n, n0,
+                                                      n1, part.data());
+    }
+  });
 }
 #endif
 
@@ -250,23 +295,8 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
   if (!available() || !o.is_contiguous() || w.stride(1) != 1 || m < 1 || k < 1) return false;
   const bool bf16 = a.scalar_type() == at::kBFloat16;
   const auto wide = bf16 ? widen1<true> : widen1<false>;
-  // the activations widened once (m x k fp32, contiguous)
-  std::vector<float> af(static_cast<size_t>(m * k));
-  const at::Tensor ac = a.contiguous();
-  const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
-  for (int64_t i = 0; i < m * k; ++i) af[i] = wide(ap[i]);
   std::vector<float> acc(static_cast<size_t>(m * n));
-  const auto* wp = static_cast<const uint16_t*>(w.const_data_ptr());
-  const int64_t ldw = w.stride(0);
-  // weight rows shared by the threads, 64 at a time (the sums do not depend on the split)
-  at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * 64, n1 = std::min(n, n0 + 64);
-      std::vector<float> part(static_cast<size_t>((m + 3) / 4 * (n1 - n0) * 64));
-      (bf16 ? weight_rows<true> : weight_rows<false>)(af.data(), m, k, wp, ldw, k, acc.data(), n, n0, n1,
-                                                      part.data());
-    }
-  });
+  accumulate(a, w, acc.data());
   auto* op = static_cast<uint16_t*>(o.data_ptr());
   const at::Tensor se = s != nullptr && beta != 0.0f ? s->expand({m, n}) : at::Tensor();
   const auto* sp = se.defined() ? static_cast<const uint16_t*>(se.const_data_ptr()) : nullptr;
@@ -281,6 +311,23 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
   return true;
 #else
   (void)o, (void)s, (void)a, (void)w, (void)beta, (void)alpha;
+  return false;
+#endif
+}
+
+bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& w, float alpha) {
+#if defined(__x86_64__)
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  if (!available() || !acc.is_contiguous() || acc.scalar_type() != at::kFloat || w.stride(1) != 1 || m < 1 ||
+      k < 1 || n < 1) {
+    return false;
+  }
+  auto* p = acc.data_ptr<float>();
+  accumulate(a, w, p);
+  if (alpha != 1.0f) at::Tensor(acc).mul_(alpha);
+  return true;
+#else
+  (void)acc, (void)a, (void)w, (void)alpha;
   return false;
 #endif
 }

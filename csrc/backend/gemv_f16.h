@@ -25,4 +25,9 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
 bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, const at::Tensor& w, float beta,
               float alpha);
 
+// acc (m x n fp32, contiguous) = alpha * a @ w.t(), the few-row kernel's sums unrounded: a (m x k)
+// fp16, bf16 or fp8, w (n x k, unit column stride) fp16/bf16 as a, or fp8 (its rows widened
+// exactly to bf16 per chunk of k in cache). fp8 GEMMs of a few rows (scaled_mm.cpp) take it.
+bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& w, float alpha);
+
 }  // namespace torchneuron::gemv_f16

@@ -45,6 +45,7 @@
 #include "cpu_features.h"
 #include "fp8.h"
 #include "gemm.h"
+#include "gemv_f16.h"
 
 namespace torchneuron {
 namespace {
@@ -91,8 +92,20 @@ bool amx_kernel(const at::Tensor& b) { return amx_gemm::available() && columns_a
 //  11.9, 2048^3 111 / 72.5, 256x1024x4096 13.9 / 11.5; but 16x4096x4096 5.2 / 22.4); fewer
 //  rows keep this kernel, tensor-wise -> bf16 too (oneDNN's bf16 GEMM on widened copies there:
 //  16x4096x4096 15-19 ms).
-bool fused_route(int64_t rows, const at::Tensor& b) {
-  if (gemm::bf16_half_rate() && rows >= gemm::kBf16RoutedRows && !amx_kernel(b)) return false;
+//  On those hosts up to kFewRows rows with B column-major take gemv_f16.h's few-row kernel
+//  instead (fp32 FMAs over the codes widened in cache; 16 x 4096 x 4096 row-wise -> bf16: this
+//  kernel 5.3 ms, the bf16 baseline on the few-row kernel 3.5).
+constexpr int64_t kFewRows = 16;
+bool few_rows_fp8(int64_t rows, const at::Tensor& b) {
+  return gemm::bf16_half_rate() && rows <= kFewRows && b.dim() == 2 && b.stride(0) == 1 && !amx_kernel(b) &&
+         gemv_f16::available();
+}
+// (grouped GEMMs have no few-row path: `few` false)
+bool fused_route(int64_t rows, const at::Tensor& b, bool few = true) {
+  if (gemm::bf16_half_rate() && (rows >= gemm::kBf16RoutedRows || (few && few_rows_fp8(rows, b))) &&
+      !amx_kernel(b)) {
+    return false;
+  }
   return amx_kernel(b) || (bf16_gemm::available() && (!gemm::amx_bf16() || rows < kAmxMinRows));
 }
 
@@ -368,7 +381,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
     return;
   }
   at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
-  fp32_accumulate(zc, a, b, acc, alpha);
+  if (!(few_rows_fp8(M, b) && gemv_f16::few_rows_f32(acc, a, b.t(), alpha))) fp32_accumulate(zc, a, b, acc, alpha);
   const bool plain = !bias && !(scale_result && fp8_out);
   if (!tensorwise && plain) {  // row-wise scales and the rounding in one cache-blocked pass
     const at::Tensor rs = dense_scale(sa), cs = dense_scale(sb);
@@ -414,8 +427,9 @@ at::Tensor run_scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const a
     at::Tensor o = out.defined() ? q.into(out) : q.out(out, {a.size(0), b.size(1)}, dtype);
     // Off the fused kernels: the widened copies and the fp32 accumulator (gemm.h, arena_bytes).
     const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-    at::Tensor arena = q.arena(gemm::arena_bytes(M * N) +
-                               (fused_route(M, b) ? 0 : gemm::arena_bytes(M * K) + gemm::arena_bytes(K * N)));
+    const bool copies = !fused_route(M, b) && !few_rows_fp8(M, b);
+    at::Tensor arena =
+        q.arena(gemm::arena_bytes(M * N) + (copies ? gemm::arena_bytes(M * K) + gemm::arena_bytes(K * N) : 0));
     q.enqueue(name, [a, b, sa, sb, bi, sr, o, arena] {
       ZeroCopy zc(ZeroCopy::Queued{});
       zc.set_scratch_arena(arena);
@@ -554,7 +568,7 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
   // One group: og = round((ag @ bg) * rs[i] * cs[j]). The fused route reads the fp8 slices; the
   // unfused one widens both operands once (`aw`, `bw`, sliced like a and b) and accumulates in fp32.
   // (rows per group: a's rows over the groups for a 2-d a, a group's rows for a 3-d one)
-  const bool fused = fused_route(a2 ? a.size(0) / std::max<int64_t>(1, b2 ? 1 : b.size(0)) : a.size(1), b);
+  const bool fused = fused_route(a2 ? a.size(0) / std::max<int64_t>(1, b2 ? 1 : b.size(0)) : a.size(1), b, false);
   const at::Tensor aw = fused ? a : widen_for_gemm(zc, a), bw = fused ? b : widen_for_gemm(zc, b);
   // On the AMX kernel the groups run together once all are known (one pair of parallel regions).
   const bool batched = fused && amx_kernel(b);

@@ -823,6 +823,32 @@ def fp8_route(request):
         _C._set_bf16_half_rate(-1)
 
 
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_scaled_mm_of_few_rows_runs_the_few_row_kernel_on_half_rate_hosts(rows, engine):
+    # Up to 16 rows with B column-major: the few-row kernel's sums (fp8 weight rows widened in
+    # cache), in its exact order, then the scales (tensor-wise as alpha; row-wise epilogue).
+    if not ROUTES["bf16_fp32_gemm_avx512"] or ROUTES["lowp_gemm"] != "onednn-fp32":
+        pytest.skip("needs the AVX512-BF16 kernel and oneDNN")
+    torch.manual_seed(16 + rows)
+    a, b = _fp8_operands(rows, 1000, 67, E4M3, E5M2)
+    sa, sb = torch.rand(rows, 1) + 0.5, torch.rand(1, 67) + 0.5
+    previous = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine)
+    _C._set_amx_gemm_enabled(False)
+    _C._set_bf16_half_rate(1)
+    try:
+        one = torch.tensor(1.0, device=DEV)
+        sums = torch._scaled_mm(a.to(DEV), _to_dev(b), one, one, out_dtype=torch.float32).cpu()
+        scaled = torch._scaled_mm(a.to(DEV), _to_dev(b), sa.to(DEV), sb.to(DEV), out_dtype=torch.bfloat16).cpu()
+    finally:
+        _C._set_amx_gemm_enabled(True)
+        _C._set_bf16_half_rate(-1)
+        torch.neuron.engine.set_enabled(previous)
+    assert torch.equal(sums, _sixteen_lane_product(a.float(), b.t().float()))
+    assert torch.equal(scaled, ((sums * sa) * sb).to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 def test_scaled_mm_takes_fp32_copies_from_64_rows_on_half_rate_hosts(scaling):
     # Where bf16 dot products run at half rate (gemm.h, bf16_half_rate), an fp8 GEMM of 64 rows
