@@ -6,8 +6,10 @@
 //
 // TensorE multiplies exactly and accumulates in fp32 (PSUM); the result is rounded once to
 // the output dtype. For fp32 CPU's kernels already do that fast, so fp32 runs CPU's kernels
-// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels (AVX-512 hosts; on AMX hosts the
-// products of nn.Linear's forward with at most 256 rows run amx_gemm.h's kernel: gemm::amx_mm),
+// bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels at full rate (AVX-512 hosts; on
+// AMX hosts the products of nn.Linear's forward with at most 256 rows run amx_gemm.h's kernel:
+// gemm::amx_mm; where bf16 dot products run at half rate, gemm::bf16_half_rate, bf16 is routed
+// as on hosts without them, and one to sixteen rows run gemv_f16.h's kernels),
 // and so do fp16 products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
 // bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
 // path: products exact (a 16-bit float product has at most 22 significant bits), fp32
