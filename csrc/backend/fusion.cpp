@@ -2,6 +2,7 @@
 #include "fusion.h"
 #include "allocator.h"
 #include "amx_gemm.h"
+#include "gemv_f16.h"
 #include "cpu_features.h"
 #include "enqueue.h"
 #include "extrema.h"
@@ -512,13 +513,16 @@ neuron::rt::engine::Record max_all(const at::Tensor& out, const at::Tensor& self
   return r;
 }
 
-neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                                  MatmulKernel kernel) {
   static constexpr char kMm[] = "aten::mm";
-  if (!out.is_contiguous() || out.scalar_type() != at::kBFloat16) return nullptr;
+  if (!out.is_contiguous() || out.scalar_type() != at::kBFloat16 || a.stride(1) != 1 || b.stride(0) != 1) {
+    return nullptr;
+  }
   auto r = new_record(kMatmul, out, out.numel(), kMm);
   r->ptr = {out.mutable_data_ptr(), const_cast<void*>(a.const_data_ptr()), const_cast<void*>(b.const_data_ptr()), nullptr};
   r->dtype = {at::kBFloat16, at::kBFloat16, at::kBFloat16, at::kBFloat16};
-  r->geometry = {a.size(0), b.size(1), a.size(1), a.stride(0), b.stride(1)};
+  r->geometry = {a.size(0), b.size(1), a.size(1), a.stride(0), b.stride(1), static_cast<int64_t>(kernel)};
   r->out_stamp = allocation_stamp(out.storage().data_ptr());
   return r;
 }
@@ -663,12 +667,14 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
 // ---- The GEMM family ---------------------------------------------------------------------
 // torchao's weight-only int8 linear is `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`: a widened
 // copy of the weight (twice its bytes, written then read once), the product, and a pass over
-// the result. A region [widen?, matmul, cast?, mul?] runs as one amx_gemm.h call: the kernel
-// widens the int8 weight into its L1 staging itself (amx_gemm::widen_int8, the values the copy
-// would write), and its epilogue rounds each sum to bf16, multiplies it by the column's bf16
-// value in fp32 and rounds again (bf16_gemm.h, Output::post_scale), which is ATen's bf16 mul
-// of the rounded product element by element. The unfused matmul runs the same kernel
-// (gemm::amx_mm), so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
+// the result. A region [widen?, matmul, cast?, mul?] runs as one call of the kernel the matmul
+// was queued with (amx_gemm.h's on AMX hosts; gemv_f16.h's few-row kernel for 2-16 rows where
+// bf16 runs at half rate): the kernel widens the int8 weight itself (into its L1 staging,
+// amx_gemm::widen_int8; in registers, gemv_f16.h: the values the copy would write), and its epilogue rounds each sum to
+// bf16, multiplies it by the column's bf16 value in fp32 and rounds again (bf16_gemm.h,
+// Output::post_scale; gemv_f16::few_rows_bf16), which is ATen's bf16 mul of the rounded product
+// element by element. The unfused matmul runs the same kernel (gemm::amx_mm, gemm.cpp's
+// few_rows) in the same order, so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
 // 0xFFFF on its vector path and 0x7FC0 on its scalar tail, so a result with a NaN redoes the
 // mul through ATen over the product recomputed unscaled. Taken only when the widened weight and
 // the product are unstored (freed by the region's end: allocator.h, freed_by), else the kernels
@@ -741,21 +747,32 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
     const bf16_gemm::Matrix ma{mm->ptr[1], mm->geometry[3], false, nullptr};
     const bf16_gemm::Matrix mb = widen != nullptr ? bf16_gemm::Matrix{widen->ptr[1], k, true, amx_gemm::widen_int8}
                                                   : bf16_gemm::Matrix{mm->ptr[2], mm->geometry[4], true, nullptr};
-    bf16_gemm::Output out;
-    std::atomic<bool> nan{false};
-    out.bf16 = static_cast<uint16_t*>(mul != nullptr ? mul->ptr[0] : mm->ptr[0]);
-    out.ld = n;
-    if (mul != nullptr) {
-      out.post_scale = post.data();
-      out.nan = &nan;
-    }
-    amx_gemm::gemm(m, n, k, ma, mb, out);
-    if (nan.load()) {  // the product unscaled into a temporary, then ATen's mul as unfused
+    // The unfused matmul's kernel: the same sums in the same order, so the same bits.
+    const bool few = static_cast<MatmulKernel>(mm->geometry[5]) == MatmulKernel::kFewRows;
+    // out (bf16, leading dimension n) = the product, then times `scale` per column; false if NaN
+    auto product = [&](void* dst, const float* scale) {
+      if (few) {
+        const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+        const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
+        const at::Tensor tw = at::from_blob(const_cast<void*>(mb.p), {n, k}, {mb.ld, 1},
+                                            widen != nullptr ? at::TensorOptions().dtype(at::kChar) : bf16);
+        return gemv_f16::few_rows_bf16(at::from_blob(dst, {m, n}, bf16), ta, tw, scale);
+      }
+      std::atomic<bool> nan{false};
+      bf16_gemm::Output out;
+      out.bf16 = static_cast<uint16_t*>(dst);
+      out.ld = n;
+      if (scale != nullptr) {
+        out.post_scale = scale;
+        out.nan = &nan;
+      }
+      amx_gemm::gemm(m, n, k, ma, mb, out);
+      return !nan.load();
+    };
+    const bool finite = product(mul != nullptr ? mul->ptr[0] : mm->ptr[0], mul != nullptr ? post.data() : nullptr);
+    if (!finite) {  // the product unscaled into a temporary, then ATen's mul as unfused
       at::Tensor prod = at::empty_strided({m, n}, {n, 1}, at::TensorOptions().dtype(at::kBFloat16));
-      bf16_gemm::Output plain;
-      plain.bf16 = static_cast<uint16_t*>(prod.data_ptr());
-      plain.ld = n;
-      amx_gemm::gemm(m, n, k, ma, mb, plain);
+      product(prod.data_ptr(), nullptr);
       at::Tensor v = view_of(mul->ptr[2], *mul, at::kBFloat16);
       at::Tensor y = at::from_blob(mul->ptr[0], {m, n}, at::TensorOptions().dtype(at::kBFloat16));
       at::cpu::mul_out(y, prod, v);  // (bf16 products are commutative, NaN's bits included)
@@ -1104,3 +1121,4 @@ Stats stats() noexcept {
 }
 
 }  // namespace torchneuron::fusion
+

@@ -24,7 +24,8 @@
 // (allocator.h, freed_by). This family is on by default (it compiles nothing);
 // TORCH_NEURONX_ENABLE_CONCATENATION=0 turns it off with the rest. A third family, under the
 // same switch, puts the int8 -> bf16 widening of a matmul's weight and a per-column product
-// after it into the AMX GEMM kernel (torchao's weight-only int8 linear; fusion.cpp, fuse_gemm).
+// after it into the AMX GEMM kernel or the few-row kernel (torchao's weight-only int8 linear;
+// fusion.cpp, fuse_gemm).
 // A region holds kernels of one family.
 #pragma once
 
@@ -59,11 +60,12 @@ enum Kind : uint8_t {
   kClamp,       // float32 out = clamp(a, lo, hi)
   kAbs,         // out = abs(a)                         (bfloat16 or float32; read only by a kMaxAll)
   kMaxAll,      // (0-dim) = max(a)                     (bfloat16 or float32: the amax of a scale)
-  // The GEMM family (fusion.cpp, fuse_gemm): a bf16 matmul on amx_gemm.h's kernel with the
-  // int8 weight it reads widened in cache, and the per-column product after it in its epilogue.
+  // The GEMM family (fusion.cpp, fuse_gemm): a bf16 matmul on amx_gemm.h's kernel (or
+  // gemv_f16.h's few-row kernel) with the int8 weight it reads widened in cache, and the
+  // per-column product after it in its epilogue.
   kWidenInt8,   // bfloat16 out = int8 a                (exact)
   kToBf16,      // bfloat16 out = float32 a             (the column vector's cast)
-  kMatmul,      // bfloat16 out = a @ b                 (gemm::amx_mm)
+  kMatmul,      // bfloat16 out = a @ b                 (gemm::amx_mm, gemv_f16::few_rows)
   kMulCols,     // bfloat16 out = a * v                 (a m x n, v n values along the columns)
 };
 
@@ -97,9 +99,12 @@ neuron::rt::engine::Record scale(const char* name, const at::Tensor& out, const 
 neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const at::Tensor& self,
                                  const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi);
 // The GEMM family (cast() records its int8 -> bf16 and float32 -> bf16 copies): `out` =
-// `a` @ `b` run by gemm::amx_mm_out; `out` = `self` * `other` (`name` the op's hot name) for a
-// bf16 m x n `self` and a bf16 `other` of n values broadcast along its rows.
-neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+// `a` @ `b` run by `kernel` (gemm::amx_mm_out, or gemv_f16::few_rows on a half-rate host), A
+// row-major and B column-major; `out` = `self` * `other` (`name` the op's hot name) for a bf16 m
+// x n `self` and a bf16 `other` of n values broadcast along its rows.
+enum class MatmulKernel : int64_t { kAmx = 0, kFewRows = 1 };
+neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                                  MatmulKernel kernel);
 neuron::rt::engine::Record col_scale(const char* name, const at::Tensor& out, const at::Tensor& self,
                                      const at::Tensor& other);
 // `out` = abs(`self`); `out` (0-dim) = max(`self`) (torch.max(x), every element).

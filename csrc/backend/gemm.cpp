@@ -458,7 +458,7 @@ void row_gemv_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
 // with AVX512-FP16 (oneDNN's fp16 kernel): 2 rows 1,085 / 2,451, 8 2,673 / 3,189, but 16 4,742 /
 // 3,969. Hence up to 16 rows in bf16, 8 in fp16.
 bool few_rows(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t most = a.scalar_type() == at::kBFloat16 ? 16 : 8;
+  const int64_t most = a.scalar_type() == at::kBFloat16 ? gemv_f16::kFewRowsBf16 : gemv_f16::kFewRowsFp16;
   return a.dim() == 2 && b.dim() == 2 && a.size(0) >= 2 && a.size(0) <= most &&
          a.scalar_type() == b.scalar_type() && a.size(1) == b.size(0) && a.size(1) > 0 && b.stride(0) == 1 &&
          gemv_f16_kernel(a);
@@ -472,12 +472,15 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     if (row_gemv(a, b)) {
       q.enqueue("aten::mm", [a, b, o] { row_gemv_out(o, a, b, nullptr, 0.0f, 1.0f); });
     } else if (few_rows(a, b)) {
-      q.enqueue("aten::mm", [a, b, o] { gemv_f16::few_rows(o, nullptr, a, b.t(), 0.0f, 1.0f); });
+      // (bf16: Adaptive Eager may run it with the widening of an int8 weight and a column product)
+      const bool fusible = a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled();
+      q.enqueue("aten::mm", [a, b, o] { gemv_f16::few_rows(o, nullptr, a, b.t(), 0.0f, 1.0f); },
+                fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kFewRows) : nullptr);
     } else if (half_pair(a, b, 2)) {
       enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f);
     } else if (gemm::amx_mm(a, b)) {
       q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
-                fusion::tiles_enabled() ? fusion::matmul(out, self, mat2) : nullptr);
+                fusion::tiles_enabled() ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kAmx) : nullptr);
     } else {
       at::Tensor keep, row = row_scratch(q, a, b, keep);
       q.enqueue("aten::mm", [a, b, o, row] { cpu_product(o, a, b, row, false); });

@@ -19,6 +19,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -102,13 +103,31 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wide
   else return _mm512_cvtph_ps(h);
 }
 
-// The partial sums of R activation rows (fp32, a[r * lda + j]) with T weight rows (16-bit, the
+// The weight formats block() reads: 16-bit floats, or int8 (torchao's weight-only codes), whose
+// values are exact in fp32 and bf16 alike; widening 16 of them costs two instructions either way
+// (a sign/zero extension and a shift or conversion), so int8 reads half the bytes for nothing.
+enum Src { kF16, kBF16, kI8 };
+template <int S>
+using Elem = std::conditional_t<S == kI8, int8_t, uint16_t>;
+
+template <int S>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload(const Elem<S>* p) {
+  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  else return widen16<S == kBF16>(p);
+}
+template <int S>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload_tail(const Elem<S>* p, __mmask16 m) {
+  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+  else return widen16_tail<S == kBF16>(p, m);
+}
+
+// The partial sums of R activation rows (fp32, a[r * lda + j]) with T weight rows (format S, the
 // value at k index j of row t at w[t * ldw + j - j0]) over k in [j0, j1): R x T vectors of 16
 // lanes, part[(r * T + t) * 16 + lane], each lane summing its k values in order; zero-initialized
 // when `first`. j0 is a multiple of 16; only j1 = k may leave a tail.
-template <bool BF16, int R, int T>
+template <int S, int R, int T>
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const float* a, int64_t lda,
-                                                                          const uint16_t* w, int64_t ldw,
+                                                                          const Elem<S>* w, int64_t ldw,
                                                                           int64_t j0, int64_t j1, float* part,
                                                                           bool first) {
   __m512 c[R][T];
@@ -120,7 +139,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const f
   for (; j + 16 <= j1; j += 16) {
     __m512 wv[T];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) wv[t] = widen16<BF16>(w + t * ldw + (j - j0));
+    for (int t = 0; t < T; ++t) wv[t] = wload<S>(w + t * ldw + (j - j0));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_loadu_ps(a + r * lda + j);
@@ -132,7 +151,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void block(const f
     const __mmask16 m = static_cast<__mmask16>((1u << (j1 - j)) - 1u);
     __m512 wv[T];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) wv[t] = widen16_tail<BF16>(w + t * ldw + (j - j0), m);
+    for (int t = 0; t < T; ++t) wv[t] = wload_tail<S>(w + t * ldw + (j - j0), m);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_maskz_loadu_ps(m, a + r * lda + j);
@@ -154,46 +173,48 @@ __attribute__((target("avx512f"))) inline float reduce16(const float* v) {
 // leading dimension lda), over all of k: k in chunks of kChunk; per chunk, blocks of 4 weight
 // rows (then single ones), each multiplied with every group of 4 activation rows while the
 // chunk's weight values and activations (m x 2 KiB) sit in L1, so each weight row is read from
-// memory once. fp8 weight rows (`fp8` their format, w their codes) are widened exactly to bf16
-// per chunk into a 4 KiB stage first. The 16-lane partial sums (`part`, ceil(m / 4) x (n1 - n0)
+// memory once. 1-byte weight codes (fp8, int8: w their codes) are widened exactly to bf16 by
+// `widen` per chunk into a 4 KiB stage first. The 16-lane partial sums (`part`, ceil(m / 4) x (n1 - n0)
 // x 4 x 16 floats) are kept between chunks, so every lane sums its k values in order as one pass
 // would, and reduced at the end.
 constexpr int64_t kChunk = 512;
-template <bool BF16, int T>
-void weight_block(const float* a, int64_t m, int64_t lda, const uint16_t* w, int64_t ldw, int64_t j0, int64_t j1,
+template <int S, int T>
+void weight_block(const float* a, int64_t m, int64_t lda, const Elem<S>* w, int64_t ldw, int64_t j0, int64_t j1,
                   float* part, int64_t stride) {
   for (int64_t g = 0; g * 4 < m; ++g) {
     const float* ar = a + g * 4 * lda;
     float* pg = part + g * stride;
     switch (std::min<int64_t>(4, m - g * 4)) {
-      case 4: block<BF16, 4, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
-      case 3: block<BF16, 3, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
-      case 2: block<BF16, 2, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
-      default: block<BF16, 1, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      case 4: block<S, 4, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      case 3: block<S, 3, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      case 2: block<S, 2, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
+      default: block<S, 1, T>(ar, lda, w, ldw, j0, j1, pg, j0 == 0); break;
     }
   }
 }
 
-template <bool BF16>
-void weight_rows(const float* a, int64_t m, int64_t lda, const void* w, c10::ScalarType fp8, int64_t ldw, int64_t k,
+template <int S>
+void weight_rows(const float* a, int64_t m, int64_t lda, const void* w, bf16_gemm::Widen widen, int64_t ldw, int64_t k,
                  float* acc, int64_t ldc, int64_t n0, int64_t n1, float* part) {
   const int64_t stride = (n1 - n0) * 64;  // a group's partials
   uint16_t stage[4 * kChunk];
-  const bool staged = fp8 != c10::ScalarType::Undefined;
+  const bool staged = widen != nullptr;  // (S == kBF16)
   for (int64_t j0 = 0; j0 < k; j0 += kChunk) {
     const int64_t j1 = std::min(k, j0 + kChunk);
     for (int64_t t = n0; t < n1;) {
       const int64_t rows = t + 4 <= n1 ? 4 : 1;
-      const uint16_t* wt = static_cast<const uint16_t*>(w) + t * ldw + j0;
+      const Elem<S>* wt = static_cast<const Elem<S>*>(w) + t * ldw + j0;
       int64_t ld = ldw;
-      if (staged) {
-        fp8::widen_rows_bf16(static_cast<const uint8_t*>(w) + t * ldw + j0, ldw, fp8, rows, j1 - j0, stage, kChunk);
-        wt = stage;
-        ld = kChunk;
+      if constexpr (S == kBF16) {
+        if (staged) {
+          widen(static_cast<const uint8_t*>(w) + t * ldw + j0, ldw, rows, j1 - j0, stage, kChunk);
+          wt = stage;
+          ld = kChunk;
+        }
       }
       float* pt = part + (t - n0) * 64;
-      if (rows == 4) weight_block<BF16, 4>(a, m, lda, wt, ld, j0, j1, pt, stride);
-      else weight_block<BF16, 1>(a, m, lda, wt, ld, j0, j1, pt, stride);
+      if (rows == 4) weight_block<S, 4>(a, m, lda, wt, ld, j0, j1, pt, stride);
+      else weight_block<S, 1>(a, m, lda, wt, ld, j0, j1, pt, stride);
       t += rows;
     }
   }
@@ -209,12 +230,23 @@ void weight_rows(const float* a, int64_t m, int64_t lda, const void* w, c10::Sca
   }
 }
 
+// fp8 codes widened as fp8::convert widens them (bf16_gemm::Widen's form, one per format)
+void widen_e4m3(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd) {
+  fp8::widen_rows_bf16(src, ld, at::kFloat8_e4m3fn, rows, n, dst, ldd);
+}
+void widen_e5m2(const uint8_t* src, int64_t ld, int64_t rows, int64_t n, uint16_t* dst, int64_t ldd) {
+  fp8::widen_rows_bf16(src, ld, at::kFloat8_e5m2, rows, n, dst, ldd);
+}
+
 // acc (m x n fp32, contiguous) = the sums of a @ w.t(): a (m x k) bf16, fp16 or fp8, w (n x k, unit
-// column stride) of a's 16-bit dtype or fp8.
-void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc) {
+// column stride) of a's 16-bit dtype, int8, or fp8 codes that `widen` maps to bf16.
+void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc, bf16_gemm::Widen widen) {
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
   const auto wt = w.scalar_type();
-  const bool fp8w = fp8::is_fp8(wt), bf16 = fp8w || wt == at::kBFloat16;
+  TORCH_INTERNAL_ASSERT((widen != nullptr) == fp8::is_fp8(wt));
+  const auto rows = widen != nullptr || wt == at::kBFloat16 ? weight_rows<kBF16>
+                    : wt == at::kChar                      ? weight_rows<kI8>
+                                                           : weight_rows<kF16>;
   // the activations widened once (m x k fp32, contiguous)
   std::vector<float> af(static_cast<size_t>(m * k));
   const at::Tensor ac = a.contiguous();
@@ -226,14 +258,12 @@ void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc) {
     for (int64_t i = 0; i < m * k; ++i) af[i] = wide(ap[i]);
   }
   const int64_t ldw = w.stride(0);
-  const auto fmt = fp8w ? wt : c10::ScalarType::Undefined;
   // weight rows shared by the threads, 64 at a time (the sums do not depend on the split)
   at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> part(static_cast<size_t>((m + 3) / 4 * 64 * 64));
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * 64, n1 = std::min(n, n0 + 64);
-      (bf16 ? weight_rows<true> : weight_rows<false>)(af.data(), m, k, w.const_data_ptr(), fmt, ldw, k, acc, n, n0,
-                                                      n1, part.data());
+      rows(af.data(), m, k, w.const_data_ptr(), widen, ldw, k, acc, n, n0, n1, part.data());
     }
   });
 }
@@ -296,7 +326,7 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
   const bool bf16 = a.scalar_type() == at::kBFloat16;
   const auto wide = bf16 ? widen1<true> : widen1<false>;
   std::vector<float> acc(static_cast<size_t>(m * n));
-  accumulate(a, w, acc.data());
+  accumulate(a, w, acc.data(), nullptr);
   auto* op = static_cast<uint16_t*>(o.data_ptr());
   const at::Tensor se = s != nullptr && beta != 0.0f ? s->expand({m, n}) : at::Tensor();
   const auto* sp = se.defined() ? static_cast<const uint16_t*>(se.const_data_ptr()) : nullptr;
@@ -323,12 +353,42 @@ bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
     return false;
   }
   auto* p = acc.data_ptr<float>();
-  accumulate(a, w, p);
+  const auto wt = w.scalar_type();
+  accumulate(a, w, p, wt == at::kFloat8_e4m3fn ? widen_e4m3 : wt == at::kFloat8_e5m2 ? widen_e5m2 : nullptr);
   if (alpha != 1.0f) at::Tensor(acc).mul_(alpha);
   return true;
 #else
   (void)acc, (void)a, (void)w, (void)alpha;
   return false;
+#endif
+}
+
+bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w, const float* post_scale) {
+#if defined(__x86_64__)
+  const int64_t m = a.size(0), n = w.size(0);
+  TORCH_INTERNAL_ASSERT(available() && o.is_contiguous() && w.stride(1) == 1 && m >= 1 && a.size(1) >= 1 &&
+                        a.scalar_type() == at::kBFloat16 && o.scalar_type() == at::kBFloat16 &&
+                        (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kChar));
+  std::vector<float> acc(static_cast<size_t>(m * n));
+  accumulate(a, w, acc.data(), nullptr);
+  auto* op = static_cast<uint16_t*>(o.data_ptr());
+  bool finite = true;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const c10::BFloat16 r(acc[i * n + j]);  // few_rows' one rounding (alpha = 1)
+      if (post_scale == nullptr) {
+        op[i * n + j] = r.x;
+        continue;
+      }
+      const float v = static_cast<float>(r) * post_scale[j];
+      finite = finite && !std::isnan(v);
+      op[i * n + j] = c10::BFloat16(v).x;
+    }
+  }
+  return finite;
+#else
+  (void)o, (void)a, (void)w, (void)post_scale;
+  TORCH_INTERNAL_ASSERT(false, "few_rows_bf16 needs x86-64");
 #endif
 }
 

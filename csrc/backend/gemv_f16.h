@@ -4,7 +4,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
+#include "bf16_gemm.h"
+
 namespace torchneuron::gemv_f16 {
+
+// The most activation rows few_rows() takes in bf16 (also fp8 operands, widened to bf16) and in
+// fp16 (gemm.cpp's and scaled_mm.cpp's routes; the figures that chose them are in gemm.cpp).
+constexpr int64_t kFewRowsBf16 = 16;
+constexpr int64_t kFewRowsFp16 = 8;
 
 // Whether gemv() runs here: x86-64 with AVX-512 (fp16 -> fp32 conversion and FMA in zmm).
 bool available();
@@ -29,5 +38,14 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
 // fp16, bf16 or fp8, w (n x k, unit column stride) fp16/bf16 as a, or fp8 (its rows widened
 // exactly to bf16 per chunk of k in cache). fp8 GEMMs of a few rows (scaled_mm.cpp) take it.
 bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& w, float alpha);
+
+// few_rows(o, nullptr, a, W, 0, 1) for a bf16 weight W = w (n x k, unit column stride), or W =
+// w.to(bf16) for int8 codes w (torchao's weight-only weight) read as they are: every int8 value is
+// exact in bf16 and fp32, so the sums are few_rows's, in its order, and so are the bits. With
+// post_scale (n floats, each a bf16 value) every rounded result r is then replaced by round(r *
+// post_scale[j]) computed in fp32: ATen's bf16 `mul` by a column vector, element by element.
+// Returns false if such a scaled result is NaN (fusion.cpp then redoes the mul through ATen, whose
+// NaN bits depend on its path). a: m x k bf16, o: m x n bf16, contiguous.
+bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w, const float* post_scale);
 
 }  // namespace torchneuron::gemv_f16

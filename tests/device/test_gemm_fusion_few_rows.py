@@ -1,0 +1,127 @@
+"""Adaptive Eager's GEMM family on the few-row kernel (hosts whose bf16 dot products run at half rate).
+
+There a bf16 `mm` of 2-16 rows with B column-major runs gemv_f16.h's few-row kernel, and torchao's
+weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`, runs as one call of it: the
+int8 weight read and widened in registers, the per-column product in its epilogue. Oracles: the
+same program with the family off (bit for bit, NaN included) and an fp64 product of the same
+operands (the TensorE contract). The half-rate routes are forced on any host with AVX512-BF16 and
+AVX512-FP16 (the family records the int8 widening only where AVX512-FP16 is), AMX hosts included:
+the comparisons here are between neuron's own kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gemm_fusion_oracles import (assert_within_tensore_bound, bits, check_nan_results_take_atens_bits,
+                                 check_weight_only_fuses_bit_for_bit, operands, run, weight_only)
+from torchneuron import _C
+
+engine = torch.neuron.engine
+ROUTES = _C._precision_routes()
+pytestmark = pytest.mark.skipif(not (ROUTES["cpu_avx512_bf16"] and ROUTES["fp16_cpu_product_kernels"]),
+                                reason="needs AVX512-BF16 and AVX512-FP16")
+
+
+@pytest.fixture
+def half_rate(cast_fusion_on):
+    _C._set_bf16_half_rate(1)
+    yield
+    torch.neuron.synchronize()
+    _C._set_bf16_half_rate(-1)
+
+
+# k: within one 512-value chunk, past it, with tails of k (not a multiple of 16); n: whole and
+# partial blocks of 4 weight rows and of the 64 rows a thread takes
+@pytest.mark.parametrize("m,k,n", [(2, 64, 32), (7, 100, 33), (16, 1031, 130), (5, 2085, 48), (16, 512, 257),
+                                   (3, 16, 4)])
+def test_weight_only_int8_linear_fuses_bit_for_bit(half_rate, m, k, n):
+    check_weight_only_fuses_bit_for_bit(m, k, n)
+
+
+def test_the_widened_product_alone_fuses_bit_for_bit(half_rate):
+    x, w8, _ = operands(12, 700, 96, seed=1)
+    fn = lambda: torch.mm(x, w8.t().to(torch.bfloat16))  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+    assert_within_tensore_bound(got, x.cpu().double() @ w8.cpu().double().t(), 700, roundings=1)
+
+
+def test_a_bf16_weight_with_a_column_scale_fuses_bit_for_bit(half_rate):
+    x, w8, scale = operands(8, 300, 70, seed=2)
+    w = (w8.to(torch.bfloat16) / 7).contiguous()  # values that are not integers
+    fn = lambda: torch.mm(x, w.t()) * scale.to(torch.bfloat16).flatten()  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+
+
+def test_every_int8_weight_value_widens_exactly(half_rate):
+    # Rows of the identity make the product the widened weight itself: weight row j is every code
+    # rotated by j, then by j + 17, so each picked k position sees all 256 codes across the rows;
+    # the picked positions include both 512-value chunks and the tail past the last 16 (k = 600).
+    k, n = 600, 256
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    w8 = torch.stack([torch.cat([codes.roll(j), codes.roll(j + 17), codes.roll(j + 5)])[:k] for j in range(n)])
+    picked = torch.tensor([0, 1, 15, 16, 255, 256, 300, 511, 512, 513, 580, 590, 591, 597, 598, 599])
+    x = torch.eye(k, dtype=torch.bfloat16)[picked]
+    ones = torch.ones(n, 1, device="neuron")
+    got, fused = run(lambda: weight_only(x.to("neuron"), w8.to("neuron"), ones), True)
+    assert fused == 1
+    assert torch.equal(bits(got), bits(w8[:, picked].t().to(torch.bfloat16)))
+
+
+def test_torchao_int8_weight_only_decode_step_fuses_bit_for_bit(half_rate):
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 384, bias=False).to("neuron", torch.bfloat16)
+    quantize_(lin, Int8WeightOnlyConfig())
+    x = torch.randn(4, 2, 256, device="neuron", dtype=torch.bfloat16)  # 8 sequences, one token each
+    with torch.no_grad():
+        want, _ = run(lambda: lin(x), False)
+        got, fused = run(lambda: lin(x), True)
+    assert fused == 1 and got.shape == (4, 2, 384)
+    assert torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("rows", [1, 17])
+def test_rows_outside_the_few_row_kernel_run_unfused(half_rate, rows):
+    # one row runs the matrix-vector kernel, 17 CPU's kernel: neither takes int8 codes
+    x, w8, scale = operands(rows, 128, 64, seed=rows)
+    want, _ = run(lambda: weight_only(x, w8, scale), False)
+    got, fused = run(lambda: weight_only(x, w8, scale), True)
+    assert fused == 0 and torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("where", ["scale_vector_lanes", "scale_tail", "activations"])
+def test_nan_results_take_atens_bits(half_rate, where):
+    check_nan_results_take_atens_bits(where)
+
+
+def test_a_widened_weight_still_referenced_is_stored(half_rate):
+    x, w8, scale = operands(16, 128, 64, seed=8)
+    wb = w8.t().to(torch.bfloat16)
+    m = torch.mm(x, wb)
+    y = m * scale.to(torch.bfloat16).flatten()
+    torch.neuron.synchronize()
+    assert torch.equal(wb.cpu(), w8.cpu().t().to(torch.bfloat16))
+    engine.set_cast_fusion_enabled(False)
+    want = torch.mm(x, w8.t().to(torch.bfloat16))
+    assert torch.equal(bits(m), bits(want))
+    assert torch.equal(bits(y), bits(want * scale.to(torch.bfloat16).flatten()))
+
+
+def test_the_fused_kernel_does_not_depend_on_the_thread_count(half_rate):
+    x, w8, scale = operands(16, 1500, 200, seed=12)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, fused_one = run(lambda: weight_only(x, w8, scale), True)
+        torch.set_num_threads(max(2, threads))
+        many, fused_many = run(lambda: weight_only(x, w8, scale), True)
+    finally:
+        torch.set_num_threads(threads)
+    assert fused_one == fused_many == 1 and torch.equal(bits(one), bits(many))
