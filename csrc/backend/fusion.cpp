@@ -2,12 +2,12 @@
 #include "fusion.h"
 #include "allocator.h"
 #include "amx_gemm.h"
-#include "gemv_f16.h"
 #include "cpu_features.h"
 #include "enqueue.h"
 #include "extrema.h"
 #include "fp8.h"
 #include "gemm.h"
+#include "gemv_f16.h"
 #include "tile_fusion.h"
 #include "zero_copy.h"
 
@@ -514,15 +514,18 @@ neuron::rt::engine::Record max_all(const at::Tensor& out, const at::Tensor& self
 }
 
 neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                                  MatmulKernel kernel) {
+                                  MatmulKernel kernel, const at::Tensor& arena) {
   static constexpr char kMm[] = "aten::mm";
   if (!out.is_contiguous() || out.scalar_type() != at::kBFloat16 || a.stride(1) != 1 || b.stride(0) != 1) {
     return nullptr;
   }
   auto r = new_record(kMatmul, out, out.numel(), kMm);
-  r->ptr = {out.mutable_data_ptr(), const_cast<void*>(a.const_data_ptr()), const_cast<void*>(b.const_data_ptr()), nullptr};
+  // (ptr[3]: the queued call's arena, device memory that later kernels reuse only after it)
+  r->ptr = {out.mutable_data_ptr(), const_cast<void*>(a.const_data_ptr()), const_cast<void*>(b.const_data_ptr()),
+            arena.defined() ? arena.data_ptr() : nullptr};
   r->dtype = {at::kBFloat16, at::kBFloat16, at::kBFloat16, at::kBFloat16};
-  r->geometry = {a.size(0), b.size(1), a.size(1), a.stride(0), b.stride(1), static_cast<int64_t>(kernel)};
+  r->geometry = {a.size(0),   b.size(1),   a.size(1), a.stride(0), b.stride(1), static_cast<int64_t>(kernel),
+                 arena.defined() ? static_cast<int64_t>(arena.nbytes()) : 0};
   r->out_stamp = allocation_stamp(out.storage().data_ptr());
   return r;
 }
@@ -711,6 +714,8 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
   const Span a = span(mm->ptr[1], ((m - 1) * mm->geometry[3] + k) * 2);
   const Span b = widen != nullptr ? span(widen->ptr[1], k * n) : span(mm->ptr[2], ((n - 1) * mm->geometry[4] + k) * 2);
   c10::SmallVector<Span, 4> reads{a, b};
+  // (the routed kernel's scratch, which later allocations of the region may take)
+  if (mm->ptr[3] != nullptr) reads.push_back(span(mm->ptr[3], mm->geometry[6]));
   c10::SmallVector<Span, 2> writes;
   if (cast != nullptr) {
     reads.push_back(span(cast->ptr[1], n * 4));
@@ -728,6 +733,7 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
       }
     }
   }
+  const auto kernel = static_cast<MatmulKernel>(mm->geometry[5]);
   if (i == after_mm) {
     cast = mul = nullptr;
     if (widen == nullptr) return {0, 1, {}};
@@ -748,10 +754,29 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
     const bf16_gemm::Matrix mb = widen != nullptr ? bf16_gemm::Matrix{widen->ptr[1], k, true, amx_gemm::widen_int8}
                                                   : bf16_gemm::Matrix{mm->ptr[2], mm->geometry[4], true, nullptr};
     // The unfused matmul's kernel: the same sums in the same order, so the same bits.
-    const bool few = static_cast<MatmulKernel>(mm->geometry[5]) == MatmulKernel::kFewRows;
     // out (bf16, leading dimension n) = the product, then times `scale` per column; false if NaN
     auto product = [&](void* dst, const float* scale) {
-      if (few) {
+      if (kernel == MatmulKernel::kRouted) {
+        // gemm::half_product's fp32 GEMM over exact copies (an int8 weight's is the bf16 one's),
+        // in the queued call's arena; rounded by ATen's copy alone, else by the epilogue (which
+        // rounds as that copy does, NaN aside: a NaN result is redone)
+        const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+        ZeroCopy zc(ZeroCopy::Queued{});
+        if (mm->ptr[3] != nullptr) {
+          zc.set_scratch_arena(at::from_blob(mm->ptr[3], {mm->geometry[6]}, at::TensorOptions().dtype(at::kByte)));
+        }
+        const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
+        const at::Tensor tb = at::from_blob(const_cast<void*>(mb.p), {k, n}, {1, mb.ld},
+                                            widen != nullptr ? at::TensorOptions().dtype(at::kChar) : bf16);
+        if (scale == nullptr) {
+          gemm::half_product(zc, at::from_blob(dst, {m, n}, bf16), ta, tb, nullptr, 0.0f, 1.0f);
+          return true;
+        }
+        at::Tensor acc = gemm::scratch(zc, {m, n}, at::kFloat);
+        gemm::matmul_lowp_f32(zc, ta, tb, acc, 0.0f, 1.0f);
+        return gemv_f16::round_scale_bf16(acc.const_data_ptr<float>(), m, n, scale, static_cast<uint16_t*>(dst));
+      }
+      if (kernel == MatmulKernel::kFewRows) {
         const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
         const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
         const at::Tensor tw = at::from_blob(const_cast<void*>(mb.p), {n, k}, {mb.ld, 1},

@@ -99,12 +99,13 @@ neuron::rt::engine::Record scale(const char* name, const at::Tensor& out, const 
 neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const at::Tensor& self,
                                  const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi);
 // The GEMM family (cast() records its int8 -> bf16 and float32 -> bf16 copies): `out` =
-// `a` @ `b` run by `kernel` (gemm::amx_mm_out, or gemv_f16::few_rows on a half-rate host), A
-// row-major and B column-major; `out` = `self` * `other` (`name` the op's hot name) for a bf16 m
-// x n `self` and a bf16 `other` of n values broadcast along its rows.
-enum class MatmulKernel : int64_t { kAmx = 0, kFewRows = 1 };
+// `a` @ `b` run by `kernel`, A row-major and B column-major: gemm::amx_mm_out; on a half-rate
+// host gemv_f16::few_rows, or gemm::half_product (exact fp32 copies) with its queued call's
+// `arena`; `out` = `self` * `other` (`name` the op's hot name) for a bf16 m x n `self` and a bf16
+// `other` of n values broadcast along its rows.
+enum class MatmulKernel : int64_t { kAmx = 0, kFewRows = 1, kRouted = 2 };
 neuron::rt::engine::Record matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                                  MatmulKernel kernel);
+                                  MatmulKernel kernel, const at::Tensor& arena = {});
 neuron::rt::engine::Record col_scale(const char* name, const at::Tensor& out, const at::Tensor& self,
                                      const at::Tensor& other);
 // `out` = abs(`self`); `out` (0-dim) = max(`self`) (torch.max(x), every element).

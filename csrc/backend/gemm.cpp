@@ -316,10 +316,21 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   }
 }
 
+void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
+                  const at::Tensor* self, float beta, float alpha) {
+  at::Tensor acc = scratch(zc, o.sizes(), at::kFloat);
+  if (self != nullptr && beta != 0.0f) acc.copy_(self->expand(o.sizes()));
+  else beta = 0.0f;
+  matmul_lowp_f32(zc, a, b, acc, beta, alpha);
+  at::Tensor(o).copy_(acc);  // the one rounding
+}
+
 }  // namespace torchneuron::gemm
 
 namespace torchneuron {
 namespace {
+
+using gemm::half_product;
 
 // The products' rule (gemm.h); convolution's sites below call gemm::routed.
 using gemm::product_routed;
@@ -332,15 +343,6 @@ bool half_pair(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
          !(a.scalar_type() == at::kBFloat16 && gemm::cpu_fast_bf16() && a.size(-2) < gemm::kBf16RoutedRows);
 }
 
-// o (CPU alias, a's dtype) = round(alpha * a @ b + beta * self): exact products, fp32 sums.
-void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
-                  const at::Tensor* self, float beta, float alpha) {
-  at::Tensor acc = gemm::scratch(zc, o.sizes(), at::kFloat);
-  if (self != nullptr && beta != 0.0f) acc.copy_(self->expand(o.sizes()));
-  else beta = 0.0f;
-  gemm::matmul_lowp_f32(zc, a, b, acc, beta, alpha);
-  at::Tensor(o).copy_(acc);  // the one rounding
-}
 
 // oneDNN's bf16 matmul reads a column-major A (`grad_output.t() @ input`: every weight gradient
 // of a linear layer) through a reorder it repeats for each block of B's columns, which costs
@@ -386,16 +388,26 @@ at::Tensor row_scratch(QueuedCall& q, const at::Tensor& a, const at::Tensor& b, 
 // operands' exact fp32 copies) come from one device block allocated here, the kernel's scratch
 // arena (ZeroCopy::set_scratch_arena): from host memory they cost their pages' faults on
 // every call (a 4096 x 4096 weight's copy: 64 MiB).
+// With `fusible` (mm's device result), Adaptive Eager may run it with the widening of an int8
+// weight before it (fusion.cpp, MatmulKernel::kRouted), in the same arena.
 void enqueue_half_product(QueuedCall& q, const char* name, const at::Tensor& a, const at::Tensor& b,
-                          const at::Tensor& o, const std::optional<at::Tensor>& self, float beta, float alpha) {
+                          const at::Tensor& o, const std::optional<at::Tensor>& self, float beta, float alpha,
+                          const at::Tensor* fusible = nullptr) {
+  const bool mixed = gemm::mixed_route(a, b, true);
   int64_t bytes = gemm::arena_bytes(o.numel());
-  if (!gemm::mixed_route(a, b, true)) bytes += gemm::arena_bytes(a.numel()) + gemm::arena_bytes(b.numel());
+  if (!mixed) bytes += gemm::arena_bytes(a.numel()) + gemm::arena_bytes(b.numel());
   at::Tensor arena = q.arena(bytes);
-  q.enqueue(name, [a, b, o, self, beta, alpha, arena] {
-    ZeroCopy zc(ZeroCopy::Queued{});
-    zc.set_scratch_arena(arena);
-    half_product(zc, o, a, b, self ? &*self : nullptr, beta, alpha);
-  });
+  auto record = fusible != nullptr && !mixed && a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled()
+                    ? fusion::matmul(*fusible, a, b, fusion::MatmulKernel::kRouted, arena)
+                    : nullptr;
+  q.enqueue(
+      name,
+      [a, b, o, self, beta, alpha, arena] {
+        ZeroCopy zc(ZeroCopy::Queued{});
+        zc.set_scratch_arena(arena);
+        half_product(zc, o, a, b, self ? &*self : nullptr, beta, alpha);
+      },
+      std::move(record));
 }
 
 // ---- mm / addmm / bmm / baddbmm: results from the device pool ------------------------------
@@ -477,7 +489,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
       q.enqueue("aten::mm", [a, b, o] { gemv_f16::few_rows(o, nullptr, a, b.t(), 0.0f, 1.0f); },
                 fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kFewRows) : nullptr);
     } else if (half_pair(a, b, 2)) {
-      enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f);
+      enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f, &out);
     } else if (gemm::amx_mm(a, b)) {
       q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
                 fusion::tiles_enabled() ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kAmx) : nullptr);

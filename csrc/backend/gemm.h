@@ -94,6 +94,12 @@ void matmul_bf16(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
 void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc,
                      float beta, float alpha);
 
+// o (CPU alias, a's dtype) = round(alpha * a @ b + beta * self) with exact products and fp32 sums
+// (matmul_lowp_f32 into an fp32 scratch, then one rounding; self read only with beta != 0): the
+// routed products' kernel. b may also be int8 (exact in fp32: Adaptive Eager's widened weights).
+void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
+                  const at::Tensor* self, float beta, float alpha);
+
 // Whether matmul_lowp_f32 multiplies a and b with MKL's mixed-precision GEMM (reading the 16-bit
 // operands) rather than exact fp32 copies of them, for an fp32 accumulator contiguous or not.
 bool mixed_route(const at::Tensor& a, const at::Tensor& b, bool contiguous_acc);

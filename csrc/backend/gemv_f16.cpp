@@ -267,6 +267,36 @@ void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc, bf16_gemm:
     }
   });
 }
+
+// c10's round to nearest even of 16 fp32 values to bf16 bits (subnormals kept; NaN lanes, which
+// c10 writes as 0x7FC0, set in *nan instead of being rounded).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i round16(__m512 v, __mmask16* nan) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  *nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_cvtepi32_epi16(_mm512_cvtepi32_epi16(r), *nan, _mm512_set1_epi32(0x7FC0));
+}
+
+// round_scale_bf16 over one row's first multiple of 16 values; returns how many it wrote.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) int64_t round_scale_row(const float* src, int64_t n,
+                                                                              const float* post, uint16_t* dst,
+                                                                              bool* ok) {
+  int64_t j = 0;
+  __mmask16 any = 0;
+  for (; j + 16 <= n; j += 16) {
+    __mmask16 nan;
+    __m256i r = round16(_mm512_loadu_ps(src + j), &nan);
+    if (post != nullptr) {
+      const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(r), 16));
+      r = round16(_mm512_mul_ps(wide, _mm512_loadu_ps(post + j)), &nan);
+      any |= nan;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), r);
+  }
+  if (any != 0) *ok = false;
+  return j;
+}
 #endif
 
 }  // namespace
@@ -328,6 +358,7 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
   std::vector<float> acc(static_cast<size_t>(m * n));
   accumulate(a, w, acc.data(), nullptr);
   auto* op = static_cast<uint16_t*>(o.data_ptr());
+  if (bf16 && alpha == 1.0f && (s == nullptr || beta == 0.0f)) return round_scale_bf16(acc.data(), m, n, nullptr, op);
   const at::Tensor se = s != nullptr && beta != 0.0f ? s->expand({m, n}) : at::Tensor();
   const auto* sp = se.defined() ? static_cast<const uint16_t*>(se.const_data_ptr()) : nullptr;
   const int64_t s0 = se.defined() ? se.stride(0) : 0, s1 = se.defined() ? se.stride(1) : 0;
@@ -363,6 +394,33 @@ bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
 #endif
 }
 
+bool round_scale_bf16(const float* acc, int64_t m, int64_t n, const float* post_scale, uint16_t* out) {
+  bool finite = true;
+  at::parallel_for(0, m, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, n)), [&](int64_t i0, int64_t i1) {
+    bool ok = true;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* src = acc + i * n;
+      uint16_t* dst = out + i * n;
+      int64_t j = 0;
+#if defined(__x86_64__)
+      if (available()) j = round_scale_row(src, n, post_scale, dst, &ok);
+#endif
+      for (; j < n; ++j) {
+        const c10::BFloat16 r(src[j]);  // the product's one rounding
+        if (post_scale == nullptr) {
+          dst[j] = r.x;
+          continue;
+        }
+        const float v = static_cast<float>(r) * post_scale[j];
+        ok = ok && !std::isnan(v);
+        dst[j] = c10::BFloat16(v).x;
+      }
+    }
+    if (!ok) finite = false;  // (a benign race: every writer stores false)
+  });
+  return finite;
+}
+
 bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w, const float* post_scale) {
 #if defined(__x86_64__)
   const int64_t m = a.size(0), n = w.size(0);
@@ -371,21 +429,7 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
                         (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kChar));
   std::vector<float> acc(static_cast<size_t>(m * n));
   accumulate(a, w, acc.data(), nullptr);
-  auto* op = static_cast<uint16_t*>(o.data_ptr());
-  bool finite = true;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      const c10::BFloat16 r(acc[i * n + j]);  // few_rows' one rounding (alpha = 1)
-      if (post_scale == nullptr) {
-        op[i * n + j] = r.x;
-        continue;
-      }
-      const float v = static_cast<float>(r) * post_scale[j];
-      finite = finite && !std::isnan(v);
-      op[i * n + j] = c10::BFloat16(v).x;
-    }
-  }
-  return finite;
+  return round_scale_bf16(acc.data(), m, n, post_scale, static_cast<uint16_t*>(o.data_ptr()));
 #else
   (void)o, (void)a, (void)w, (void)post_scale;
   TORCH_INTERNAL_ASSERT(false, "few_rows_bf16 needs x86-64");

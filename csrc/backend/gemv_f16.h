@@ -48,4 +48,9 @@ bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
 // NaN bits depend on its path). a: m x k bf16, o: m x n bf16, contiguous.
 bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w, const float* post_scale);
 
+// out[i * n + j] (bf16 bits) = acc[i * n + j] rounded to nearest even, and then, with post_scale,
+// multiplied by post_scale[j] in fp32 and rounded again (few_rows_bf16's epilogue, also the
+// routed GEMM's in fusion.cpp). False if a scaled result is NaN.
+bool round_scale_bf16(const float* acc, int64_t m, int64_t n, const float* post_scale, uint16_t* out);
+
 }  // namespace torchneuron::gemv_f16

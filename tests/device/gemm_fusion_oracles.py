@@ -1,5 +1,5 @@
 """The oracles of Adaptive Eager's GEMM family (test_gemm_fusion.py: the AMX kernel;
-test_gemm_fusion_few_rows.py: the few-row kernel): torchao's weight-only int8 linear op for op,
+test_gemm_fusion_half_rate.py: the few-row and routed kernels): torchao's weight-only int8 linear op for op,
 the same program with the family off, and the TensorE contract's bound against fp64."""
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def run(fn, fused):
     return out, engine.stats()["gemm"] - before
 
 
-def check_nan_results_take_atens_bits(where):
+def check_nan_results_take_atens_bits(where, m=8):
     # ATen's bf16 mul writes NaN as 0xFFFF in its vector loop and 0x7FC0 in its scalar tail (the
     # last n % 64 columns of each row): a fused result with a NaN is redone through ATen.
-    x, w8, scale = operands(8, 64, 100, seed=6)
+    x, w8, scale = operands(m, 64, 100, seed=6)
     if where == "scale_vector_lanes":
         scale[3] = float("nan")
     elif where == "scale_tail":

@@ -1,12 +1,14 @@
-"""Adaptive Eager's GEMM family on the few-row kernel (hosts whose bf16 dot products run at half rate).
+"""Adaptive Eager's GEMM family on hosts whose bf16 dot products run at half rate.
 
-There a bf16 `mm` of 2-16 rows with B column-major runs gemv_f16.h's few-row kernel, and torchao's
-weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`, runs as one call of it: the
-int8 weight read and widened in registers, the per-column product in its epilogue. Oracles: the
-same program with the family off (bit for bit, NaN included) and an fp64 product of the same
-operands (the TensorE contract). The half-rate routes are forced on any host with AVX512-BF16 and
-AVX512-FP16 (the family records the int8 widening only where AVX512-FP16 is), AMX hosts included:
-the comparisons here are between neuron's own kernels.
+There a bf16 `mm` of 2-16 rows with B column-major runs gemv_f16.h's few-row kernel, and one of
+64 rows or more the routed kernel (exact fp32 copies, an fp32 GEMM, one rounding). torchao's
+weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`, runs as one call of either:
+the few-row kernel reads the int8 weight and widens it in registers, the routed one copies it to
+fp32 directly (the bf16 copy's fp32 values), and the per-column product runs in their epilogue.
+Oracles: the same program with the family off (bit for bit, NaN included) and an fp64 product of
+the same operands (the TensorE contract). The half-rate routes are forced on any host with
+AVX512-BF16 and AVX512-FP16 (the family records the int8 widening only where AVX512-FP16 is), AMX
+hosts included: the comparisons here are between neuron's own kernels.
 """
 
 from __future__ import annotations
@@ -58,6 +60,30 @@ def test_a_bf16_weight_with_a_column_scale_fuses_bit_for_bit(half_rate):
     assert fused == 1 and torch.equal(bits(got), bits(want))
 
 
+@pytest.mark.parametrize("rows", [8, 64], ids=["few_rows", "routed"])
+def test_a_nan_product_alone_has_the_unfused_bits(half_rate, rows):
+    # inf * 0 in a sum: the host's default NaN (negative) where the unfused kernel rounds to c10's
+    # 0x7FC0 (few rows) or through ATen's copy (routed)
+    x, w8, _ = operands(rows, 64, 40, seed=5)
+    x[3, 7] = float("inf")
+    w8[11, 7] = 0
+    fn = lambda: torch.mm(x, w8.t().to(torch.bfloat16))  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.isnan(want.cpu()[3, 11].float())
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_few_row_nan_results_are_one_quiet_nan_in_every_column(half_rate):
+    # the vector lanes (columns 0-31 of 40) and the scalar tail (32-39) round alike: c10's 0x7FC0,
+    # not the host's negative default NaN that inf * 0 produces
+    x, w8, _ = operands(8, 64, 40, seed=5)
+    x[3, 7] = float("inf")
+    w8[11, 7] = w8[35, 7] = 0
+    got = torch.mm(x, w8.t().to(torch.bfloat16)).cpu()
+    assert got.view(torch.int16)[3, 11].item() == got.view(torch.int16)[3, 35].item() == 0x7FC0
+
+
 def test_every_int8_weight_value_widens_exactly(half_rate):
     # Rows of the identity make the product the widened weight itself: weight row j is every code
     # rotated by j, then by j + 17, so each picked k position sees all 256 codes across the rows;
@@ -85,6 +111,33 @@ def test_torchao_int8_weight_only_decode_step_fuses_bit_for_bit(half_rate):
         got, fused = run(lambda: lin(x), True)
     assert fused == 1 and got.shape == (4, 2, 384)
     assert torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 256, 96), (256, 1024, 512), (100, 300, 70), (70, 17, 1000)])
+def test_routed_weight_only_int8_linear_fuses_bit_for_bit(half_rate, m, k, n):
+    check_weight_only_fuses_bit_for_bit(m, k, n)
+
+
+def test_the_routed_widened_product_alone_fuses_bit_for_bit(half_rate):
+    x, w8, _ = operands(80, 200, 96, seed=3)
+    fn = lambda: torch.mm(x, w8.t().to(torch.bfloat16))  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+
+
+def test_a_routed_bf16_weight_with_a_column_scale_fuses_bit_for_bit(half_rate):
+    x, w8, scale = operands(64, 300, 70, seed=4)
+    w = (w8.to(torch.bfloat16) / 7).contiguous()
+    fn = lambda: torch.mm(x, w.t()) * scale.to(torch.bfloat16).flatten()  # noqa: E731
+    want, _ = run(fn, False)
+    got, fused = run(fn, True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("where", ["scale_vector_lanes", "scale_tail", "activations"])
+def test_routed_nan_results_take_atens_bits(half_rate, where):
+    check_nan_results_take_atens_bits(where, m=64)
 
 
 @pytest.mark.parametrize("rows", [1, 17])
