@@ -340,7 +340,7 @@ using gemm::product_routed;
 bool half_pair(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
   return product_routed(a) && a.scalar_type() == b.scalar_type() && a.dim() == dim && b.dim() == dim &&
          a.size(-1) == b.size(-2) && (dim == 2 || a.size(0) == b.size(0)) &&
-         !(a.scalar_type() == at::kBFloat16 && gemm::cpu_fast_bf16() && a.size(-2) < gemm::kBf16RoutedRows);
+         !(a.scalar_type() == at::kBFloat16 && gemm::bf16_half_rate() && a.size(-2) < gemm::kBf16RoutedRows);
 }
 
 
@@ -377,11 +377,11 @@ void cpu_product(at::Tensor o, const at::Tensor& a, const at::Tensor& b, const a
 at::Tensor row_scratch(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b) {
   return row_major_first(a, b) ? gemm::scratch(zc, a.sizes(), a.scalar_type()) : at::Tensor();
 }
-// A queued kernel's, allocated at the call: the kernel may not enter the device pool, and host
-// memory would fault its pages in on every call. `keep` holds the device tensor until the
-// kernel is queued (the stream-ordered pool then hands its block only to later kernels).
-at::Tensor row_scratch(QueuedCall& q, const at::Tensor& a, const at::Tensor& b, at::Tensor& keep) {
-  return row_major_first(a, b) ? q.out(keep, a.sizes(), a.scalar_type()) : at::Tensor();
+// A queued kernel's, in its arena (QueuedCall::arena, allocated at the call): the kernel may not
+// enter the device pool, and host memory would fault its pages in on every call.
+at::Tensor row_scratch(QueuedCall& q, const at::Tensor& a, const at::Tensor& b) {
+  if (!row_major_first(a, b)) return at::Tensor();
+  return q.arena(a.numel() * static_cast<int64_t>(a.element_size())).view(a.scalar_type()).view(a.sizes());
 }
 
 // Queues half_product. Its temporaries (the fp32 accumulator and, off MKL's mixed GEMM, the
@@ -459,7 +459,8 @@ void row_gemv_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
   const int64_t n = b.size(1);
   const at::Tensor ov = o.view({n});
   const at::Tensor sv = s != nullptr && beta != 0.0f ? s->expand({1, n}).select(0, 0) : ov;
-  gemv_f16::gemv(ov, sv, b.t(), a.select(0, 0), s != nullptr ? beta : 0.0f, alpha);
+  // (row_gemv guarantees a layout the kernel reads)
+  TORCH_INTERNAL_ASSERT(gemv_f16::gemv(ov, sv, b.t(), a.select(0, 0), s != nullptr ? beta : 0.0f, alpha));
 }
 
 // A product of a few rows (decode steps of several sequences) with B = W.t() (nn.Linear's weight)
@@ -476,6 +477,12 @@ bool few_rows(const at::Tensor& a, const at::Tensor& b) {
          gemv_f16_kernel(a);
 }
 
+// o = round(alpha * a @ b + beta * s) on the few-row kernel (few_rows guarantees its layout).
+void few_rows_out(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, const at::Tensor& b, float beta,
+                  float alpha) {
+  TORCH_INTERNAL_ASSERT(gemv_f16::few_rows(o, s, a, b.t(), beta, alpha));
+}
+
 at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   if (queueable_product(self, mat2, 2)) {
     QueuedCall q;
@@ -486,7 +493,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     } else if (few_rows(a, b)) {
       // (bf16: Adaptive Eager may run it with the widening of an int8 weight and a column product)
       const bool fusible = a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled();
-      q.enqueue("aten::mm", [a, b, o] { gemv_f16::few_rows(o, nullptr, a, b.t(), 0.0f, 1.0f); },
+      q.enqueue("aten::mm", [a, b, o] { few_rows_out(o, nullptr, a, b, 0.0f, 1.0f); },
                 fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kFewRows) : nullptr);
     } else if (half_pair(a, b, 2)) {
       enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f, &out);
@@ -494,7 +501,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
       q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
                 fusion::tiles_enabled() ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kAmx) : nullptr);
     } else {
-      at::Tensor keep, row = row_scratch(q, a, b, keep);
+      at::Tensor row = row_scratch(q, a, b);
       q.enqueue("aten::mm", [a, b, o, row] { cpu_product(o, a, b, row, false); });
     }
     return out;
@@ -506,7 +513,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
   at::Tensor out = pooled(zc, {a.size(0), b.size(1)}, a.scalar_type());
   at::Tensor o = zc.in_output(out);
   if (row_gemv(a, b)) row_gemv_out(o, a, b, nullptr, 0.0f, 1.0f);
-  else if (few_rows(a, b)) gemv_f16::few_rows(o, nullptr, a, b.t(), 0.0f, 1.0f);
+  else if (few_rows(a, b)) few_rows_out(o, nullptr, a, b, 0.0f, 1.0f);
   else if (half_pair(a, b, 2)) half_product(zc, o, a, b, nullptr, 0.0f, 1.0f);
   else if (gemm::amx_mm(a, b)) gemm::amx_mm_out(o, a, b);
   else cpu_product(o, a, b, row_scratch(zc, a, b), false);
@@ -520,13 +527,14 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
     QueuedCall q;
     at::Tensor s = q.in(self), a = q.in(mat1), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
-    if (row_gemv(a, b) && s.scalar_type() == a.scalar_type() && alpha.toFloat() != 0.0f) {
+    // (queueable_bias: the bias has the operands' dtype and broadcasts to the result)
+    if (row_gemv(a, b) && alpha.toFloat() != 0.0f) {
       q.enqueue("aten::addmm", [s, a, b, o, beta = beta.toFloat(), alpha = alpha.toFloat()] {
         row_gemv_out(o, a, b, &s, beta, alpha);
       });
     } else if (few_rows(a, b) && alpha.toFloat() != 0.0f) {
       q.enqueue("aten::addmm", [s, a, b, o, beta = beta.toFloat(), alpha = alpha.toFloat()] {
-        gemv_f16::few_rows(o, &s, a, b.t(), beta, alpha);
+        few_rows_out(o, &s, a, b, beta, alpha);
       });
     } else if (half_pair(a, b, 2)) {
       enqueue_half_product(q, "aten::addmm", a, b, o, s, beta.toFloat(), alpha.toFloat());
@@ -549,7 +557,7 @@ at::Tensor addmm_hot(const at::Tensor& self, const at::Tensor& mat1, const at::T
   if (row_gemv(a, b) && bias_ok && alpha.toFloat() != 0.0f) {
     row_gemv_out(o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else if (few_rows(a, b) && bias_ok && alpha.toFloat() != 0.0f) {
-    gemv_f16::few_rows(o, &s, a, b.t(), beta.toFloat(), alpha.toFloat());
+    few_rows_out(o, &s, a, b, beta.toFloat(), alpha.toFloat());
   } else if (half_pair(a, b, 2) && bias_ok) {
     half_product(zc, o, a, b, &s, beta.toFloat(), alpha.toFloat());
   } else if (gemm::amx_addmm(s, a, b, beta, alpha)) {
@@ -569,7 +577,7 @@ at::Tensor bmm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     if (half_pair(a, b, 3)) {
       enqueue_half_product(q, "aten::bmm", a, b, o, std::nullopt, 0.0f, 1.0f);
     } else {
-      at::Tensor keep, row = row_scratch(q, a, b, keep);
+      at::Tensor row = row_scratch(q, a, b);
       q.enqueue("aten::bmm", [a, b, o, row] { cpu_product(o, a, b, row, true); });
     }
     return out;
@@ -658,7 +666,7 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
   if (!half && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
-    at::Tensor keep, row = amx ? at::Tensor() : row_scratch(q, a, b, keep);
+    at::Tensor row = amx ? at::Tensor() : row_scratch(q, a, b);
     if (amx) q.enqueue("aten::mm.out", [a, b, o] { gemm::amx_mm_out(o, a, b); });
     else q.enqueue("aten::mm.out", [a, b, o, row] { cpu_product(o, a, b, row, false); });
     return out;
@@ -710,7 +718,7 @@ at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& 
       queueable_out(out, self, mat2, {self.size(0), self.size(1), mat2.size(2)})) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), o = q.inout(out);
-    at::Tensor keep, row = row_scratch(q, a, b, keep);
+    at::Tensor row = row_scratch(q, a, b);
     q.enqueue("aten::bmm.out", [a, b, o, row] { cpu_product(o, a, b, row, true); });
     return out;
   }

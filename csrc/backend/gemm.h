@@ -60,9 +60,11 @@ inline bool product_routed(const at::Tensor& t) {
 at::Tensor scratch(ZeroCopy& zc, c10::IntArrayRef sizes, c10::ScalarType dtype,
                    c10::IntArrayRef strides = {});
 
-// The bytes an fp32 scratch of `numel` elements takes in a queued kernel's arena
-// (ZeroCopy::set_scratch_arena: 64-byte aligned).
-inline int64_t arena_bytes(int64_t numel) { return (numel * 4 + 63) / 64 * 64; }
+// The bytes a scratch of `numel` elements (fp32 unless `element_size` says otherwise) takes in a
+// queued kernel's arena (ZeroCopy::set_scratch_arena: 64-byte aligned).
+inline int64_t arena_bytes(int64_t numel, int64_t element_size = 4) {
+  return (numel * element_size + 63) / 64 * 64;
+}
 
 // An exact fp32 copy of `t` (fp16/bf16/fp32) in a scratch buffer, keeping a dense layout
 // (a transposed operand stays transposed, which oneDNN reads without a reorder).

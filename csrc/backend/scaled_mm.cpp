@@ -331,6 +331,41 @@ void check_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
                     "_scaled_mm: scale_result must be a float32 scalar");
 }
 
+// The host path of a non-blockwise fp8 GEMM (scaled_mm_into), from metadata alone: the fused
+// kernels (fused_route), oneDNN's bf16 GEMM on widened copies (tensor-wise -> bf16 where oneDNN's
+// bf16 kernels are fast), or an fp32 accumulator (the few-row kernel, or fp32 copies).
+enum class Route { kFused, kOnednnBf16, kAccumulate };
+Route route_of(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+               const std::optional<at::Tensor>& bias, c10::ScalarType dt) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
+                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K) && !amx_kernel(b) &&
+                           !gemm::bf16_half_rate();
+  if (onednn_bf16) return Route::kOnednnBf16;
+  return fused_route(M, b) ? Route::kFused : Route::kAccumulate;
+}
+
+// The scratch scaled_mm_into takes on its route (gemm.h, arena_bytes), for a queued call's arena:
+// the fused kernels none with a bf16 or fp32 result (else the fp32 accumulator), oneDNN's route
+// the widened bf16 copies, the accumulating route the accumulator and, off the few-row kernel,
+// fp32 copies; a blockwise GEMM the accumulator and copies (an upper bound).
+int64_t scratch_bytes(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                      const std::optional<at::Tensor>& bias, c10::ScalarType dt) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const int64_t acc = gemm::arena_bytes(M * N), copies = gemm::arena_bytes(M * K) + gemm::arena_bytes(K * N);
+  const bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  if (!tensorwise && !rowwise_scales(a, b, sa, sb) && blockwise_kind(a, b, sa, sb) != Blockwise::kNone) {
+    return acc + copies;
+  }
+  switch (route_of(a, b, sa, sb, bias, dt)) {
+    case Route::kFused: return dt == at::kBFloat16 || dt == at::kFloat ? 0 : acc;
+    case Route::kOnednnBf16: return gemm::arena_bytes(M * K, 2) + gemm::arena_bytes(K * N, 2);
+    case Route::kAccumulate: break;
+  }
+  return acc + (few_rows_fp8(M, b) ? 0 : copies);
+}
+
 void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
                     const at::Tensor& sa, const at::Tensor& sb, const std::optional<at::Tensor>& bias,
                     const std::optional<at::Tensor>& scale_result) {
@@ -350,11 +385,10 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
   }
   const float alpha = tensorwise ? sa.item<float>() * sb.item<float>() : 1.0f;
   const auto dt = o.scalar_type();
-  const bool onednn_bf16 = dt == at::kBFloat16 && tensorwise && (!bias || bias->scalar_type() == at::kBFloat16) &&
-                           gemm::cpu_fast_bf16() && gemm::prefer_onednn(M, N, K) && !amx_kernel(b) &&
-                           !gemm::bf16_half_rate();
+  const Route route = route_of(a, b, sa, sb, bias, dt);
+  const bool onednn_bf16 = route == Route::kOnednnBf16;
   const bool fp8_out = dt == at::kFloat8_e4m3fn || dt == at::kFloat8_e5m2;
-  if (fused_route(M, b) && !onednn_bf16) {
+  if (route == Route::kFused) {
     // The kernel's epilogue applies alpha, the scales and the bias, and writes a bf16 or fp32
     // result itself; another dtype is rounded from its fp32 result.
     const bool direct = dt == at::kBFloat16 || dt == at::kFloat;
@@ -422,11 +456,7 @@ at::Tensor run_scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const a
     at::Tensor a = q.in(self), b = q.in(mat2), sa = q.in(scale_a), sb = q.in(scale_b);
     const std::optional<at::Tensor> bi = q.in(bias), sr = q.in(scale_result);
     at::Tensor o = out.defined() ? q.into(out) : q.out(out, {a.size(0), b.size(1)}, dtype);
-    // Off the fused kernels: the widened copies and the fp32 accumulator (gemm.h, arena_bytes).
-    const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-    const bool copies = !fused_route(M, b) && !few_rows_fp8(M, b);
-    at::Tensor arena =
-        q.arena(gemm::arena_bytes(M * N) + (copies ? gemm::arena_bytes(M * K) + gemm::arena_bytes(K * N) : 0));
+    at::Tensor arena = q.arena(scratch_bytes(a, b, sa, sb, bi, o.scalar_type()));
     q.enqueue(name, [a, b, sa, sb, bi, sr, o, arena] {
       ZeroCopy zc(ZeroCopy::Queued{});
       zc.set_scratch_arena(arena);
