@@ -340,6 +340,8 @@ CASES = [
     ("torchao int8 weight-only linear", int8_weight_only_case, ("bf16", "int8"), ("int8", 1.0)),
     ("torchao int8 weight-only decode 16x4096->4096",
      lambda dev, dt: int8_weight_only_case(dev, dt, 16, 4096, 4096), ("bf16", "int8"), ("int8", 1.0)),
+    ("torchao int8 weight-only decode 1x4096->4096",
+     lambda dev, dt: int8_weight_only_case(dev, dt, 1, 4096, 4096), ("bf16", "int8"), ("int8", 1.0)),
 ]
 
 

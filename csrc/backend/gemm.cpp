@@ -488,11 +488,13 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     QueuedCall q;
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
+    // (bf16: Adaptive Eager may run these with the widening of an int8 weight before them and a
+    // column product after, gemv_f16::few_rows_bf16)
+    const bool fusible = a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled();
     if (row_gemv(a, b)) {
-      q.enqueue("aten::mm", [a, b, o] { row_gemv_out(o, a, b, nullptr, 0.0f, 1.0f); });
+      q.enqueue("aten::mm", [a, b, o] { row_gemv_out(o, a, b, nullptr, 0.0f, 1.0f); },
+                fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kFewRows) : nullptr);
     } else if (few_rows(a, b)) {
-      // (bf16: Adaptive Eager may run it with the widening of an int8 weight and a column product)
-      const bool fusible = a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled();
       q.enqueue("aten::mm", [a, b, o] { few_rows_out(o, nullptr, a, b, 0.0f, 1.0f); },
                 fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kFewRows) : nullptr);
     } else if (half_pair(a, b, 2)) {

@@ -49,23 +49,55 @@ inline float widen1(uint16_t b) {
   else return static_cast<float>(c10::Half(b, c10::Half::from_bits()));
 }
 
-// acc[i] = sum_j m[i * ld + j] * x[j] for rows [r0, r1)
+// 16 values (n <= 16 of them, the rest zero) of a 16-bit row widened to fp32.
 template <bool BF16>
-__attribute__((target("avx512f,avx512bw,f16c,fma"))) void rows_dot(const uint16_t* m, int64_t ld, const float* x,
-                                                                   int64_t k, float* acc, int64_t r0, int64_t r1) {
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 widen16_tail(const uint16_t* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else return _mm512_cvtph_ps(h);
+}
+
+// The weight formats block() reads: 16-bit floats, or int8 (torchao's weight-only codes), whose
+// values are exact in fp32 and bf16 alike; widening 16 of them costs two instructions either way
+// (a sign/zero extension and a shift or conversion), so int8 reads half the bytes for nothing.
+enum Src { kF16, kBF16, kI8 };
+template <int S>
+using Elem = std::conditional_t<S == kI8, int8_t, uint16_t>;
+
+template <int S>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload(const Elem<S>* p) {
+  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  else return widen16<S == kBF16>(p);
+}
+template <int S>
+inline float wload1(const Elem<S>* p) {
+  if constexpr (S == kI8) return static_cast<float>(*p);
+  else return widen1<S == kBF16>(*p);
+}
+template <int S>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload_tail(const Elem<S>* p, __mmask16 m) {
+  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+  else return widen16_tail<S == kBF16>(p, m);
+}
+
+// acc[i] = sum_j m[i * ld + j] * x[j] for rows [r0, r1) (m in format S)
+template <int S>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void rows_dot(const Elem<S>* m, int64_t ld,
+                                                                             const float* x, int64_t k, float* acc,
+                                                                             int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
-    const uint16_t* row = m + i * ld;
+    const Elem<S>* row = m + i * ld;
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 64 <= k; j += 64) {
-      a0 = _mm512_fmadd_ps(widen16<BF16>(row + j), _mm512_loadu_ps(x + j), a0);
-      a1 = _mm512_fmadd_ps(widen16<BF16>(row + j + 16), _mm512_loadu_ps(x + j + 16), a1);
-      a2 = _mm512_fmadd_ps(widen16<BF16>(row + j + 32), _mm512_loadu_ps(x + j + 32), a2);
-      a3 = _mm512_fmadd_ps(widen16<BF16>(row + j + 48), _mm512_loadu_ps(x + j + 48), a3);
+      a0 = _mm512_fmadd_ps(wload<S>(row + j), _mm512_loadu_ps(x + j), a0);
+      a1 = _mm512_fmadd_ps(wload<S>(row + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+      a2 = _mm512_fmadd_ps(wload<S>(row + j + 32), _mm512_loadu_ps(x + j + 32), a2);
+      a3 = _mm512_fmadd_ps(wload<S>(row + j + 48), _mm512_loadu_ps(x + j + 48), a3);
     }
-    for (; j + 16 <= k; j += 16) a0 = _mm512_fmadd_ps(widen16<BF16>(row + j), _mm512_loadu_ps(x + j), a0);
+    for (; j + 16 <= k; j += 16) a0 = _mm512_fmadd_ps(wload<S>(row + j), _mm512_loadu_ps(x + j), a0);
     float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; j < k; ++j) sum += widen1<BF16>(row[j]) * x[j];
+    for (; j < k; ++j) sum = std::fma(wload1<S>(row + j), x[j], sum);
     acc[i] = sum;
   }
 }
@@ -93,32 +125,6 @@ __attribute__((target("avx512f,avx512bw,f16c,fma"))) void cols_axpy(const uint16
       for (int64_t i = i0; i < r1; ++i) acc[i] = std::fma(widen1<BF16>(col[i]), x[j], acc[i]);
     }
   }
-}
-
-// 16 values (n <= 16 of them, the rest zero) of a 16-bit row widened to fp32.
-template <bool BF16>
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 widen16_tail(const uint16_t* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  if constexpr (BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  else return _mm512_cvtph_ps(h);
-}
-
-// The weight formats block() reads: 16-bit floats, or int8 (torchao's weight-only codes), whose
-// values are exact in fp32 and bf16 alike; widening 16 of them costs two instructions either way
-// (a sign/zero extension and a shift or conversion), so int8 reads half the bytes for nothing.
-enum Src { kF16, kBF16, kI8 };
-template <int S>
-using Elem = std::conditional_t<S == kI8, int8_t, uint16_t>;
-
-template <int S>
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload(const Elem<S>* p) {
-  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  else return widen16<S == kBF16>(p);
-}
-template <int S>
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload_tail(const Elem<S>* p, __mmask16 m) {
-  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
-  else return widen16_tail<S == kBF16>(p, m);
 }
 
 // The partial sums of R activation rows (fp32, a[r * lda + j]) with T weight rows (format S, the
@@ -329,7 +335,7 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   // about 64 KiB of the matrix per task
   const int64_t grain = std::max<int64_t>(by_rows ? 1 : 128, (int64_t{32} << 10) / std::max<int64_t>(1, k));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    if (by_rows) (bf16 ? rows_dot<true> : rows_dot<false>)(mp, ld, x.data(), k, acc.data(), r0, r1);
+    if (by_rows) (bf16 ? rows_dot<kBF16> : rows_dot<kF16>)(mp, ld, x.data(), k, acc.data(), r0, r1);
     else (bf16 ? cols_axpy<true> : cols_axpy<false>)(mp, ld, x.data(), k, acc.data(), r0, r1);
   });
   auto* op = static_cast<uint16_t*>(o.data_ptr());
@@ -428,7 +434,20 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
                         a.scalar_type() == at::kBFloat16 && o.scalar_type() == at::kBFloat16 &&
                         (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kChar));
   std::vector<float> acc(static_cast<size_t>(m * n));
-  accumulate(a, w, acc.data(), nullptr);
+  if (m == 1) {  // the matrix-vector kernel's sums (gemv's by rows: gemm.cpp's one-row products)
+    const int64_t k = a.size(1);
+    std::vector<float> x(static_cast<size_t>(k));
+    const at::Tensor ac = a.contiguous();
+    const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
+    for (int64_t j = 0; j < k; ++j) x[j] = widen1<true>(ap[j]);
+    const bool i8 = w.scalar_type() == at::kChar;
+    at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{32} << 10) / k), [&](int64_t r0, int64_t r1) {
+      if (i8) rows_dot<kI8>(w.const_data_ptr<int8_t>(), w.stride(0), x.data(), k, acc.data(), r0, r1);
+      else rows_dot<kBF16>(static_cast<const uint16_t*>(w.const_data_ptr()), w.stride(0), x.data(), k, acc.data(), r0, r1);
+    });
+  } else {
+    accumulate(a, w, acc.data(), nullptr);
+  }
   return round_scale_bf16(acc.data(), m, n, post_scale, static_cast<uint16_t*>(o.data_ptr()));
 #else
   (void)o, (void)a, (void)w, (void)post_scale;

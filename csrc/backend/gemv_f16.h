@@ -39,7 +39,8 @@ bool few_rows(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, con
 // exactly to bf16 per chunk of k in cache). fp8 GEMMs of a few rows (scaled_mm.cpp) take it.
 bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& w, float alpha);
 
-// few_rows(o, nullptr, a, W, 0, 1) for a bf16 weight W = w (n x k, unit column stride), or W =
+// few_rows(o, nullptr, a, W, 0, 1) (with one row: gemv's product, in its order) for a bf16
+// weight W = w (n x k, unit column stride), or W =
 // w.to(bf16) for int8 codes w (torchao's weight-only weight) read as they are: every int8 value is
 // exact in bf16 and fp32, so the sums are few_rows's, in its order, and so are the bits. With
 // post_scale (n floats, each a bf16 value) every rounded result r is then replaced by round(r *

@@ -1,9 +1,9 @@
 """Adaptive Eager's GEMM family on hosts whose bf16 dot products run at half rate.
 
-There a bf16 `mm` of 2-16 rows with B column-major runs gemv_f16.h's few-row kernel, and one of
-64 rows or more the routed kernel (exact fp32 copies, an fp32 GEMM, one rounding). torchao's
+There a bf16 `mm` of one row with B column-major runs gemv_f16.h's matrix-vector kernel, of 2-16
+rows its few-row kernel, and of 64 rows or more the routed kernel (exact fp32 copies, an fp32 GEMM, one rounding). torchao's
 weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`, runs as one call of either:
-the few-row kernel reads the int8 weight and widens it in registers, the routed one copies it to
+the matrix-vector and few-row kernels read the int8 weight and widen it in registers, the routed one copies it to
 fp32 directly (the bf16 copy's fp32 values), and the per-column product runs in their epilogue.
 Oracles: the same program with the family off (bit for bit, NaN included) and an fp64 product of
 the same operands (the TensorE contract). The half-rate routes are forced on any host with
@@ -37,7 +37,7 @@ def half_rate(cast_fusion_on):
 # k: within one 512-value chunk, past it, with tails of k (not a multiple of 16); n: whole and
 # partial blocks of 4 weight rows and of the 64 rows a thread takes
 @pytest.mark.parametrize("m,k,n", [(2, 64, 32), (7, 100, 33), (16, 1031, 130), (5, 2085, 48), (16, 512, 257),
-                                   (3, 16, 4)])
+                                   (3, 16, 4), (1, 64, 32), (1, 1031, 130), (1, 7, 5)])
 def test_weight_only_int8_linear_fuses_bit_for_bit(half_rate, m, k, n):
     check_weight_only_fuses_bit_for_bit(m, k, n)
 
@@ -51,6 +51,24 @@ def test_the_widened_product_alone_fuses_bit_for_bit(half_rate):
     assert_within_tensore_bound(got, x.cpu().double() @ w8.cpu().double().t(), 700, roundings=1)
 
 
+def test_one_row_fused_product_sums_in_the_matrix_vector_kernels_order(half_rate):
+    # Products of int8 codes and bf16 activations are mostly exact in fp32 sums, which hides the
+    # order of the sums; these activations show it (+-16 and many 2^-21: an accumulator holding 16
+    # loses the small ones). The matrix-vector kernel (4 accumulators 64 apart) and the few-row
+    # kernel (one accumulator per lane) give different results; the fused one-row product is the
+    # former's, as the unfused one is.
+    x = torch.full((1, 4096), 2.0**-21)
+    x[0, 0], x[0, 32] = 16, -16
+    x = x.to(torch.bfloat16).to("neuron")
+    w8 = torch.ones(64, 4096, dtype=torch.int8, device="neuron")
+    ones = torch.ones(64, 1, device="neuron")
+    want, _ = run(lambda: weight_only(x, w8, ones), False)
+    got, fused = run(lambda: weight_only(x, w8, ones), True)
+    assert fused == 1 and torch.equal(bits(got), bits(want))
+    few_rows, _ = run(lambda: weight_only(x.expand(2, -1).contiguous(), w8, ones), True)
+    assert not torch.equal(bits(few_rows[:1]), bits(want))
+
+
 def test_a_bf16_weight_with_a_column_scale_fuses_bit_for_bit(half_rate):
     x, w8, scale = operands(8, 300, 70, seed=2)
     w = (w8.to(torch.bfloat16) / 7).contiguous()  # values that are not integers
@@ -60,17 +78,18 @@ def test_a_bf16_weight_with_a_column_scale_fuses_bit_for_bit(half_rate):
     assert fused == 1 and torch.equal(bits(got), bits(want))
 
 
-@pytest.mark.parametrize("rows", [8, 64], ids=["few_rows", "routed"])
+@pytest.mark.parametrize("rows", [1, 8, 64], ids=["gemv", "few_rows", "routed"])
 def test_a_nan_product_alone_has_the_unfused_bits(half_rate, rows):
     # inf * 0 in a sum: the host's default NaN (negative) where the unfused kernel rounds to c10's
-    # 0x7FC0 (few rows) or through ATen's copy (routed)
+    # 0x7FC0 (one or a few rows) or through ATen's copy (routed)
     x, w8, _ = operands(rows, 64, 40, seed=5)
-    x[3, 7] = float("inf")
+    r = rows // 2
+    x[r, 7] = float("inf")
     w8[11, 7] = 0
     fn = lambda: torch.mm(x, w8.t().to(torch.bfloat16))  # noqa: E731
     want, _ = run(fn, False)
     got, fused = run(fn, True)
-    assert fused == 1 and torch.isnan(want.cpu()[3, 11].float())
+    assert fused == 1 and torch.isnan(want.cpu()[r, 11].float())
     assert torch.equal(bits(got), bits(want))
 
 
@@ -140,10 +159,9 @@ def test_routed_nan_results_take_atens_bits(half_rate, where):
     check_nan_results_take_atens_bits(where, m=64)
 
 
-@pytest.mark.parametrize("rows", [1, 17])
-def test_rows_outside_the_few_row_kernel_run_unfused(half_rate, rows):
-    # one row runs the matrix-vector kernel, 17 CPU's kernel: neither takes int8 codes
-    x, w8, scale = operands(rows, 128, 64, seed=rows)
+def test_rows_between_the_few_row_and_routed_kernels_run_unfused(half_rate):
+    # 17 to 63 rows run CPU's kernel, which takes no int8 codes
+    x, w8, scale = operands(17, 128, 64, seed=17)
     want, _ = run(lambda: weight_only(x, w8, scale), False)
     got, fused = run(lambda: weight_only(x, w8, scale), True)
     assert fused == 0 and torch.equal(bits(got), bits(want))
