@@ -671,13 +671,14 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
 // torchao's weight-only int8 linear is `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`: a widened
 // copy of the weight (twice its bytes, written then read once), the product, and a pass over
 // the result. A region [widen?, matmul, cast?, mul?] runs as one call of the kernel the matmul
-// was queued with (amx_gemm.h's on AMX hosts; gemv_f16.h's few-row kernel for 2-16 rows where
-// bf16 runs at half rate): the kernel widens the int8 weight itself (into its L1 staging,
-// amx_gemm::widen_int8; in registers, gemv_f16.h: the values the copy would write), and its epilogue rounds each sum to
-// bf16, multiplies it by the column's bf16 value in fp32 and rounds again (bf16_gemm.h,
-// Output::post_scale; gemv_f16::few_rows_bf16), which is ATen's bf16 mul of the rounded product
-// element by element. The unfused matmul runs the same kernel (gemm::amx_mm, gemm.cpp's
-// few_rows) in the same order, so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
+// was queued with (fusion::MatmulKernel: amx_gemm.h's on AMX hosts; where bf16 runs at half rate
+// gemv_f16.h's matrix-vector and few-row kernels, up to 16 rows, or the routed kernel's exact fp32
+// copies, from 64). The kernel widens the int8 weight itself (the values the copy would write:
+// into its L1 staging, amx_gemm::widen_int8; in registers; into its fp32 copy), and its epilogue
+// rounds each sum to bf16, multiplies it by the column's bf16 value in fp32 and rounds again
+// (bf16_gemm.h, Output::post_scale; gemv_f16::round_scale_bf16), which is ATen's bf16 mul of the
+// rounded product element by element. The unfused matmul runs the same kernel in the same order
+// (gemm.cpp), so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
 // 0xFFFF on its vector path and 0x7FC0 on its scalar tail, so a result with a NaN redoes the
 // mul through ATen over the product recomputed unscaled. Taken only when the widened weight and
 // the product are unstored (freed by the region's end: allocator.h, freed_by), else the kernels
@@ -755,32 +756,29 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
                                                   : bf16_gemm::Matrix{mm->ptr[2], mm->geometry[4], true, nullptr};
     // The unfused matmul's kernel: the same sums in the same order, so the same bits.
     // out (bf16, leading dimension n) = the product, then times `scale` per column; false if NaN
+    // (the operands as tensors, for the kernels that take them: A, and the weight W = B.t(), n x k)
+    const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+    const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
+    const at::Tensor tw = at::from_blob(const_cast<void*>(mb.p), {n, k}, {mb.ld, 1},
+                                        widen != nullptr ? at::TensorOptions().dtype(at::kChar) : bf16);
     auto product = [&](void* dst, const float* scale) {
       if (kernel == MatmulKernel::kRouted) {
         // gemm::half_product's fp32 GEMM over exact copies (an int8 weight's is the bf16 one's),
         // in the queued call's arena; rounded by ATen's copy alone, else by the epilogue (which
         // rounds as that copy does, NaN aside: a NaN result is redone)
-        const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
         ZeroCopy zc(ZeroCopy::Queued{});
         if (mm->ptr[3] != nullptr) {
           zc.set_scratch_arena(at::from_blob(mm->ptr[3], {mm->geometry[6]}, at::TensorOptions().dtype(at::kByte)));
         }
-        const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
-        const at::Tensor tb = at::from_blob(const_cast<void*>(mb.p), {k, n}, {1, mb.ld},
-                                            widen != nullptr ? at::TensorOptions().dtype(at::kChar) : bf16);
         if (scale == nullptr) {
-          gemm::half_product(zc, at::from_blob(dst, {m, n}, bf16), ta, tb, nullptr, 0.0f, 1.0f);
+          gemm::half_product(zc, at::from_blob(dst, {m, n}, bf16), ta, tw.t(), nullptr, 0.0f, 1.0f);
           return true;
         }
         at::Tensor acc = gemm::scratch(zc, {m, n}, at::kFloat);
-        gemm::matmul_lowp_f32(zc, ta, tb, acc, 0.0f, 1.0f);
+        gemm::matmul_lowp_f32(zc, ta, tw.t(), acc, 0.0f, 1.0f);
         return gemv_f16::round_scale_bf16(acc.const_data_ptr<float>(), m, n, scale, static_cast<uint16_t*>(dst));
       }
       if (kernel == MatmulKernel::kFewRows) {
-        const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
-        const at::Tensor ta = at::from_blob(const_cast<void*>(ma.p), {m, k}, {ma.ld, 1}, bf16);
-        const at::Tensor tw = at::from_blob(const_cast<void*>(mb.p), {n, k}, {mb.ld, 1},
-                                            widen != nullptr ? at::TensorOptions().dtype(at::kChar) : bf16);
         return gemv_f16::few_rows_bf16(at::from_blob(dst, {m, n}, bf16), ta, tw, scale);
       }
       std::atomic<bool> nan{false};
@@ -1146,4 +1144,3 @@ Stats stats() noexcept {
 }
 
 }  // namespace torchneuron::fusion
-

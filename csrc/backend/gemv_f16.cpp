@@ -13,6 +13,11 @@
 //   - column-major (unit row stride, e.g. mv(A.t(), x)): blocks of 128 rows accumulated in eight
 //     registers, one column's 128 contiguous values per step.
 // Rows are shared by the intra-op threads. The vector is widened once into fp32.
+//
+// The same reading of a weight serves products of a few rows (few_rows: decode steps of several
+// sequences, 4 activation rows per weight row read from L1), and, for Adaptive Eager's GEMM
+// family (fusion.cpp), weights of int8 codes (torchao's weight-only linear), widened in
+// registers as cheaply as bf16 values, with the column product in the epilogue.
 #include "gemv_f16.h"
 
 #include <ATen/Parallel.h>
@@ -66,7 +71,9 @@ using Elem = std::conditional_t<S == kI8, int8_t, uint16_t>;
 
 template <int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wload(const Elem<S>* p) {
-  if constexpr (S == kI8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  if constexpr (S == kI8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   else return widen16<S == kBF16>(p);
 }
 template <int S>
@@ -402,7 +409,8 @@ bool few_rows_f32(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
 
 bool round_scale_bf16(const float* acc, int64_t m, int64_t n, const float* post_scale, uint16_t* out) {
   bool finite = true;
-  at::parallel_for(0, m, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, n)), [&](int64_t i0, int64_t i1) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, n));  // ~32 K values
+  at::parallel_for(0, m, grain, [&](int64_t i0, int64_t i1) {
     bool ok = true;
     for (int64_t i = i0; i < i1; ++i) {
       const float* src = acc + i * n;
@@ -443,7 +451,8 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
     const bool i8 = w.scalar_type() == at::kChar;
     at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{32} << 10) / k), [&](int64_t r0, int64_t r1) {
       if (i8) rows_dot<kI8>(w.const_data_ptr<int8_t>(), w.stride(0), x.data(), k, acc.data(), r0, r1);
-      else rows_dot<kBF16>(static_cast<const uint16_t*>(w.const_data_ptr()), w.stride(0), x.data(), k, acc.data(), r0, r1);
+      else rows_dot<kBF16>(static_cast<const uint16_t*>(w.const_data_ptr()), w.stride(0), x.data(), k, acc.data(), r0,
+                           r1);
     });
   } else {
     accumulate(a, w, acc.data(), nullptr);

@@ -1,5 +1,5 @@
-// An fp16 or bf16 matrix-vector product with TensorE's numerics for hosts whose CPU gemv in
-// that dtype is slow.
+// fp16 and bf16 matrix-vector and few-row products with TensorE's numerics, for hosts whose CPU
+// kernels in that dtype are slow; also over int8 weights (Adaptive Eager's GEMM family).
 #pragma once
 
 #include <ATen/core/Tensor.h>
