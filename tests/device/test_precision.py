@@ -1140,6 +1140,31 @@ def test_scaled_mm_out_writes_a_contiguous_out_in_place(engine):
         torch.neuron.engine.set_enabled(True)
 
 
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("out_dtype,scratch", [(torch.bfloat16, 0), (torch.float32, 0), (torch.float16, 4)],
+                         ids=["bf16", "fp32", "fp16"])
+def test_scaled_mm_on_the_fused_kernels_takes_device_memory_for_its_route_alone(engine, out_dtype, scratch):
+    # The fused fp8 kernels write a bf16 or fp32 result themselves; another dtype is rounded from
+    # their fp32 accumulator. The call's device memory is its result and that (a queued call's
+    # arena is sized by the route: scaled_mm.cpp, scratch_bytes).
+    if not (ROUTES["amx_fp8_kernel"] or ROUTES["bf16_fp32_gemm_avx512"]):
+        pytest.skip("no fused fp8 kernel on this host")
+    m, k, n = 32, 256, 384  # (17-63 rows: the fused kernel on half-rate hosts too)
+    a, b = _fp8_operands(m, k, n, E4M3, E4M3)
+    ad, bd = _to_dev(a), _to_dev(b)
+    sa, sb = torch.rand(m, 1, device=DEV) + 0.5, torch.rand(1, n, device=DEV) + 0.5
+    torch.neuron.engine.set_enabled(engine)
+    try:
+        torch.neuron.synchronize()
+        base = torch.neuron.memory_allocated()
+        torch.neuron.reset_peak_memory_stats()
+        y = torch._scaled_mm(ad, bd, sa, sb, out_dtype=out_dtype)
+        torch.neuron.synchronize()
+        assert torch.neuron.max_memory_allocated() - base == m * n * (y.element_size() + scratch)
+    finally:
+        torch.neuron.engine.set_enabled(True)
+
+
 def test_scaled_mm_rejects_bad_scales_and_dtypes_with_clear_errors():
     a, b = _fp8_operands(16, 32, 24, E4M3, E4M3)
     A, B = _to_dev(a), _to_dev(b)
