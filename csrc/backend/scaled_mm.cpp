@@ -607,6 +607,14 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
       groups.push_back(fused_product(og, ag, bg, 1.0f, rs, cs, nullptr, keep));
       return;
     }
+    // A group of a few rows (an expert's tokens in an MoE decode step) on a half-rate host: the
+    // few-row kernel, as _scaled_mm takes it, with the codes widened in cache.
+    if (fused && few_rows_fp8(ag.size(0), bg)) {
+      at::Tensor acc = gemm::scratch(zc, {ag.size(0), bg.size(1)}, at::kFloat);
+      TORCH_INTERNAL_ASSERT(gemv_f16::few_rows_f32(acc, ag, bg.t(), 1.0f));
+      scaled_epilogue(acc, rs, cs, og);
+      return;
+    }
     if (fused) {
       fused_scaled_mm(og, ag, bg, 1.0f, rs, cs, nullptr);
       return;

@@ -1390,6 +1390,33 @@ def test_scaled_grouped_mm_is_exact_per_group_with_one_rounding(kind, fp8_route)
     assert_tensore(got, exact, a.shape[-1], absprod=absout)
 
 
+def test_scaled_grouped_mm_groups_of_a_few_rows_equal_scaled_mm_per_group(bf16_half_rate):
+    # An MoE decode step: each expert's few tokens take the few-row kernel on a half-rate host,
+    # as _scaled_mm of the same rows does (not the half-rate bf16 dot-product kernel): the same
+    # bits per group. Groups of 2, 1, 7 and 2 rows. Products of random fp8 values sum almost
+    # exactly in fp32, hiding the order of the sums; these show it: 448 x 448 at k = 0 and
+    # -448 x 448 at k = 16 (one lane of the few-row kernel: they cancel before the small
+    # products come), among 2^-9 x 2^-9 products that a partial sum of 448^2 loses.
+    g = torch.Generator().manual_seed(31)
+    experts, k, n = 4, 1024, 96
+    a = torch.full((12, k), 2.0**-9)
+    a[:, 0], a[:, 16] = 448, -448
+    a = a.to(E4M3)
+    b = torch.full((experts, n, k), 2.0**-9) * (torch.rand(experts, n, 1, generator=g) < 0.5).float().add(1)
+    b[:, :, 0] = b[:, :, 16] = 448
+    b = b.to(E4M3).transpose(-2, -1)
+    offs = torch.tensor([2, 3, 10, 12], dtype=torch.int32)
+    sa, sb = torch.rand(12, generator=g) + 0.25, torch.rand(experts, n, generator=g) + 0.25
+    got = torch._scaled_grouped_mm(_dev(a), _dev(b), _dev(sa), _dev(sb), offs=_dev(offs),
+                                   out_dtype=torch.bfloat16).cpu()
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        want = torch._scaled_mm(_dev(a[start:end]), _dev(b[e]), _dev(sa[start:end, None]), _dev(sb[e][None, :]),
+                                out_dtype=torch.bfloat16).cpu()
+        assert torch.equal(_bits(got[start:end]), _bits(want)), e
+        start = end
+
+
 def test_scaled_grouped_mm_zeroes_rows_no_group_covers_and_matches_meta_shape():
     a, b, sa, sb, offs = _grouped_operands("2d3d")
     got = torch._scaled_grouped_mm(_dev(a), _dev(b), _dev(sa), _dev(sb), offs=_dev(offs)).cpu()
