@@ -1,10 +1,11 @@
 """Adaptive Eager's GEMM family on hosts whose bf16 dot products run at half rate.
 
 There a bf16 `mm` of one row with B column-major runs gemv_f16.h's matrix-vector kernel, of 2-16
-rows its few-row kernel, and of 64 rows or more the routed kernel (exact fp32 copies, an fp32 GEMM, one rounding). torchao's
-weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) * scale.to(bf16)`, runs as one call of either:
-the matrix-vector and few-row kernels read the int8 weight and widen it in registers, the routed one copies it to
-fp32 directly (the bf16 copy's fp32 values), and the per-column product runs in their epilogue.
+rows its few-row kernel, and of 64 rows or more the routed kernel (exact fp32 copies, an fp32
+GEMM, one rounding). torchao's weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) *
+scale.to(bf16)`, runs as one call of any of them: the matrix-vector and few-row kernels read the
+int8 weight and widen it in registers, the routed one copies it to fp32 directly (the bf16
+copy's fp32 values), and the per-column product runs in their epilogue.
 Oracles: the same program with the family off (bit for bit, NaN included) and an fp64 product of
 the same operands (the TensorE contract). The half-rate routes are forced on any host with
 AVX512-BF16 and AVX512-FP16 (the family records the int8 widening only where AVX512-FP16 is), AMX
