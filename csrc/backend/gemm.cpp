@@ -661,9 +661,18 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
   return out;
 }
 
+// Products the one-row and few-row kernels take: their out= forms (Inductor's extern calls,
+// ATen's _grouped_mm composite) take the functional route and copy its small result, so both
+// forms run those kernels and give the same bits.
+bool small_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return out.scalar_type() == a.scalar_type() && (row_gemv(a, b) || few_rows(a, b));
+}
+
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   const bool half = half_out(out, self, mat2, 2);
-  if (half && out.scalar_type() == self.scalar_type()) return copy_into(out, mm_hot(self, mat2));
+  if ((half || small_out(out, self, mat2)) && out.scalar_type() == self.scalar_type()) {
+    return copy_into(out, mm_hot(self, mat2));
+  }
   const bool amx = amx_out(out, self, mat2);
   if (!half && queueable_product(self, mat2, 2) && queueable_out(out, self, mat2, {self.size(0), mat2.size(1)})) {
     QueuedCall q;
@@ -685,7 +694,9 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
 at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                       const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const bool half = half_out(out, mat1, mat2, 2);
-  if (half && self.scalar_type() == mat1.scalar_type() && out.scalar_type() == mat1.scalar_type()) {
+  // (alpha = 0 keeps CPU's kernel: addmm_hot's one-row and few-row routes exclude it)
+  const bool small = small_out(out, mat1, mat2) && !alpha.isComplex() && alpha.toDouble() != 0.0;
+  if ((half || small) && self.scalar_type() == mat1.scalar_type() && out.scalar_type() == mat1.scalar_type()) {
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }
   const std::vector<int64_t> sizes = {mat1.size(0), mat2.size(1)};

@@ -289,6 +289,29 @@ def test_one_row_products_run_the_gemv_kernel(op, engine, gemv_dtype):
         torch.neuron.engine.set_enabled(previous)
 
 
+@pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_out_forms_of_one_and_few_row_products_take_the_functional_route(rows, engine, gemv_dtype):
+    # Inductor's extern calls and ATen's _grouped_mm composite use mm.out / addmm.out: one-row and
+    # few-row products there run the matrix-vector and few-row kernels too, the same bits as the
+    # functional calls (CPU's out= kernel, which they had run, gave other bits here).
+    h = gemv_dtype
+    torch.manual_seed(16)
+    x, w, c = rand(rows, 4096, dtype=h), rand(256, 4096, dtype=h), rand(256, dtype=h)
+    xd, wd, cd = x.to(DEV), w.to(DEV), c.to(DEV)
+    previous = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine)
+    try:
+        mm_out = torch.empty(rows, 256, dtype=h, device=DEV)
+        addmm_out = torch.empty_like(mm_out)
+        torch.mm(xd, wd.t(), out=mm_out)
+        torch.addmm(cd, xd, wd.t(), out=addmm_out)
+        assert torch.equal(mm_out.cpu(), torch.mm(xd, wd.t()).cpu())
+        assert torch.equal(addmm_out.cpu(), torch.addmm(cd, xd, wd.t()).cpu())
+    finally:
+        torch.neuron.engine.set_enabled(previous)
+
+
 def _sixteen_lane_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.t() in fp32 as the few-row kernel sums: lane l adds the exact products of k = l mod 16
     in order (a zero-padded tail), then the lanes are reduced as GCC's _mm512_reduce_add_ps does
