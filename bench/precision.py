@@ -182,34 +182,22 @@ def scaled_mm_case(n, rowwise=False, out_dtype=torch.bfloat16, m=None, k=None):
     return make
 
 
-def scaled_grouped_mm_case(dev, dt):
-    """fp8 _scaled_grouped_mm (row-wise scales, MoE layout 2d x 3d) vs the bf16 _grouped_mm."""
-    offs = torch.tensor([256, 512, 768, 1024], device=dev, dtype=torch.int32)
-    a = torch.randn(1024, 512, device=dev)
-    b = torch.randn(4, 512, 512, device=dev)
-    if dt == torch.bfloat16:
-        a16, b16 = a.bfloat16(), b.bfloat16().transpose(-2, -1).contiguous().transpose(-2, -1)
-        return lambda: torch._grouped_mm(a16, b16, offs)
-    if dt != FP8 or dev == "cpu":
-        return None  # CPU has no _scaled_grouped_mm kernel
-    a8, b8 = a.to(FP8), b.transpose(-2, -1).contiguous().to(FP8).transpose(-2, -1)
-    sa, sb = torch.rand(1024, device=dev) + 0.5, torch.rand(4, 512, device=dev) + 0.5
-    return lambda: torch._scaled_grouped_mm(a8, b8, sa, sb, offs=offs, out_dtype=torch.bfloat16)
-
-
-def scaled_grouped_mm_decode_case(dev, dt):
-    """An MoE decode step: 32 token rows over 8 experts (4 each), 2048 -> 2048, fp8 row-wise vs bf16."""
-    offs = torch.arange(4, 33, 4, device=dev, dtype=torch.int32)
-    a = torch.randn(32, 2048, device=dev)
-    b = torch.randn(8, 2048, 2048, device=dev)
-    if dt == torch.bfloat16:
-        a16, b16 = a.bfloat16(), b.bfloat16().transpose(-2, -1).contiguous().transpose(-2, -1)
-        return lambda: torch._grouped_mm(a16, b16, offs)
-    if dt != FP8 or dev == "cpu":
-        return None
-    a8, b8 = a.to(FP8), b.transpose(-2, -1).contiguous().to(FP8).transpose(-2, -1)
-    sa, sb = torch.rand(32, device=dev) + 0.5, torch.rand(8, 2048, device=dev) + 0.5
-    return lambda: torch._scaled_grouped_mm(a8, b8, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+def scaled_grouped_mm_case(rows, experts, k):
+    """fp8 _scaled_grouped_mm (row-wise scales, MoE layout 2d x 3d: `rows` token rows split evenly
+    over `experts` k x k weights) vs the bf16 _grouped_mm."""
+    def make(dev, dt):
+        offs = torch.arange(rows // experts, rows + 1, rows // experts, device=dev, dtype=torch.int32)
+        a = torch.randn(rows, k, device=dev)
+        b = torch.randn(experts, k, k, device=dev)
+        if dt == torch.bfloat16:
+            a16, b16 = a.bfloat16(), b.bfloat16().transpose(-2, -1).contiguous().transpose(-2, -1)
+            return lambda: torch._grouped_mm(a16, b16, offs)
+        if dt != FP8 or dev == "cpu":
+            return None  # CPU has no _scaled_grouped_mm kernel
+        a8, b8 = a.to(FP8), b.transpose(-2, -1).contiguous().to(FP8).transpose(-2, -1)
+        sa, sb = torch.rand(rows, device=dev) + 0.5, torch.rand(experts, k, device=dev) + 0.5
+        return lambda: torch._scaled_grouped_mm(a8, b8, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+    return make
 
 
 def fp8_cast_case(dev, dt):
@@ -345,8 +333,9 @@ CASES = [
     ("_scaled_mm decode 16x4096->4096 rowwise", scaled_mm_case(4096, rowwise=True, m=16), ("bf16", "fp8"),
      ("fp8", 1.0)),
     ("_scaled_mm 2048 rowwise->bf16", scaled_mm_case(2048, rowwise=True), ("bf16", "fp8"), ("fp8", 1.0)),
-    ("_scaled_grouped_mm 1024x512, 4x512x512", scaled_grouped_mm_case, ("bf16", "fp8"), ("fp8", 1.0)),
-    ("_scaled_grouped_mm decode 32 rows, 8x2048x2048", scaled_grouped_mm_decode_case, ("bf16", "fp8"), ("fp8", 1.0)),
+    ("_scaled_grouped_mm 1024x512, 4x512x512", scaled_grouped_mm_case(1024, 4, 512), ("bf16", "fp8"), ("fp8", 1.0)),
+    ("_scaled_grouped_mm decode 32 rows, 8x2048x2048", scaled_grouped_mm_case(32, 8, 2048), ("bf16", "fp8"),
+     ("fp8", 1.0)),
     ("fp8 cast round trip 1024x1024", fp8_cast_case, ("bf16", "fp8"), None),
     ("_int_mm 1024", int_mm_case(1024), ("bf16", "int8"), ("int8", 1.0)),
     ("GPT train step (AMP)", gpt_case, ("fp32", "bf16", "fp16"), ("fp16", 1.2)),

@@ -501,7 +501,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
       enqueue_half_product(q, "aten::mm", a, b, o, std::nullopt, 0.0f, 1.0f, &out);
     } else if (gemm::amx_mm(a, b)) {
       q.enqueue("aten::mm", [a, b, o] { gemm::amx_mm_out(o, a, b); },
-                fusion::tiles_enabled() ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kAmx) : nullptr);
+                fusible ? fusion::matmul(out, self, mat2, fusion::MatmulKernel::kAmx) : nullptr);
     } else {
       at::Tensor row = row_scratch(q, a, b);
       q.enqueue("aten::mm", [a, b, o, row] { cpu_product(o, a, b, row, false); });

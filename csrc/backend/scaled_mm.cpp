@@ -93,11 +93,16 @@ bool amx_kernel(const at::Tensor& b) { return amx_gemm::available() && columns_a
 //  rows keep this kernel, tensor-wise -> bf16 too (oneDNN's bf16 GEMM on widened copies there:
 //  16x4096x4096 15-19 ms).
 //  On those hosts up to gemv_f16::kFewRowsBf16 rows with B column-major take gemv_f16.h's
-//  few-row kernel instead (fp32 FMAs over the codes widened in cache; 16 x 4096 x 4096 row-wise -> bf16: this
-//  kernel 5.3 ms, the bf16 baseline on the few-row kernel 3.5).
+//  few-row kernel instead (fp32 FMAs over the codes widened in cache; 16 x 4096 x 4096
+//  row-wise -> bf16: this kernel 5.3 ms, the bf16 baseline on the few-row kernel 3.5).
 bool few_rows_fp8(int64_t rows, const at::Tensor& b) {
   return gemm::bf16_half_rate() && rows <= gemv_f16::kFewRowsBf16 && b.dim() == 2 && b.stride(0) == 1 &&
          !amx_kernel(b) && gemv_f16::available();
+}
+// acc (rows x n fp32, contiguous) = alpha * a @ b on the few-row kernel where few_rows_fp8 says
+// it runs and the kernel takes the shape (not an empty one); false, acc untouched, otherwise.
+bool few_rows_accumulate(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, float alpha) {
+  return few_rows_fp8(a.size(0), b) && gemv_f16::few_rows_f32(acc, a, b.t(), alpha);
 }
 // (grouped GEMMs have no few-row path: `few` false)
 bool fused_route(int64_t rows, const at::Tensor& b, bool few = true) {
@@ -412,7 +417,7 @@ void scaled_mm_into(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, cons
     return;
   }
   at::Tensor acc = gemm::scratch(zc, {M, N}, at::kFloat);
-  if (!(few_rows_fp8(M, b) && gemv_f16::few_rows_f32(acc, a, b.t(), alpha))) fp32_accumulate(zc, a, b, acc, alpha);
+  if (!few_rows_accumulate(acc, a, b, alpha)) fp32_accumulate(zc, a, b, acc, alpha);
   const bool plain = !bias && !(scale_result && fp8_out);
   if (!tensorwise && plain) {  // row-wise scales and the rounding in one cache-blocked pass
     const at::Tensor rs = dense_scale(sa), cs = dense_scale(sb);
@@ -611,9 +616,10 @@ at::Tensor scaled_grouped_mm(const at::Tensor& self, const at::Tensor& mat2, con
     // few-row kernel, as _scaled_mm takes it, with the codes widened in cache.
     if (fused && few_rows_fp8(ag.size(0), bg)) {
       at::Tensor acc = gemm::scratch(zc, {ag.size(0), bg.size(1)}, at::kFloat);
-      TORCH_INTERNAL_ASSERT(gemv_f16::few_rows_f32(acc, ag, bg.t(), 1.0f));
-      scaled_epilogue(acc, rs, cs, og);
-      return;
+      if (few_rows_accumulate(acc, ag, bg, 1.0f)) {
+        scaled_epilogue(acc, rs, cs, og);
+        return;
+      }
     }
     if (fused) {
       fused_scaled_mm(og, ag, bg, 1.0f, rs, cs, nullptr);

@@ -1440,6 +1440,16 @@ def test_scaled_grouped_mm_groups_of_a_few_rows_equal_scaled_mm_per_group(bf16_h
         start = end
 
 
+def test_scaled_grouped_mm_with_no_columns_gives_an_empty_result_on_half_rate_hosts(bf16_half_rate):
+    # groups of a few rows meet the few-row kernel, which takes no empty shape: the fused route runs
+    a = torch.randn(8, 64).to(E4M3)
+    b = torch.randn(2, 0, 64).to(E4M3).transpose(-2, -1)
+    offs = torch.tensor([4, 8], dtype=torch.int32)
+    got = torch._scaled_grouped_mm(_dev(a), _dev(b), _dev(torch.rand(8)), _dev(torch.rand(2, 0)), offs=_dev(offs),
+                                   out_dtype=torch.bfloat16)
+    assert got.shape == (8, 0) and got.dtype == torch.bfloat16
+
+
 def test_scaled_grouped_mm_zeroes_rows_no_group_covers_and_matches_meta_shape():
     a, b, sa, sb, offs = _grouped_operands("2d3d")
     got = torch._scaled_grouped_mm(_dev(a), _dev(b), _dev(sa), _dev(sb), offs=_dev(offs)).cpu()
