@@ -774,8 +774,7 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
           gemm::half_product(zc, at::from_blob(dst, {m, n}, bf16), ta, tw.t(), nullptr, 0.0f, 1.0f);
           return true;
         }
-        at::Tensor acc = gemm::scratch(zc, {m, n}, at::kFloat);
-        gemm::matmul_lowp_f32(zc, ta, tw.t(), acc, 0.0f, 1.0f);
+        const at::Tensor acc = gemm::half_sums(zc, {m, n}, ta, tw.t(), nullptr, 0.0f, 1.0f);
         return gemv_f16::round_scale_bf16(acc.const_data_ptr<float>(), m, n, scale, static_cast<uint16_t*>(dst));
       }
       if (kernel == MatmulKernel::kFewRows) {

@@ -316,13 +316,18 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
   }
 }
 
-void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
-                  const at::Tensor* self, float beta, float alpha) {
-  at::Tensor acc = scratch(zc, o.sizes(), at::kFloat);
-  if (self != nullptr && beta != 0.0f) acc.copy_(self->expand(o.sizes()));
+at::Tensor half_sums(ZeroCopy& zc, c10::IntArrayRef sizes, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor* self, float beta, float alpha) {
+  at::Tensor acc = scratch(zc, sizes, at::kFloat);
+  if (self != nullptr && beta != 0.0f) acc.copy_(self->expand(sizes));
   else beta = 0.0f;
   matmul_lowp_f32(zc, a, b, acc, beta, alpha);
-  at::Tensor(o).copy_(acc);  // the one rounding
+  return acc;
+}
+
+void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
+                  const at::Tensor* self, float beta, float alpha) {
+  at::Tensor(o).copy_(half_sums(zc, o.sizes(), a, b, self, beta, alpha));  // the one rounding
 }
 
 }  // namespace torchneuron::gemm

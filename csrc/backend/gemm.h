@@ -101,6 +101,9 @@ void matmul_lowp_f32(ZeroCopy& zc, const at::Tensor& a, const at::Tensor& b, con
 // routed products' kernel. b may also be int8 (exact in fp32: Adaptive Eager's widened weights).
 void half_product(ZeroCopy& zc, const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
                   const at::Tensor* self, float beta, float alpha);
+// half_product's unrounded sums (an fp32 scratch of `sizes`), for a caller with its own epilogue.
+at::Tensor half_sums(ZeroCopy& zc, c10::IntArrayRef sizes, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor* self, float beta, float alpha);
 
 // Whether matmul_lowp_f32 multiplies a and b with MKL's mixed-precision GEMM (reading the 16-bit
 // operands) rather than exact fp32 copies of them, for an fp32 accumulator contiguous or not.

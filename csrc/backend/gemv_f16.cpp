@@ -62,6 +62,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) inline __m512 wide
   else return _mm512_cvtph_ps(h);
 }
 
+// A 16-bit vector (fp16 or bf16, by `dtype`) widened to fp32, 16 values per step.
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) std::vector<float> widened(const uint16_t* v, int64_t n,
+                                                                                         c10::ScalarType dtype) {
+  std::vector<float> x(static_cast<size_t>(n));
+  const bool bf16 = dtype == at::kBFloat16;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x.data() + j, bf16 ? widen16<true>(v + j) : widen16<false>(v + j));
+  if (j < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    _mm512_mask_storeu_ps(x.data() + j, m, bf16 ? widen16_tail<true>(v + j, m) : widen16_tail<false>(v + j, m));
+  }
+  return x;
+}
+
 // The weight formats block() reads: 16-bit floats, or int8 (torchao's weight-only codes), whose
 // values are exact in fp32 and bf16 alike; widening 16 of them costs two instructions either way
 // (a sign/zero extension and a shift or conversion), so int8 reads half the bytes for nothing.
@@ -261,14 +275,13 @@ void accumulate(const at::Tensor& a, const at::Tensor& w, float* acc, bf16_gemm:
                     : wt == at::kChar                      ? weight_rows<kI8>
                                                            : weight_rows<kF16>;
   // the activations widened once (m x k fp32, contiguous)
-  std::vector<float> af(static_cast<size_t>(m * k));
   const at::Tensor ac = a.contiguous();
+  std::vector<float> af;
   if (fp8::is_fp8(a.scalar_type())) {
+    af.resize(static_cast<size_t>(m * k));
     fp8::convert(ac.const_data_ptr(), a.scalar_type(), af.data(), at::kFloat, m * k);
   } else {
-    const auto wide = a.scalar_type() == at::kBFloat16 ? widen1<true> : widen1<false>;
-    const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
-    for (int64_t i = 0; i < m * k; ++i) af[i] = wide(ap[i]);
+    af = widened(static_cast<const uint16_t*>(ac.const_data_ptr()), m * k, a.scalar_type());
   }
   const int64_t ldw = w.stride(0);
   // weight rows shared by the threads, 64 at a time (the sums do not depend on the split)
@@ -330,10 +343,8 @@ bool gemv(const at::Tensor& o, const at::Tensor& s, const at::Tensor& m, const a
   if (!available() || !o.is_contiguous() || (!row_major && !col_major)) return false;
   const bool bf16 = m.scalar_type() == at::kBFloat16;
   const auto wide = bf16 ? widen1<true> : widen1<false>;
-  std::vector<float> x(static_cast<size_t>(k));
   const at::Tensor vc = v.contiguous();
-  const auto* vp = static_cast<const uint16_t*>(vc.const_data_ptr());
-  for (int64_t j = 0; j < k; ++j) x[j] = wide(vp[j]);
+  const std::vector<float> x = widened(static_cast<const uint16_t*>(vc.const_data_ptr()), k, v.scalar_type());
   std::vector<float> acc(static_cast<size_t>(rows));
   const auto* mp = static_cast<const uint16_t*>(m.const_data_ptr());
   // (a matrix with one row or column is both: read it along its unit stride)
@@ -444,10 +455,8 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
   std::vector<float> acc(static_cast<size_t>(m * n));
   if (m == 1) {  // the matrix-vector kernel's sums (gemv's by rows: gemm.cpp's one-row products)
     const int64_t k = a.size(1);
-    std::vector<float> x(static_cast<size_t>(k));
     const at::Tensor ac = a.contiguous();
-    const auto* ap = static_cast<const uint16_t*>(ac.const_data_ptr());
-    for (int64_t j = 0; j < k; ++j) x[j] = widen1<true>(ap[j]);
+    const std::vector<float> x = widened(static_cast<const uint16_t*>(ac.const_data_ptr()), k, at::kBFloat16);
     const bool i8 = w.scalar_type() == at::kChar;
     at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{32} << 10) / k), [&](int64_t r0, int64_t r1) {
       if (i8) rows_dot<kI8>(w.const_data_ptr<int8_t>(), w.stride(0), x.data(), k, acc.data(), r0, r1);
