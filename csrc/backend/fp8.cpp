@@ -233,7 +233,6 @@ inline float bf16_to_float(uint16_t b) {
 // c10::detail::fp8e4m3fn_from_fp32_value's / fp8e5m2_from_fp32_value's constants, on |f|'s bits.
 template <bool E4M3>
 struct NarrowConstants {
-  static constexpr uint32_t kMax = E4M3 ? (1087u << 20) : (143u << 23);  // from here: out of range
   static constexpr uint32_t kDenormMask = E4M3 ? (141u << 23) : (134u << 23);
   static constexpr uint32_t kMinNormal = E4M3 ? (121u << 23) : (113u << 23);
   static constexpr int kShift = E4M3 ? 20 : 21;  // dropped mantissa bits
@@ -249,25 +248,20 @@ __attribute__((target("avx2,fma"))) inline __m256i narrow8(__m256i f) {
   const __m256i sign = _mm256_and_si256(f, signbit);
   const __m256i a = _mm256_xor_si256(f, sign);  // |f| bits, < 2^31: signed compares are safe
   using C = NarrowConstants<E4M3>;
-  // Out of range: NaN -> 0x7F; otherwise e4m3fn saturates to 0x7E, e5m2 becomes Inf (0x7C).
-  const __m256i is_nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
-  const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(C::kMax - 1)));
-  const __m256i big = _mm256_blendv_epi8(_mm256_set1_epi32(E4M3 ? 0x7E : 0x7C), _mm256_set1_epi32(0x7F), is_nan);
+  // Normal: re-bias, round to nearest even on the dropped bits. From the largest finite code up
+  // (e4m3fn rounding into its NaN code, e5m2 into Inf, Inf itself, and the re-biased bits of
+  // anything larger, all above the code) the unsigned min gives c10's result: e4m3fn saturates to
+  // 0x7E, e5m2 becomes Inf (0x7C). Subnormal lanes wrap to large values here and are replaced.
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, C::kShift), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(C::kRebias))), odd), C::kShift);
+  r = _mm256_min_epu32(r, _mm256_set1_epi32(E4M3 ? 0x7E : 0x7C));
   // Below the smallest normal: the float addition of the magic constant rounds to nearest even.
   const __m256i dmask = _mm256_set1_epi32(static_cast<int>(C::kDenormMask));
   const __m256i den = _mm256_sub_epi32(
       _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(dmask))), dmask);
-  const __m256i is_den = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(C::kMinNormal)), a);
-  // Normal: re-bias, round to nearest even on the dropped bits.
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, C::kShift), _mm256_set1_epi32(1));
-  __m256i nrm = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(C::kRebias))), odd), C::kShift);
-  nrm = _mm256_and_si256(nrm, _mm256_set1_epi32(0xFF));
-  if constexpr (E4M3) {  // rounding up into the NaN code saturates instead
-    const __m256i nan_code = _mm256_cmpeq_epi32(nrm, _mm256_set1_epi32(0x7F));
-    nrm = _mm256_blendv_epi8(nrm, _mm256_set1_epi32(0x7E), nan_code);
-  }
-  __m256i r = _mm256_blendv_epi8(nrm, _mm256_and_si256(den, _mm256_set1_epi32(0xFF)), is_den);
-  r = _mm256_blendv_epi8(r, big, is_big);
+  r = _mm256_blendv_epi8(r, den, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(C::kMinNormal)), a));
+  // NaN -> 0x7F. Every lane now holds its code (< 256).
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)));
   return _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
 }
 
@@ -310,22 +304,15 @@ __attribute__((target("avx512f,avx512bw"))) inline __m128i narrow16(__m512i f) {
   const __m512i sign = _mm512_and_si512(f, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
   const __m512i a = _mm512_xor_si512(f, sign);
   using C = NarrowConstants<E4M3>;
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000));
-  const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(C::kMax - 1)));
-  const __m512i big = _mm512_mask_mov_epi32(_mm512_set1_epi32(E4M3 ? 0x7E : 0x7C), is_nan, _mm512_set1_epi32(0x7F));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, C::kShift), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(C::kRebias))), odd), C::kShift);
+  r = _mm512_min_epu32(r, _mm512_set1_epi32(E4M3 ? 0x7E : 0x7C));  // (narrow8 says why)
   const __m512i dmask = _mm512_set1_epi32(static_cast<int>(C::kDenormMask));
   const __m512i den = _mm512_sub_epi32(
       _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(dmask))), dmask);
-  const __mmask16 is_den = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(C::kMinNormal)), a);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, C::kShift), _mm512_set1_epi32(1));
-  __m512i nrm = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(C::kRebias))), odd), C::kShift);
-  nrm = _mm512_and_si512(nrm, _mm512_set1_epi32(0xFF));
-  if constexpr (E4M3) {  // rounding up into the NaN code saturates instead
-    nrm = _mm512_mask_mov_epi32(nrm, _mm512_cmpeq_epi32_mask(nrm, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7E));
-  }
-  __m512i r = _mm512_mask_mov_epi32(nrm, is_den, _mm512_and_si512(den, _mm512_set1_epi32(0xFF)));
-  r = _mm512_mask_mov_epi32(r, is_big, big);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(C::kMinNormal)), a), den);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
   return _mm512_cvtepi32_epi8(_mm512_or_si512(r, _mm512_srli_epi32(sign, 24)));
 }
 

@@ -1287,7 +1287,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _fp32_samples() -> torch.Tensor:
     """fp32 values that exercise every branch of the fp8 conversions: random bit patterns
     (NaNs, infinities, subnormals, both signs), every rounding tie and midpoint neighbour of both
-    fp8 grids, the overflow thresholds, and ordinary magnitudes."""
+    fp8 grids, the overflow thresholds, the NaNs nearest infinity, and ordinary magnitudes."""
     g = torch.Generator().manual_seed(20)
     raw = torch.randint(-2 ** 31, 2 ** 31, (1 << 18,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
     grid = torch.cat([torch.arange(256, dtype=torch.int16).to(torch.uint8).view(dt).float() for dt in (E4M3, E5M2)])
@@ -1296,6 +1296,8 @@ def _fp32_samples() -> torch.Tensor:
     near = torch.cat([mids, torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(-float("inf")))])
     edges = torch.tensor([448.0, 464.0, 480.0, 479.99997, 57344.0, 61440.0, 65536.0, 1e30, float("inf"),
                           float("nan"), 0.0, -0.0, 2.0 ** -9, 2.0 ** -10, 2.0 ** -16, 2.0 ** -17, 1e-45])
+    # the largest finite value and the NaNs of smallest and largest payload
+    edges = torch.cat([edges, torch.tensor([0x7F7FFFFF, 0x7F800001, 0x7FFFFFFF], dtype=torch.int32).view(torch.float32)])
     normal = torch.randn(1 << 16, generator=g) * torch.exp2(torch.randint(-20, 20, (1 << 16,), generator=g).float())
     vals = torch.cat([raw, near, -near, edges, -edges, normal])
     return vals
