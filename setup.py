@@ -86,7 +86,7 @@ _UNITY_GROUPS = {
     "dispatch": ["csrc/backend/zero_copy.cpp", "csrc/backend/fallback.cpp",
                  "csrc/backend/bool_ops.cpp", "csrc/backend/fp8.cpp", "csrc/backend/sparse.cpp", "csrc/backend/nested.cpp",
                  "csrc/backend/transpose.cpp", "csrc/backend/extrema.cpp", "csrc/backend/bf16_gemm.cpp",
-                 "csrc/backend/amx_gemm.cpp", "csrc/backend/gemv_f16.cpp",
+                 "csrc/backend/amx_gemm.cpp", "csrc/backend/gemv.cpp",
                  "csrc/backend/foreach.cpp", "csrc/backend/vml_threads.cpp", "csrc/backend/conv_net.cpp",
                  "csrc/backend/rnn_cells.cpp", "csrc/backend/structured_queued.cpp", "csrc/backend/sync_debug.cpp"],
     "distributed": ["csrc/distributed/backend.cpp", "csrc/distributed/ddp_timer.cpp"],

@@ -7,7 +7,7 @@
 #include "extrema.h"
 #include "fp8.h"
 #include "gemm.h"
-#include "gemv_f16.h"
+#include "gemv.h"
 #include "tile_fusion.h"
 #include "zero_copy.h"
 
@@ -672,11 +672,11 @@ neuron::rt::engine::Decision run_tiled(const Groups& groups, const std::vector<c
 // copy of the weight (twice its bytes, written then read once), the product, and a pass over
 // the result. A region [widen?, matmul, cast?, mul?] runs as one call of the kernel the matmul
 // was queued with (fusion::MatmulKernel: amx_gemm.h's on AMX hosts; where bf16 runs at half rate
-// gemv_f16.h's matrix-vector and few-row kernels, up to 16 rows, or the routed kernel's exact fp32
+// gemv.h's matrix-vector and few-row kernels, up to 16 rows, or the routed kernel's exact fp32
 // copies, from 64). The kernel widens the int8 weight itself (the values the copy would write:
 // into its L1 staging, amx_gemm::widen_int8; in registers; into its fp32 copy), and its epilogue
 // rounds each sum to bf16, multiplies it by the column's bf16 value in fp32 and rounds again
-// (bf16_gemm.h, Output::post_scale; gemv_f16::round_scale_bf16), which is ATen's bf16 mul of the
+// (bf16_gemm.h, Output::post_scale; gemv::round_scale_bf16), which is ATen's bf16 mul of the
 // rounded product element by element. The unfused matmul runs the same kernel in the same order
 // (gemm.cpp), so the bits are the unfused kernels', up to NaN: ATen's mul writes a NaN as
 // 0xFFFF on its vector path and 0x7FC0 on its scalar tail, so a result with a NaN redoes the
@@ -775,10 +775,10 @@ neuron::rt::engine::Decision fuse_gemm(const std::vector<const void*>& records, 
           return true;
         }
         const at::Tensor acc = gemm::half_sums(zc, {m, n}, ta, tw.t(), nullptr, 0.0f, 1.0f);
-        return gemv_f16::round_scale_bf16(acc.const_data_ptr<float>(), m, n, scale, static_cast<uint16_t*>(dst));
+        return gemv::round_scale_bf16(acc.const_data_ptr<float>(), m, n, scale, static_cast<uint16_t*>(dst));
       }
       if (kernel == MatmulKernel::kFewRows) {
-        return gemv_f16::few_rows_bf16(at::from_blob(dst, {m, n}, bf16), ta, tw, scale);
+        return gemv::few_rows_bf16(at::from_blob(dst, {m, n}, bf16), ta, tw, scale);
       }
       std::atomic<bool> nan{false};
       bf16_gemm::Output out;

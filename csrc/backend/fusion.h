@@ -61,11 +61,11 @@ enum Kind : uint8_t {
   kAbs,         // out = abs(a)                         (bfloat16 or float32; read only by a kMaxAll)
   kMaxAll,      // (0-dim) = max(a)                     (bfloat16 or float32: the amax of a scale)
   // The GEMM family (fusion.cpp, fuse_gemm): a bf16 matmul on amx_gemm.h's kernel (or
-  // gemv_f16.h's few-row kernel) with the int8 weight it reads widened in cache, and the
+  // gemv.h's few-row kernel) with the int8 weight it reads widened in cache, and the
   // per-column product after it in its epilogue.
   kWidenInt8,   // bfloat16 out = int8 a                (exact)
   kToBf16,      // bfloat16 out = float32 a             (the column vector's cast)
-  kMatmul,      // bfloat16 out = a @ b                 (gemm::amx_mm, gemv_f16::few_rows)
+  kMatmul,      // bfloat16 out = a @ b                 (gemm::amx_mm, gemv::few_rows)
   kMulCols,     // bfloat16 out = a * v                 (a m x n, v n values along the columns)
 };
 
@@ -100,7 +100,7 @@ neuron::rt::engine::Record clamp(const char* name, const at::Tensor& out, const 
                                  const std::optional<at::Scalar>& lo, const std::optional<at::Scalar>& hi);
 // The GEMM family (cast() records its int8 -> bf16 and float32 -> bf16 copies): `out` =
 // `a` @ `b` run by `kernel`, A row-major and B column-major: gemm::amx_mm_out; on a half-rate
-// host gemv_f16::few_rows, or gemm::half_product (exact fp32 copies) with its queued call's
+// host gemv::few_rows, or gemm::half_product (exact fp32 copies) with its queued call's
 // `arena`; `out` = `self` * `other` (`name` the op's hot name) for a bf16 m x n `self` and a bf16
 // `other` of n values broadcast along its rows.
 enum class MatmulKernel : int64_t { kAmx = 0, kFewRows = 1, kRouted = 2 };

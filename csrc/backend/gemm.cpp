@@ -9,7 +9,7 @@
 // bit for bit; so does bf16 where CPU has oneDNN's bf16 kernels at full rate (AVX-512 hosts; on
 // AMX hosts the products of nn.Linear's forward with at most 256 rows run amx_gemm.h's kernel:
 // gemm::amx_mm; where bf16 dot products run at half rate, gemm::bf16_half_rate, bf16 is routed
-// as on hosts without them, and one to sixteen rows run gemv_f16.h's kernels),
+// as on hosts without them, and one to sixteen rows run gemv.h's kernels),
 // and so do fp16 products where CPU's fp16 GEMMs are oneDNN's (AVX512-FP16 hosts; gemm.h). fp16 (and
 // bf16 on hosts without AVX-512, where CPU's bf16 GEMM is a scalar loop) takes an exact host
 // path: products exact (a 16-bit float product has at most 22 significant bits), fp32
@@ -46,7 +46,7 @@
 #include "enqueue.h"
 #include "fusion.h"
 #include "gemm.h"
-#include "gemv_f16.h"
+#include "gemv.h"
 #include "transpose.h"
 
 // Exported by libtorch_cpu (TORCH_API) but its header is not installed: oneDNN's matmul on
@@ -446,15 +446,15 @@ bool queueable_bias(const at::Tensor& self, const at::Tensor& a, c10::IntArrayRe
   return true;
 }
 
-bool gemv_f16_kernel(const at::Tensor& t);
+bool gemv_kernel(const at::Tensor& t);
 
-// A one-row product (a linear layer of a decode step with one sequence) runs gemv_f16.h's
-// matrix-vector kernel where it runs for the dtype (gemv_f16_kernel): 1 x 4096 x 4096 with B =
+// A one-row product (a linear layer of a decode step with one sequence) runs gemv.h's
+// matrix-vector kernel where it runs for the dtype (gemv_kernel): 1 x 4096 x 4096 with B =
 // W.t(), 2 cores: bf16 on a half-rate host 1,392 -> 814 us, fp16 on AVX512-FP16 1,161 -> 778 us
 // (oneDNN's GEMM on one row against a read of W at memory speed). B needs a unit stride.
 bool row_gemv(const at::Tensor& a, const at::Tensor& b) {
   return a.dim() == 2 && b.dim() == 2 && a.size(0) == 1 && a.scalar_type() == b.scalar_type() &&
-         a.size(1) == b.size(0) && (b.stride(0) == 1 || b.stride(1) == 1) && gemv_f16_kernel(a);
+         a.size(1) == b.size(0) && (b.stride(0) == 1 || b.stride(1) == 1) && gemv_kernel(a);
 }
 // o (1 x n, contiguous) = round(beta * s + alpha * a @ b) as the matrix-vector product b.t() @ a[0];
 // s (broadcast to 1 x n) only read with beta != 0. Not for alpha = 0: the kernel then reads no
@@ -465,27 +465,27 @@ void row_gemv_out(const at::Tensor& o, const at::Tensor& a, const at::Tensor& b,
   const at::Tensor ov = o.view({n});
   const at::Tensor sv = s != nullptr && beta != 0.0f ? s->expand({1, n}).select(0, 0) : ov;
   // (row_gemv guarantees a layout the kernel reads)
-  TORCH_INTERNAL_ASSERT(gemv_f16::gemv(ov, sv, b.t(), a.select(0, 0), s != nullptr ? beta : 0.0f, alpha));
+  TORCH_INTERNAL_ASSERT(gemv::gemv(ov, sv, b.t(), a.select(0, 0), s != nullptr ? beta : 0.0f, alpha));
 }
 
 // A product of a few rows (decode steps of several sequences) with B = W.t() (nn.Linear's weight)
-// runs gemv_f16.h's few-row kernel where that kernel runs for the dtype: each weight row read
+// runs gemv.h's few-row kernel where that kernel runs for the dtype: each weight row read
 // once and widened in registers against 4 activation rows at a time. Against CPU's kernel (2
 // cores, x @ W.t(), median of 7 x 20 calls, us): bf16 on a half-rate host, k = n = 4096: 2 rows
 // 1,126 / 1,759, 4 1,523 / 2,345, 8 2,202 / 2,930, 16 3,542 / 4,543, but 32 8,194 / 7,845; fp16
 // with AVX512-FP16 (oneDNN's fp16 kernel): 2 rows 1,085 / 2,451, 8 2,673 / 3,189, but 16 4,742 /
 // 3,969. Hence up to 16 rows in bf16, 8 in fp16.
 bool few_rows(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t most = a.scalar_type() == at::kBFloat16 ? gemv_f16::kFewRowsBf16 : gemv_f16::kFewRowsFp16;
+  const int64_t most = a.scalar_type() == at::kBFloat16 ? gemv::kFewRowsBf16 : gemv::kFewRowsFp16;
   return a.dim() == 2 && b.dim() == 2 && a.size(0) >= 2 && a.size(0) <= most &&
          a.scalar_type() == b.scalar_type() && a.size(1) == b.size(0) && a.size(1) > 0 && b.stride(0) == 1 &&
-         gemv_f16_kernel(a);
+         gemv_kernel(a);
 }
 
 // o = round(alpha * a @ b + beta * s) on the few-row kernel (few_rows guarantees its layout).
 void few_rows_out(const at::Tensor& o, const at::Tensor* s, const at::Tensor& a, const at::Tensor& b, float beta,
                   float alpha) {
-  TORCH_INTERNAL_ASSERT(gemv_f16::few_rows(o, s, a, b.t(), beta, alpha));
+  TORCH_INTERNAL_ASSERT(gemv::few_rows(o, s, a, b.t(), beta, alpha));
 }
 
 at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
@@ -494,7 +494,7 @@ at::Tensor mm_hot(const at::Tensor& self, const at::Tensor& mat2) {
     at::Tensor a = q.in(self), b = q.in(mat2), out;
     at::Tensor o = q.out(out, {a.size(0), b.size(1)}, a.scalar_type());
     // (bf16: Adaptive Eager may run these with the widening of an int8 weight before them and a
-    // column product after, gemv_f16::few_rows_bf16)
+    // column product after, gemv::few_rows_bf16)
     const bool fusible = a.scalar_type() == at::kBFloat16 && fusion::tiles_enabled();
     if (row_gemv(a, b)) {
       q.enqueue("aten::mm", [a, b, o] { row_gemv_out(o, a, b, nullptr, 0.0f, 1.0f); },
@@ -786,14 +786,14 @@ bool gemv_routed(const at::Tensor& t) {
 }
 
 // Where ATen's fp16 GEMMs are oneDNN's (AVX512-FP16), so is its fp16 gemv, a matmul primitive on
-// one column: 262 us for 1024^2 against 64 us in bf16. gemv_f16.h reads the matrix directly
+// one column: 262 us for 1024^2 against 64 us in bf16. gemv.h reads the matrix directly
 // (either layout) with the same contract.
 // bf16 likewise where its dot products run at half rate (gemm.h, bf16_half_rate): CPU's bf16
 // gemv took 309 us there for 1024^2.
-bool gemv_f16_kernel(const at::Tensor& t) {
+bool gemv_kernel(const at::Tensor& t) {
   return ((t.scalar_type() == at::kHalf && gemm::cpu_fast_fp16()) ||
           (t.scalar_type() == at::kBFloat16 && gemm::bf16_half_rate())) &&
-         gemv_f16::available();
+         gemv::available();
 }
 
 at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
@@ -806,9 +806,9 @@ at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::T
   const bool well_formed = v.scalar_type() == dt && s.scalar_type() == dt && o.scalar_type() == dt && m.dim() == 2 &&
                            v.dim() == 1 && m.size(1) == v.size(0) && at::is_expandable_to(s.sizes(), {m.size(0)});
   const bool half = well_formed && gemv_routed(m);
-  if (well_formed && gemv_f16_kernel(m)) {
+  if (well_formed && gemv_kernel(m)) {
     at::native::resize_output(o, {m.size(0)});
-    if (gemv_f16::gemv(o, s, m, v, beta.toFloat(), alpha.toFloat())) {
+    if (gemv::gemv(o, s, m, v, beta.toFloat(), alpha.toFloat())) {
       zc.sync_inputs();
       return out;
     }

@@ -49,7 +49,7 @@ inline bool routed(const at::Tensor& t) {
 // routed(), except that fp16 keeps CPU's kernels where they are oneDNN's (cpu_fast_fp16()). On
 // bf16_half_rate() hosts the products' call sites also keep CPU's kernels below
 // kBf16RoutedRows rows (gemm.cpp, half_pair), but for one to sixteen rows with B = W.t(), which
-// run gemv_f16.h's kernels (gemm.cpp, row_gemv and few_rows).
+// run gemv.h's kernels (gemm.cpp, row_gemv and few_rows).
 inline bool product_routed(const at::Tensor& t) {
   return (t.scalar_type() == at::kHalf && !cpu_fast_fp16()) ||
          (t.scalar_type() == at::kBFloat16 && (!cpu_fast_bf16() || bf16_half_rate()));

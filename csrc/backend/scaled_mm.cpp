@@ -45,7 +45,7 @@
 #include "cpu_features.h"
 #include "fp8.h"
 #include "gemm.h"
-#include "gemv_f16.h"
+#include "gemv.h"
 
 namespace torchneuron {
 namespace {
@@ -92,17 +92,17 @@ bool amx_kernel(const at::Tensor& b) { return amx_gemm::available() && columns_a
 //  11.9, 2048^3 111 / 72.5, 256x1024x4096 13.9 / 11.5; but 16x4096x4096 5.2 / 22.4); fewer
 //  rows keep this kernel, tensor-wise -> bf16 too (oneDNN's bf16 GEMM on widened copies there:
 //  16x4096x4096 15-19 ms).
-//  On those hosts up to gemv_f16::kFewRowsBf16 rows with B column-major take gemv_f16.h's
+//  On those hosts up to gemv::kFewRowsBf16 rows with B column-major take gemv.h's
 //  few-row kernel instead (fp32 FMAs over the codes widened in cache; 16 x 4096 x 4096
 //  row-wise -> bf16: this kernel 5.3 ms, the bf16 baseline on the few-row kernel 3.5).
 bool few_rows_fp8(int64_t rows, const at::Tensor& b) {
-  return gemm::bf16_half_rate() && rows <= gemv_f16::kFewRowsBf16 && b.dim() == 2 && b.stride(0) == 1 &&
-         !amx_kernel(b) && gemv_f16::available();
+  return gemm::bf16_half_rate() && rows <= gemv::kFewRowsBf16 && b.dim() == 2 && b.stride(0) == 1 &&
+         !amx_kernel(b) && gemv::available();
 }
 // acc (rows x n fp32, contiguous) = alpha * a @ b on the few-row kernel where few_rows_fp8 says
 // it runs and the kernel takes the shape (not an empty one); false, acc untouched, otherwise.
 bool few_rows_accumulate(const at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, float alpha) {
-  return few_rows_fp8(a.size(0), b) && gemv_f16::few_rows_f32(acc, a, b.t(), alpha);
+  return few_rows_fp8(a.size(0), b) && gemv::few_rows_f32(acc, a, b.t(), alpha);
 }
 // (grouped GEMMs have no few-row path: `few` false)
 bool fused_route(int64_t rows, const at::Tensor& b, bool few = true) {

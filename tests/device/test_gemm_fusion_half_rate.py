@@ -1,6 +1,6 @@
 """Adaptive Eager's GEMM family on hosts whose bf16 dot products run at half rate.
 
-There a bf16 `mm` of one row with B column-major runs gemv_f16.h's matrix-vector kernel, of 2-16
+There a bf16 `mm` of one row with B column-major runs gemv.h's matrix-vector kernel, of 2-16
 rows its few-row kernel, and of 64 rows or more the routed kernel (exact fp32 copies, an fp32
 GEMM, one rounding). torchao's weight-only int8 linear, `mm(x, w_int8.t().to(bf16)) *
 scale.to(bf16)`, runs as one call of any of them: the matrix-vector and few-row kernels read the

@@ -332,7 +332,7 @@ def _sixteen_lane_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("engine", [True, False], ids=["queued", "synchronous"])
 @pytest.mark.parametrize("mkn", [(2, 4096, 300), (3, 1000, 7), (5, 17, 65), (8, 512, 129)], ids=str)
 def test_few_row_products_run_the_few_row_kernel_with_fp32_sums(mkn, engine, gemv_dtype):
-    # 2-8 rows (bf16 up to 16) with B = W.t(): the few-row kernel (gemv_f16.h), every tail of it
+    # 2-8 rows (bf16 up to 16) with B = W.t(): the few-row kernel (gemv.h), every tail of it
     # (k not a multiple of 16, weight rows past a block of 4, activation rows past a group of 4),
     # TensorE's contract, and bits that do not depend on the thread count.
     m, k, n = mkn

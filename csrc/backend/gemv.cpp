@@ -1,5 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-// fp16 and bf16 matrix-vector products (mv, addmv) at the speed of reading the matrix.
+// Matrix-vector products (mv, addmv, one-row mm) at the speed of reading the matrix, and
+// few-row products (decode steps) reading each weight row once.
 //
 // A matrix-vector product reads every element of the matrix once, so its time is the matrix's
 // bytes over memory bandwidth, and TensorE's contract (exact products, fp32 sums, one rounding)
@@ -17,8 +18,9 @@
 // The same reading of a weight serves products of a few rows (few_rows: decode steps of several
 // sequences, 4 activation rows per weight row read from L1), and, for Adaptive Eager's GEMM
 // family (fusion.cpp), weights of int8 codes (torchao's weight-only linear), widened in
-// registers as cheaply as bf16 values, with the column product in the epilogue.
-#include "gemv_f16.h"
+// registers as cheaply as bf16 values, with the column product in the epilogue; fp8 GEMMs of a
+// few rows (scaled_mm.cpp) read fp8 weight codes, widened to bf16 per chunk in cache.
+#include "gemv.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -37,7 +39,7 @@
 #include "cpu_features.h"
 #include "fp8.h"
 
-namespace torchneuron::gemv_f16 {
+namespace torchneuron::gemv {
 namespace {
 
 #if defined(__x86_64__)
@@ -489,4 +491,4 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
 #endif
 }
 
-}  // namespace torchneuron::gemv_f16
+}  // namespace torchneuron::gemv

@@ -1,5 +1,6 @@
-// fp16 and bf16 matrix-vector and few-row products with TensorE's numerics, for hosts whose CPU
-// kernels in that dtype are slow; also over int8 weights (Adaptive Eager's GEMM family).
+// Matrix-vector and few-row products with TensorE's numerics (exact products, fp32 sums, one
+// rounding), for hosts whose CPU kernels are slow there: fp16 and bf16 operands, and weights of
+// int8 (Adaptive Eager's GEMM family) or fp8 codes (scaled_mm.cpp), read as they are.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,7 +9,7 @@
 
 #include "bf16_gemm.h"
 
-namespace torchneuron::gemv_f16 {
+namespace torchneuron::gemv {
 
 // The most activation rows few_rows() takes in bf16 (also fp8 operands, widened to bf16) and in
 // fp16 (gemm.cpp's and scaled_mm.cpp's routes; the figures that chose them are in gemm.cpp).
@@ -54,4 +55,4 @@ bool few_rows_bf16(const at::Tensor& o, const at::Tensor& a, const at::Tensor& w
 // routed GEMM's in fusion.cpp). False if a scaled result is NaN.
 bool round_scale_bf16(const float* acc, int64_t m, int64_t n, const float* post_scale, uint16_t* out);
 
-}  // namespace torchneuron::gemv_f16
+}  // namespace torchneuron::gemv
