@@ -36,6 +36,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16_gemm.h"
 #include "cpu_features.h"
 #include "fp8.h"
 

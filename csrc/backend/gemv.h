@@ -7,8 +7,6 @@
 
 #include <cstdint>
 
-#include "bf16_gemm.h"
-
 namespace torchneuron::gemv {
 
 // The most activation rows few_rows() takes in bf16 (also fp8 operands, widened to bf16) and in
