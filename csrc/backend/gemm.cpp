@@ -668,14 +668,12 @@ at::Tensor& copy_into(at::Tensor& out, const at::Tensor& r) {
 
 // Products the one-row and few-row kernels take: their out= forms (Inductor's extern calls,
 // ATen's _grouped_mm composite) take the functional route and copy its small result, so both
-// forms run those kernels and give the same bits.
-bool small_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-  return out.scalar_type() == a.scalar_type() && (row_gemv(a, b) || few_rows(a, b));
-}
+// forms run those kernels and give the same bits (the callers require out of a's dtype).
+bool small_product(const at::Tensor& a, const at::Tensor& b) { return row_gemv(a, b) || few_rows(a, b); }
 
 at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
   const bool half = half_out(out, self, mat2, 2);
-  if ((half || small_out(out, self, mat2)) && out.scalar_type() == self.scalar_type()) {
+  if ((half || small_product(self, mat2)) && out.scalar_type() == self.scalar_type()) {
     return copy_into(out, mm_hot(self, mat2));
   }
   const bool amx = amx_out(out, self, mat2);
@@ -700,7 +698,7 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
                       const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const bool half = half_out(out, mat1, mat2, 2);
   // (alpha = 0 keeps CPU's kernel: addmm_hot's one-row and few-row routes exclude it)
-  const bool small = small_out(out, mat1, mat2) && !alpha.isComplex() && alpha.toDouble() != 0.0;
+  const bool small = small_product(mat1, mat2) && !alpha.isComplex() && alpha.toDouble() != 0.0;
   if ((half || small) && self.scalar_type() == mat1.scalar_type() && out.scalar_type() == mat1.scalar_type()) {
     return copy_into(out, addmm_hot(self, mat1, mat2, beta, alpha));
   }

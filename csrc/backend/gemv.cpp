@@ -39,6 +39,7 @@
 #include "bf16_gemm.h"
 #include "cpu_features.h"
 #include "fp8.h"
+#include "half_vec.h"
 
 namespace torchneuron::gemv {
 namespace {
@@ -86,15 +87,12 @@ class Floats {
 };
 
 // A 16-bit vector (fp16 or bf16, by `dtype`) widened to fp32, 16 values per step.
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) Floats widened(const uint16_t* v, int64_t n,
-                                                                              c10::ScalarType dtype) {
+__attribute__((target("avx512f,avx512bw"))) Floats widened(const uint16_t* v, int64_t n, c10::ScalarType dtype) {
   Floats x(n);
-  const bool bf16 = dtype == at::kBFloat16;
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x.data() + j, bf16 ? widen16<true>(v + j) : widen16<false>(v + j));
-  if (j < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - j)) - 1u);
-    _mm512_mask_storeu_ps(x.data() + j, m, bf16 ? widen16_tail<true>(v + j, m) : widen16_tail<false>(v + j, m));
+  const half_vec::Dt dt = half_vec::dt_of(dtype);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = half_vec::lanes(j, n);
+    half_vec::store(x.data(), j, m, half_vec::load(v, j, m, dt), half_vec::Dt::kF32);
   }
   return x;
 }
