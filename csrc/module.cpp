@@ -18,6 +18,7 @@
 #include "backend/gpu_trace.h"
 #include "backend/ipc.h"
 #include "backend/nested.h"
+#include "backend/small_attention.h"
 #include "backend/sync_debug.h"
 #include "backend/sparse.h"
 #include "backend/zero_copy.h"
@@ -125,6 +126,7 @@ PYBIND11_MODULE(_C, m) {
     d["amx_bf16_gemm"] = torchneuron::gemm::amx_bf16();
     d["amx_fp8_kernel"] = torchneuron::amx_gemm::available();
     d["bf16_mm_amx_rows"] = torchneuron::amx_gemm::available() ? torchneuron::gemm::kAmxMmRows : 0;
+    d["fp32_small_attention"] = torchneuron::small_attention::available();
     return d;
   }, "Host paths of the precision routing: whether bf16 runs CPU's kernels (oneDNN with native "
      "bf16 dot products at full rate, cpu_avx512_bf16 without bf16_cpu_products_below_rows), below how "
@@ -134,7 +136,10 @@ PYBIND11_MODULE(_C, m) {
      "GEMMs run on the AVX512-BF16 kernel (bf16_gemm.h; tensor-wise -> bf16 excepted), whether "
      "bf16 accumulators (fp8 GEMMs) run on MKL's AMX GEMM (amx_bf16_gemm, ahead of that kernel), "
      "whether fp8 GEMMs with B column-major run on the AMX kernel (amx_fp8_kernel, amx_gemm.h; ahead of both), "
-     "and up to how many rows a bf16 mm with B column-major runs on it too (bf16_mm_amx_rows, 0: never).");
+     "up to how many rows a bf16 mm with B column-major runs on it too (bf16_mm_amx_rows, 0: never), "
+     "and whether fp32 attention of short sequences runs small_attention.h's kernel (fp32_small_attention).");
+  m.def("_set_small_attention_enabled", &torchneuron::small_attention::set_enabled, py::arg("enabled"),
+        "Testing and measurement: False runs every attention on CPU's flash kernel (small_attention.h), True back.");
   m.def("_set_bf16_half_rate", &torchneuron::gemm::set_bf16_half_rate, py::arg("value"),
         "Testing: 1 routes bf16 as a host whose bf16 dot products run at half fp32's rate (gemm.h, "
         "bf16_half_rate; needs AVX512-BF16), 0 as one where they do not, -1 as this host is.");

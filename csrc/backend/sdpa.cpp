@@ -14,6 +14,7 @@
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include "cpu_stub.h"  // before DispatchStub.h: CPU's flash attention stubs are called below
 #include <ATen/native/DispatchStub.h>
+#include <cmath>
 #include <ATen/OpMathType.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
@@ -30,6 +31,7 @@
 
 #include "enqueue.h"
 #include "gemm.h"
+#include "small_attention.h"
 #include "zero_copy.h"
 
 namespace torchneuron {
@@ -69,16 +71,59 @@ std::optional<at::Tensor> upcast_opt(ZeroCopy& zc, const std::optional<at::Tenso
   return t;
 }
 
+// SDPA's scale: the given one, else 1 / sqrt(E) (sdp::calculate_scale).
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+}
+
+// fp32 attention of short sequences (and the exact fp32 copies of routed dtypes) runs
+// small_attention.h's kernel where it is faster than CPU's flash kernel (0.35-0.8x its time).
+bool small(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+           const std::optional<at::Tensor>& mask, bool is_causal) {
+  return dropout_p == 0.0 && small_attention::applies(q, k, v, mask, is_causal);
+}
+
+// CPU's flash op, or small_attention's kernel with its results laid out as the op lays them out:
+// the output like q (empty_like), the logsumexp (B, L, H) viewed (B, H, L).
+std::tuple<at::Tensor, at::Tensor> host_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                double dropout_p, bool is_causal,
+                                                const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  if (small(q, k, v, dropout_p, mask, is_causal)) {
+    at::Tensor out = at::empty_like(q);
+    if (out.stride(3) == 1) {
+      at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options()).transpose(1, 2);
+      small_attention::forward(out, lse, q, k, v, is_causal, scale_of(q, scale));
+      return {out, lse};
+    }
+  }
+  return at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale);
+}
+
+// Likewise for the backward: the gradients (B, L, H, E) viewed (B, H, L, E).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> host_backward(
+    const at::Tensor& go, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+    const at::Tensor& lse, double dropout_p, bool is_causal, const std::optional<at::Tensor>& mask,
+    std::optional<double> scale) {
+  if (small(q, k, v, dropout_p, mask, is_causal) && go.scalar_type() == at::kFloat &&
+      o.scalar_type() == at::kFloat) {
+    auto bhle = [](const at::Tensor& t) {
+      return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2);
+    };
+    at::Tensor gq = bhle(q), gk = bhle(k), gv = bhle(v);
+    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, is_causal, scale_of(q, scale));
+    return {gq, gk, gv};
+  }
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, o, lse, dropout_p, is_causal, mask,
+                                                                  scale);
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_forward(ZeroCopy& zc, const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& v, double dropout_p, bool is_causal,
                                                  const std::optional<at::Tensor>& mask,
                                                  std::optional<double> scale) {
-  if (!half_attention(q, k, v)) {
-    return at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale);
-  }
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-      gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v), dropout_p, is_causal,
-      upcast_opt(zc, mask), scale);
+  if (!half_attention(q, k, v)) return host_forward(q, k, v, dropout_p, is_causal, mask, scale);
+  auto [out, lse] = host_forward(gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v), dropout_p,
+                                 is_causal, upcast_opt(zc, mask), scale);
   return {round_to(out, q.scalar_type()), lse};
 }
 
@@ -87,12 +132,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
     const at::Tensor& o, const at::Tensor& lse, double dropout_p, bool is_causal,
     const std::optional<at::Tensor>& mask, std::optional<double> scale) {
   if (!(half_attention(q, k, v) && go.scalar_type() == q.scalar_type() && o.scalar_type() == q.scalar_type())) {
-    return at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, o, lse, dropout_p,
-                                                                    is_causal, mask, scale);
+    return host_backward(go, q, k, v, o, lse, dropout_p, is_causal, mask, scale);
   }
-  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      gemm::upcast(zc, go), gemm::upcast(zc, q), gemm::upcast(zc, k), gemm::upcast(zc, v),
-      gemm::upcast(zc, o), lse, dropout_p, is_causal, upcast_opt(zc, mask), scale);
+  auto [gq, gk, gv] = host_backward(gemm::upcast(zc, go), gemm::upcast(zc, q), gemm::upcast(zc, k),
+                                    gemm::upcast(zc, v), gemm::upcast(zc, o), lse, dropout_p, is_causal,
+                                    upcast_opt(zc, mask), scale);
   const auto dt = q.scalar_type();
   return {round_to(gq, dt), round_to(gk, dt), round_to(gv, dt)};
 }
@@ -119,6 +163,10 @@ bool direct_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 void flash_forward_into(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, bool is_causal, const std::optional<at::Tensor>& mask,
                         std::optional<double> scale) {
+  if (small(q, k, v, 0.0, mask, is_causal)) {
+    small_attention::forward(out, lse, q, k, v, is_causal, scale_of(q, scale));
+    return;
+  }
   at::native::flash_attention_kernel(c10::kCPU, out.transpose(1, 2), lse.transpose(1, 2), q, k, v, 0.0, is_causal,
                                      mask, scale);
 }
@@ -129,6 +177,10 @@ void flash_backward_into(const at::Tensor& gq, const at::Tensor& gk, const at::T
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                          const at::Tensor& lse, bool is_causal, const std::optional<at::Tensor>& mask,
                          std::optional<double> scale) {
+  if (small(q, k, v, 0.0, mask, is_causal) && go.scalar_type() == at::kFloat && o.scalar_type() == at::kFloat) {
+    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, is_causal, scale_of(q, scale));
+    return;
+  }
   at::Tensor gq_t = gq.transpose(1, 2), gk_t = gk.transpose(1, 2), gv_t = gv.transpose(1, 2);
   gq_t.zero_();
   gk_t.zero_();

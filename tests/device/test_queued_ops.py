@@ -403,10 +403,41 @@ def test_layer_norm_backward_queues_each_requested_gradient(mask):
     same(got, want)
 
 
+def synchronous(fn):
+    """fn() with the engine off (each kernel run at its call), the engine turned back on."""
+    engine.set_enabled(False)
+    try:
+        return fn()
+    finally:
+        engine.set_enabled(True)
+
+
+def attention_reference(L, dtype, cpu_inputs, grad, make_neuron_inputs):
+    """What queued attention must give: CPU's results (values, layout) where neuron runs CPU's
+    flash kernel (8 queries), neuron's synchronous results where fp32 runs small_attention.cpp's
+    kernel (16 queries: CPU's results only to fp32 rounding, checked here too)."""
+    want = F.scaled_dot_product_attention(*cpu_inputs, is_causal=True)
+    want.backward(grad)
+    cpu = [want.detach()] + [c.grad for c in cpu_inputs]
+    if L < 16 or dtype != torch.float32:
+        return cpu
+
+    def run():
+        dev = [x.detach().requires_grad_() for x in make_neuron_inputs()]
+        out = F.scaled_dot_product_attention(*dev, is_causal=True)
+        out.backward(n(grad))
+        return [out.detach().cpu()] + [d.grad.cpu() for d in dev]
+    sync = synchronous(run)
+    for a, b in zip(sync, cpu):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    return sync
+
+
+@pytest.mark.parametrize("L", [8, 16], ids=["cpu_flash_kernel", "small_kernel"])
 @pytest.mark.parametrize("layout", ["contiguous", "split_heads"])
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=bf16_routed_skip)])
-def test_attention_forward_and_backward_queue_with_cpus_results(layout, dtype):
-    B, H, L, E = 2, 3, 16, 8
+def test_attention_forward_and_backward_queue_with_the_synchronous_results(layout, dtype, L):
+    B, H, E = 2, 3, 8
 
     def qkv(t):
         if layout == "contiguous":
@@ -416,14 +447,12 @@ def test_attention_forward_and_backward_queue_with_cpus_results(layout, dtype):
     base = r(B, L, 3 * H * E, dtype=dtype)
     grad = r(B, H, L, E, dtype=dtype)
     cpu = [x.requires_grad_() for x in (t.detach() for t in qkv(base))]
-    want = F.scaled_dot_product_attention(*cpu, is_causal=True)
-    want.backward(grad)
+    want = attention_reference(L, dtype, cpu, grad, lambda: qkv(base.to("neuron")))
     dev = [x.requires_grad_() for x in (t.detach() for t in qkv(base.to("neuron")))]
     got = queued(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True), *dev)
     queued(lambda g: got.backward(g), n(grad))
-    assert torch.equal(got.detach().cpu(), want.detach())
-    for d, c in zip(dev, cpu):
-        assert torch.equal(d.grad.cpu(), c.grad)
+    for g, w in zip([got.detach()] + [d.grad for d in dev], want):
+        assert torch.equal(g.cpu(), w)
 
 
 @pytest.mark.parametrize("mask", [False, True])
@@ -476,18 +505,23 @@ def test_attention_ops_queue_the_synchronous_results_and_layouts(layout):
         assert torch.equal(g.cpu(), w)
 
 
+@pytest.mark.parametrize("L", [8, 16], ids=["cpu_flash_kernel", "small_kernel"])
 @pytest.mark.parametrize("queue", [True, False])
-def test_attention_results_over_reused_device_memory_are_cpus(queue):
+def test_attention_over_reused_device_memory_gives_the_fresh_memory_results(queue, L):
     # CPU's flash kernels write neuron's results in place (sdpa.cpp, direct_flash); the backward
     # kernel accumulates into its gradients, so they must start from zero even in a pooled block
     # that held other values (NaNs here, freed just before), and the efficient op's logsumexp
-    # goes to scratch when it is not returned.
-    B, H, L, E = 2, 4, 16, 8
+    # goes to scratch when it is not returned. small_attention.cpp's kernel (16 queries) zeroes
+    # the key gradients it accumulates likewise.
+    B, H, E = 2, 4, 8
     q, k, v, g = (r(B, H, L, E) for _ in range(4))
     cpu = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = F.scaled_dot_product_attention(*cpu, is_causal=True)
-    want.backward(g)
-    want_nolse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    want = attention_reference(L, torch.float32, cpu, g, lambda: [n(q), n(k), n(v)])
+    if L < 16:
+        want_nolse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    else:
+        want_nolse = synchronous(lambda: torch.ops.aten._scaled_dot_product_efficient_attention(
+            n(q), n(k), n(v), None, False, 0.0, True)[0].cpu())
     engine.set_enabled(queue)
     try:
         junk = [torch.full((B, H, L, E), float("nan"), device="neuron") for _ in range(16)]
@@ -499,9 +533,8 @@ def test_attention_results_over_reused_device_memory_are_cpus(queue):
         run(lambda gr: out.backward(gr), n(g))
         out_nolse = run(lambda *a: torch.ops.aten._scaled_dot_product_efficient_attention(*a, None, False, 0.0, True),
                         n(q), n(k), n(v))[0]
-        assert torch.equal(out.detach().cpu(), want.detach())
-        for d, c in zip(dev, cpu):
-            assert torch.equal(d.grad.cpu(), c.grad)
+        for got, w in zip([out.detach()] + [d.grad for d in dev], want):
+            assert torch.equal(got.cpu(), w)
         assert torch.equal(out_nolse.cpu(), want_nolse)
     finally:
         engine.set_enabled(True)

@@ -1,0 +1,34 @@
+// Scaled-dot-product attention of short sequences in fp32, forward and backward, each head's
+// whole score matrix held in cache (small_attention.cpp). CPU's flash kernel tiles for long
+// sequences and calls a GEMM per 32-query block; at the sequence lengths of small models (a
+// few hundred keys) those calls and its full-width causal blocks cost 2-3x this kernel's time.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace torchneuron::small_attention {
+
+// Whether the host runs the kernel (AVX-512) and it is enabled (set_enabled; on by default).
+bool available();
+// Testing and measurement: false sends every call to CPU's flash kernel, true back.
+void set_enabled(bool enabled);
+
+// Whether forward and backward take these operands and are faster than CPU's flash kernel:
+// fp32 q (B, H, L, E), k and v (B, H, S, E), one head count, unit stride along E, no mask,
+// 16 <= L, S <= 512 causal or 256 not, E <= 128, an AVX-512 host.
+bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+             bool is_causal);
+
+// out (B, H, L, E) and lse (B, H, L) of any strides with unit stride along E: softmax(q k^T *
+// scale) v and its log-sum-exp per query, causal as SDPA's is_causal (query i sees keys 0..i).
+void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
+             const at::Tensor& v, bool is_causal, double scale);
+
+// The gradients of q, k and v (overwritten) from the forward's out and lse.
+void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& go,
+              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+              const at::Tensor& lse, bool is_causal, double scale);
+
+}  // namespace torchneuron::small_attention
