@@ -367,7 +367,9 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
     return false;
   }
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
-  if (!(k.size(0) == B && v.size(0) == B && k.size(1) == H && v.size(1) == H && v.size(2) == S && k.size(3) == E &&
+  const int64_t Hk = k.size(1);  // grouped-query attention: H a multiple of the key/value heads
+  if (!(k.size(0) == B && v.size(0) == B && Hk > 0 && H % Hk == 0 && v.size(1) == Hk && v.size(2) == S &&
+        k.size(3) == E &&
         v.size(3) == E && B > 0 && H > 0 && E >= 1 && E <= kMaxDim && q.stride(3) == 1 && k.stride(3) == 1 &&
         v.stride(3) == 1)) {
     return false;
@@ -382,10 +384,12 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
 void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
              const at::Tensor& v, bool is_causal, double scale) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2), Sp = pad16(S);
+  const int64_t group = H / k.size(1);  // query heads per key/value head
   const float sc = static_cast<float>(scale);
   float* lse_base = lse.data_ptr<float>();
   // Tasks are (head, query tile): a single head of a long sequence still uses every thread. A
-  // thread's tasks are consecutive, so it packs a head's keys once for all its tiles.
+  // thread's tasks are consecutive, so it packs a key head once for all its tiles (and for the
+  // query heads of its group).
   const int64_t tiles = (L + kTile - 1) / kTile;
   at::parallel_for(0, B * H * tiles, 1, [&](int64_t begin, int64_t end) {
     float* kt = scratch(static_cast<size_t>(E * Sp + kTile * Sp + 2 * kTile));
@@ -394,14 +398,14 @@ void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, 
     float* maxes = sums + kTile;
     int64_t packed = -1;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t bh = task / tiles, first = (task % tiles) * kTile, b = bh / H, h = bh % H;
-      const Rows Q = head_rows(q, b, h), K = head_rows(k, b, h), V = head_rows(v, b, h), O = head_rows(out, b, h);
+      const int64_t bh = task / tiles, first = (task % tiles) * kTile, b = bh / H, h = bh % H, hk = h / group;
+      const Rows Q = head_rows(q, b, h), K = head_rows(k, b, hk), V = head_rows(v, b, hk), O = head_rows(out, b, h);
       float* lse_h = lse_base + b * lse.stride(0) + h * lse.stride(1);
       const int64_t M = std::min(kTile, L - first);
       const int64_t kmax = keys_seen(is_causal, first, 0, M, S);
-      if (packed != bh) {
+      if (packed != bh / group) {
         pack_transposed(kt, Sp, K.base, K.row, S, E);
-        packed = bh;
+        packed = bh / group;
       }
       const auto seen = [&](int64_t i0, int64_t R) { return keys_seen(is_causal, first, i0, R, S); };
       product(M, Q.at(first), Q.row, 1, kt, Sp, p, Sp, false, seen,
@@ -429,50 +433,56 @@ void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, 
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2), Sp = pad16(S);
   const float sc = static_cast<float>(scale);
   const float* lse_base = lse.data_ptr<float>();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  // Tasks are key/value heads (their gradients sum over the tiles of every query head of the
+  // group), as CPU's backward parallelizes over heads.
+  const int64_t Hk = k.size(1), group = H / Hk;
+  at::parallel_for(0, B * Hk, 1, [&](int64_t begin, int64_t end) {
     float* kt = scratch(static_cast<size_t>(2 * E * Sp + 2 * kTile * Sp + kTile));
     float* vt = kt + E * Sp;
     float* p = vt + E * Sp;
     float* ds = p + kTile * Sp;
     float* d = ds + kTile * Sp;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const Rows Q = head_rows(q, b, h), K = head_rows(k, b, h), V = head_rows(v, b, h), O = head_rows(out, b, h),
-                 dO = head_rows(go, b, h), dQ = head_rows(gq, b, h), dK = head_rows(gk, b, h),
-                 dV = head_rows(gv, b, h);
-      const float* lse_h = lse_base + b * lse.stride(0) + h * lse.stride(1);
+    for (int64_t bhk = begin; bhk < end; ++bhk) {
+      const int64_t b = bhk / Hk, hk = bhk % Hk;
+      const Rows K = head_rows(k, b, hk), V = head_rows(v, b, hk), dK = head_rows(gk, b, hk), dV = head_rows(gv, b, hk);
       pack_transposed(kt, Sp, K.base, K.row, S, E);
       pack_transposed(vt, Sp, V.base, V.row, S, E);
-      // The first tile writes the key gradients it sees (every key row below its widest row's
-      // count gets a product: the first query sees key 0, and so on); later tiles add theirs.
+      // The group's first tile writes the key gradients it sees (every key row below its widest
+      // row's count gets a product: the first query sees key 0, and so on); the rest add theirs.
       const int64_t written = keys_seen(is_causal, 0, 0, std::min(kTile, L), S);
       zero_rows(dK.at(written), dK.row, S - written, E);
       zero_rows(dV.at(written), dV.row, S - written, E);
-      for (int64_t first = 0; first < L; first += kTile) {
-        const int64_t M = std::min(kTile, L - first);
-        const int64_t kmax = keys_seen(is_causal, first, 0, M, S);
-        const auto seen = [&](int64_t i0, int64_t R) { return keys_seen(is_causal, first, i0, R, S); };
-        const auto all_e = [&](int64_t, int64_t) { return std::pair<int64_t, int64_t>(0, E); };
-        // Key rows [j0, j0 + R) are seen by the tile's queries from first + r on, r >= j0 - first.
-        const auto seeing = [&](int64_t j0, int64_t) {
-          return std::pair<int64_t, int64_t>(is_causal ? std::max<int64_t>(0, j0 - first) : 0, M);
-        };
-        product(M, Q.at(first), Q.row, 1, kt, Sp, p, Sp, false, seen, all_e);
-        product(M, dO.at(first), dO.row, 1, vt, Sp, ds, Sp, false, seen, all_e);
-        for (int64_t r0 = 0; r0 < M; r0 += 16) row_dots(d + r0, dO.at(first + r0), dO.row, O.at(first + r0), O.row,
-                                                          std::min<int64_t>(16, M - r0), E);
-        for (int64_t r = 0; r < M; ++r) {
-          const int64_t i = first + r, n = is_causal ? std::min(i + 1, S) : S;
-          probabilities_row(p + r * Sp, n, kmax, sc, lse_h[i * lse.stride(2)]);
-          score_grad_row(ds + r * Sp, p + r * Sp, n, kmax, d[r], sc);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const Rows Q = head_rows(q, b, h), O = head_rows(out, b, h), dO = head_rows(go, b, h), dQ = head_rows(gq, b, h);
+        const float* lse_h = lse_base + b * lse.stride(0) + h * lse.stride(1);
+        for (int64_t first = 0; first < L; first += kTile) {
+          const int64_t M = std::min(kTile, L - first);
+          const int64_t kmax = keys_seen(is_causal, first, 0, M, S);
+          const bool add = first > 0 || h > hk * group;
+          const auto seen = [&](int64_t i0, int64_t R) { return keys_seen(is_causal, first, i0, R, S); };
+          const auto all_e = [&](int64_t, int64_t) { return std::pair<int64_t, int64_t>(0, E); };
+          // Key rows [j0, j0 + R) are seen by the tile's queries from first + r on, r >= j0 - first.
+          const auto seeing = [&](int64_t j0, int64_t) {
+            return std::pair<int64_t, int64_t>(is_causal ? std::max<int64_t>(0, j0 - first) : 0, M);
+          };
+          product(M, Q.at(first), Q.row, 1, kt, Sp, p, Sp, false, seen, all_e);
+          product(M, dO.at(first), dO.row, 1, vt, Sp, ds, Sp, false, seen, all_e);
+          for (int64_t r0 = 0; r0 < M; r0 += 16) {
+            row_dots(d + r0, dO.at(first + r0), dO.row, O.at(first + r0), O.row, std::min<int64_t>(16, M - r0), E);
+          }
+          for (int64_t r = 0; r < M; ++r) {
+            const int64_t i = first + r, n = is_causal ? std::min(i + 1, S) : S;
+            probabilities_row(p + r * Sp, n, kmax, sc, lse_h[i * lse.stride(2)]);
+            score_grad_row(ds + r * Sp, p + r * Sp, n, kmax, d[r], sc);
+          }
+          const auto cols_e = [&](int64_t, int64_t) { return E; };
+          // dV += P^T dO and dK += dS^T Q over the keys this tile sees.
+          product(kmax, p, 1, Sp, dO.at(first), dO.row, dV.base, dV.row, add, cols_e, seeing);
+          product(kmax, ds, 1, Sp, Q.at(first), Q.row, dK.base, dK.row, add, cols_e, seeing);
+          // dQ = dS K.
+          product(M, ds, Sp, 1, K.base, K.row, dQ.at(first), dQ.row, false, cols_e,
+                  [&](int64_t i0, int64_t R) { return std::pair<int64_t, int64_t>(0, seen(i0, R)); });
         }
-        const auto cols_e = [&](int64_t, int64_t) { return E; };
-        // dV += P^T dO and dK += dS^T Q over the keys this tile sees.
-        product(kmax, p, 1, Sp, dO.at(first), dO.row, dV.base, dV.row, first > 0, cols_e, seeing);
-        product(kmax, ds, 1, Sp, Q.at(first), Q.row, dK.base, dK.row, first > 0, cols_e, seeing);
-        // dQ = dS K.
-        product(M, ds, Sp, 1, K.base, K.row, dQ.at(first), dQ.row, false, cols_e,
-                [&](int64_t i0, int64_t R) { return std::pair<int64_t, int64_t>(0, seen(i0, R)); });
       }
     }
   });

@@ -1,7 +1,7 @@
 // Scaled-dot-product attention of short sequences in fp32, forward and backward, each head's
 // whole score matrix held in cache (small_attention.cpp). CPU's flash kernel tiles for long
 // sequences and calls a GEMM per 32-query block; at the sequence lengths of small models (a
-// few hundred keys) those calls and its full-width causal blocks cost 2-3x this kernel's time.
+// few hundred keys) those calls and its full-width causal blocks cost 1.5-3x this kernel's time.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,7 +16,8 @@ bool available();
 void set_enabled(bool enabled);
 
 // Whether forward and backward take these operands and are faster than CPU's flash kernel:
-// fp32 q (B, H, L, E), k and v (B, H, S, E), one head count, unit stride along E, no mask,
+// fp32 q (B, H, L, E), k and v (B, Hk, S, E) with H a multiple of Hk (grouped-query attention:
+// query head h reads key/value head h / (H / Hk)), unit stride along E, no mask,
 // 16 <= L, S <= 512 causal or 256 not, E <= 128, an AVX-512 host.
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
              bool is_causal);
@@ -26,7 +27,8 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
 void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
              const at::Tensor& v, bool is_causal, double scale);
 
-// The gradients of q, k and v (overwritten) from the forward's out and lse.
+// The gradients of q, k and v (overwritten; k's and v's summed over their query heads) from the
+// forward's out and lse.
 void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& go,
               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse, bool is_causal, double scale);

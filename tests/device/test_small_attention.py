@@ -72,6 +72,20 @@ def test_forward_and_backward_match_float64_within_fp32_rounding(shape, causal, 
     close_to_float64(attention("neuron", q, k, v, grad, is_causal=causal), q, k, v, grad, is_causal=causal)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 1), (8, 4)], ids=["4_of_2", "6_of_1", "8_of_4"])
+def test_grouped_query_attention(heads, causal):
+    # Hugging Face's Llama, Qwen and Mistral pass enable_gqa: query head h reads key/value head
+    # h / (H / Hk), and the key/value gradients sum over their group's query heads.
+    H, Hk = heads
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 80, H, 16, generator=g).transpose(1, 2)
+    k, v = (torch.randn(2, 80, Hk, 16, generator=g).transpose(1, 2) for _ in range(2))
+    grad = torch.randn(2, H, 80, 16, generator=g)
+    close_to_float64(attention("neuron", q, k, v, grad, is_causal=causal, enable_gqa=True), q, k, v, grad,
+                     is_causal=causal, enable_gqa=True)
+
+
 def test_causal_attention_of_512_keys_runs_the_kernel():
     q, k, v, grad = inputs(1, 2, 520, 512, 16)
     got = attention("neuron", q, k, v, grad, is_causal=True)
