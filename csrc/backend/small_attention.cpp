@@ -4,9 +4,9 @@
 // x up to 64 columns, AVX-512) computes all five GEMMs of forward and backward. Causal attention
 // skips what the mask removes at 4-row granularity: a row block computes keys up to its last
 // query, and the key-side products (dK, dV) start at the first query that sees the block.
-// Heads are independent tasks, so the results do not depend on the thread count. CPU's flash
-// kernel computes the same sums in another order: results differ from it by fp32 rounding
-// (docs/architecture.md, *Precision*).
+// Tasks (a head's query tile forward, a key/value head's group backward) are independent, so the
+// results do not depend on the thread count. CPU's flash kernel computes the same sums in another
+// order: results differ from it by fp32 rounding (docs/architecture.md, *Precision*).
 #include "small_attention.h"
 
 #include <ATen/Parallel.h>
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <new>
 #include <utility>
 
 #include "cpu_features.h"
