@@ -14,7 +14,6 @@
 // _scaled_dot_product_flash_attention_for_cpu (and backward) gets the same treatment.
 #include "cpu_stub.h"  // before DispatchStub.h: CPU's flash attention stubs are called below
 #include <ATen/native/DispatchStub.h>
-#include <cmath>
 #include <ATen/OpMathType.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/native/transformers/attention.h>
@@ -28,6 +27,8 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/library.h>
+
+#include <cmath>
 
 #include "enqueue.h"
 #include "gemm.h"
@@ -83,6 +84,12 @@ bool small(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double
   return dropout_p == 0.0 && small_attention::applies(q, k, v, mask, is_causal);
 }
 
+// The backward's kernel also needs fp32 grad_out and out (it reads them as fp32 rows).
+bool small_backward(const at::Tensor& go, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& o, double dropout_p, const std::optional<at::Tensor>& mask, bool is_causal) {
+  return small(q, k, v, dropout_p, mask, is_causal) && go.scalar_type() == at::kFloat && o.scalar_type() == at::kFloat;
+}
+
 // CPU's flash op, or small_attention's kernel with its results laid out as the op lays them out:
 // the output like q (empty_like), the logsumexp (B, L, H) viewed (B, H, L).
 std::tuple<at::Tensor, at::Tensor> host_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -104,8 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> host_backward(
     const at::Tensor& go, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
     const at::Tensor& lse, double dropout_p, bool is_causal, const std::optional<at::Tensor>& mask,
     std::optional<double> scale) {
-  if (small(q, k, v, dropout_p, mask, is_causal) && go.scalar_type() == at::kFloat &&
-      o.scalar_type() == at::kFloat) {
+  if (small_backward(go, q, k, v, o, dropout_p, mask, is_causal)) {
     auto bhle = [](const at::Tensor& t) {
       return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2);
     };
@@ -177,7 +183,7 @@ void flash_backward_into(const at::Tensor& gq, const at::Tensor& gk, const at::T
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                          const at::Tensor& lse, bool is_causal, const std::optional<at::Tensor>& mask,
                          std::optional<double> scale) {
-  if (small(q, k, v, 0.0, mask, is_causal) && go.scalar_type() == at::kFloat && o.scalar_type() == at::kFloat) {
+  if (small_backward(go, q, k, v, o, 0.0, mask, is_causal)) {
     small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, is_causal, scale_of(q, scale));
     return;
   }

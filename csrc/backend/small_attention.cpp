@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "cpu_features.h"
+#include "half_vec.h"
 
 // Exported by libtorch_cpu (ATen's vectorized log calls it); declared here because sleef.h
 // declares it only when the whole file is compiled for AVX-512.
@@ -28,6 +29,8 @@ extern "C" __m512 Sleef_logf16_u10(__m512);
 
 namespace torchneuron::small_attention {
 namespace {
+
+using half_vec::lanes;
 
 constexpr int64_t kMaxKeys = 512;
 constexpr int64_t kMaxDim = 128;
@@ -126,18 +129,13 @@ void product(int64_t M, const float* a, int64_t sai, int64_t sak, const float* b
     const int64_t K = std::max<int64_t>(hi - lo, 0);
     if (K == 0 && acc) continue;
     for (int64_t n0 = 0; n0 < N; n0 += 64) {
-      const int64_t w = std::min<int64_t>(64, N - n0);
-      const __mmask16 tail = (w % 16) != 0 ? __mmask16((1u << (w % 16)) - 1) : __mmask16(0xFFFF);
-      pick(R, (w + 15) / 16)(a + i0 * sai + lo * sak, sai, sak, b + lo * sbk + n0, sbk, c + i0 * sci + n0, sci, K,
-                             tail, acc);
+      const int64_t w = std::min<int64_t>(64, N - n0), V = (w + 15) / 16;
+      pick(R, V)(a + i0 * sai + lo * sak, sai, sak, b + lo * sbk + n0, sbk, c + i0 * sci + n0, sci, K,
+                 lanes(16 * (V - 1), w), acc);
     }
   }
 }
 
-__attribute__((target("avx512f"))) inline __mmask16 lanes(int64_t j, int64_t n) {
-  const int64_t left = n - j;
-  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-}
 
 // r[i] = column i of the 16 x 16 block whose rows were r[0..15].
 __attribute__((target("avx512f"))) void transpose16(__m512* r) {
@@ -198,7 +196,7 @@ __attribute__((target("avx512f"))) inline void zero_tail(float* x, int64_t n, in
 }
 
 // exp of 16 values, inline (SLEEF's call was a quarter of the forward): x = n ln2 + r with
-// |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial, scaled by 2^n. Within 0.91 ULP of
+// |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial, scaled by 2^n. Within 0.94 ULP of
 // the exact value over [-104, 1] (every float there checked against double exp; 99.7 %
 // correctly rounded), 0 below, NaN for NaN. The softmax's arguments are <= 0, the
 // backward's exceed 0 only by rounding.
