@@ -13,8 +13,10 @@
 - Scaled-dot-product attention of short sequences in fp32 (and fp16, through exact fp32 copies)
   runs csrc/backend/small_attention.cpp on AVX-512 hosts, where CPU runs its flash kernel:
   forward and backward (gradients of q, k and v), q, k and v as nn attention's views of one
-  projection. Target <= 0.8 for the causal cases (the demo GPT's shape among them); without a
-  mask reported (about 0.8-0.9: no masked work to skip).
+  projection. Target <= 0.8 for the causal cases (the demo GPT's shape among them) and a padded
+  batch (Hugging Face's causal mask with padding, a boolean attn_mask: the kernel reads the mask
+  and skips each row's masked tail); without a mask reported (about 0.8-0.9: no masked work to
+  skip).
 
 Times per call with the default intra-op threads; ratio neuron / CPU, median and [min-max] over
 interleaved rounds.
@@ -54,14 +56,20 @@ def cases(device: str) -> dict:
         g = torch.randn(tokens, dim, device=device, dtype=dt)
         out[f"embedding grad {rows}x{dim} {str(dt).removeprefix('torch.')}, {tokens} tokens"] = (
             lambda g=g, idx=idx, rows=rows: torch.ops.aten.embedding_dense_backward(g, idx, rows, -1, False))
-    for B, H, L, E, causal, dt in ((16, 4, 64, 32, True, torch.float32), (4, 8, 256, 64, True, torch.float32),
-                                   (8, 8, 128, 64, False, torch.float32), (4, 8, 256, 64, True, torch.float16)):
+    for B, H, L, E, kind, dt in ((16, 4, 64, 32, "causal", torch.float32), (4, 8, 256, 64, "causal", torch.float32),
+                                 (8, 8, 128, 64, "full", torch.float32), (4, 8, 256, 64, "causal", torch.float16),
+                                 (4, 8, 128, 64, "padded", torch.float32)):
         x = torch.randn(B, L, 3 * H * E, device=device, dtype=dt)
         q, k, v = (t.view(B, L, H, E).transpose(1, 2).detach().requires_grad_() for t in x.split(H * E, -1))
         g = torch.randn(B, H, L, E, device=device, dtype=dt)
-        out[f"attention {B}x{H}x{L}x{E} {'causal' if causal else 'full'} {str(dt).removeprefix('torch.')}"] = (
-            lambda q=q, k=k, v=v, g=g, causal=causal: torch.autograd.grad(
-                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], g))
+        mask = None
+        if kind == "padded":  # sequence b keeps L - 16 b tokens, as a padded batch of a tokenizer
+            keep = torch.arange(L)[None, :] < (L - 16 * torch.arange(B))[:, None]
+            mask = (torch.ones(L, L, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]).to(device)
+        out[f"attention {B}x{H}x{L}x{E} {kind} {str(dt).removeprefix('torch.')}"] = (
+            lambda q=q, k=k, v=v, g=g, causal=kind == "causal", mask=mask: torch.autograd.grad(
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal),
+                [q, k, v], g))
     return out
 
 

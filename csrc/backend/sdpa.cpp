@@ -99,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> host_forward(const at::Tensor& q, const at::T
     at::Tensor out = at::empty_like(q);
     if (out.stride(3) == 1) {
       at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options()).transpose(1, 2);
-      small_attention::forward(out, lse, q, k, v, is_causal, scale_of(q, scale));
+      small_attention::forward(out, lse, q, k, v, mask, is_causal, scale_of(q, scale));
       return {out, lse};
     }
   }
@@ -116,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> host_backward(
       return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2);
     };
     at::Tensor gq = bhle(q), gk = bhle(k), gv = bhle(v);
-    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, is_causal, scale_of(q, scale));
+    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, mask, is_causal, scale_of(q, scale));
     return {gq, gk, gv};
   }
   return at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, o, lse, dropout_p, is_causal, mask,
@@ -170,7 +170,7 @@ void flash_forward_into(const at::Tensor& out, const at::Tensor& lse, const at::
                         const at::Tensor& v, bool is_causal, const std::optional<at::Tensor>& mask,
                         std::optional<double> scale) {
   if (small(q, k, v, 0.0, mask, is_causal)) {
-    small_attention::forward(out, lse, q, k, v, is_causal, scale_of(q, scale));
+    small_attention::forward(out, lse, q, k, v, mask, is_causal, scale_of(q, scale));
     return;
   }
   at::native::flash_attention_kernel(c10::kCPU, out.transpose(1, 2), lse.transpose(1, 2), q, k, v, 0.0, is_causal,
@@ -184,7 +184,7 @@ void flash_backward_into(const at::Tensor& gq, const at::Tensor& gk, const at::T
                          const at::Tensor& lse, bool is_causal, const std::optional<at::Tensor>& mask,
                          std::optional<double> scale) {
   if (small_backward(go, q, k, v, o, 0.0, mask, is_causal)) {
-    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, is_causal, scale_of(q, scale));
+    small_attention::backward(gq, gk, gv, go, q, k, v, o, lse, mask, is_causal, scale_of(q, scale));
     return;
   }
   at::Tensor gq_t = gq.transpose(1, 2), gk_t = gk.transpose(1, 2), gv_t = gv.transpose(1, 2);

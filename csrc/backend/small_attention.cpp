@@ -1,14 +1,16 @@
 // Attention of short sequences in fp32 (small_attention.h). Per head, the scores of a tile of up
 // to 64 queries against all (at most 512) keys stay in a per-thread buffer, so softmax and the
 // products around it need no online rescaling, and one register-blocked product kernel (4 rows
-// x up to 64 columns, AVX-512) computes all five GEMMs of forward and backward. Causal attention
-// skips what the mask removes at 4-row granularity: a row block computes keys up to its last
-// query, and the key-side products (dK, dV) start at the first query that sees the block.
+// x up to 64 columns, AVX-512) computes all five GEMMs of forward and backward. Each query row
+// computes keys up to a limit: causal attention's own, or an additive mask's last value above
+// -inf (a causal or padding mask's tail costs nothing); a 4-row block computes up to its rows'
+// largest limit, and the key-side products (dK, dV) start at the first query that sees a key.
 // Tasks (a head's query tile forward, a key/value head's group backward) are independent, so the
 // results do not depend on the thread count. CPU's flash kernel computes the same sums in another
 // order: results differ from it by fp32 rounding (docs/architecture.md, *Precision*).
 #include "small_attention.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -197,9 +199,9 @@ __attribute__((target("avx512f"))) inline void zero_tail(float* x, int64_t n, in
 
 // exp of 16 values, inline (SLEEF's call was a quarter of the forward): x = n ln2 + r with
 // |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial, scaled by 2^n. Within 0.94 ULP of
-// the exact value over [-104, 1] (every float there checked against double exp; 99.7 %
-// correctly rounded), 0 below, NaN for NaN. The softmax's arguments are <= 0, the
-// backward's exceed 0 only by rounding.
+// the exact value over [-87.33, 1] (every float of [-104, 1] checked against double exp; 99.7 %
+// correctly rounded), 0 below (no subnormal results), NaN for NaN. The softmax's arguments
+// are <= 0, the backward's exceed 0 only by rounding.
 __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));  // NaN stays
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -215,7 +217,9 @@ __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  // Results below FLT_MIN (x < -87.33) are 0: a subnormal result costs a microcode assist per
+  // lane, and masked scores (-inf) all land there (a random mask made the kernel 2-3x slower).
+  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_NLT_UQ), p, n);
 }
 
 // Lane i of the result: the sum (or max) of r[i]'s 16 lanes, for 16 rows at once (one
@@ -233,22 +237,25 @@ __attribute__((target("avx512f"))) __m512 row_maxes(__m512* r) {
   return s;
 }
 
-// Query rows [0, m) (m <= 16) of a score tile, row r at s + r * ld seeing keys [0, seen(r)):
-// in place, t = s * scale and p = exp(t - max) over those, zeros over the rest up to `width`;
-// each row's max and sum of p to maxes[r] and sums[r].
-template <class Seen>
-__attribute__((target("avx512f"))) void softmax_rows(float* s, int64_t ld, int64_t m, Seen seen, int64_t width,
-                                                     float scale, float* maxes, float* sums) {
+// Query rows [0, m) (m <= 16) of a score tile, row r at s + r * ld seeing keys [0, lim[r]), with
+// the additive mask rows mask[r] (or none): in place, t = s * scale + mask and p = exp(t - max)
+// over those, zeros over the rest up to `width`; each row's max and sum of p to maxes[r] and
+// sums[r]. A row whose keys are all masked has lim[r] = 0: max -inf, no p, sum 0.
+__attribute__((target("avx512f"))) void softmax_rows(float* s, int64_t ld, int64_t m, const int64_t* lim,
+                                                     const float* const* mask, int64_t width, float scale,
+                                                     float* maxes, float* sums) {
   const __m512 sc = _mm512_set1_ps(scale);
   __m512 acc[16];
   for (int64_t r = 0; r < 16; ++r) {
     acc[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     if (r >= m) continue;
     float* row = s + r * ld;
-    const int64_t n = seen(r);
+    const float* mr = mask[r];
+    const int64_t n = lim[r];
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 k = lanes(j, n);
-      const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), sc);
+      const __m512 x = _mm512_maskz_loadu_ps(k, row + j);
+      const __m512 t = mr == nullptr ? _mm512_mul_ps(x, sc) : _mm512_fmadd_ps(x, sc, _mm512_maskz_loadu_ps(k, mr + j));
       _mm512_mask_storeu_ps(row + j, k, t);
       acc[r] = _mm512_mask_max_ps(acc[r], k, acc[r], t);
     }
@@ -258,7 +265,7 @@ __attribute__((target("avx512f"))) void softmax_rows(float* s, int64_t ld, int64
     acc[r] = _mm512_setzero_ps();
     if (r >= m) continue;
     float* row = s + r * ld;
-    const int64_t n = seen(r);
+    const int64_t n = lim[r];
     const __m512 mv = _mm512_set1_ps(maxes[r]);
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 k = lanes(j, n);
@@ -271,13 +278,16 @@ __attribute__((target("avx512f"))) void softmax_rows(float* s, int64_t ld, int64
   _mm512_mask_storeu_ps(sums, lanes(0, m), row_sums(acc));
 }
 
-// The backward's probabilities from the forward's log-sum-exp: p = exp(s * scale - lse) over
-// [0, n), zeros over [n, width).
-__attribute__((target("avx512f"))) void probabilities_row(float* s, int64_t n, int64_t width, float scale, float lse) {
+// The backward's probabilities from the forward's log-sum-exp: p = exp(s * scale + mask - lse)
+// over [0, n), zeros over [n, width).
+__attribute__((target("avx512f"))) void probabilities_row(float* s, int64_t n, int64_t width, float scale, float lse,
+                                                          const float* mask) {
   const __m512 sc = _mm512_set1_ps(scale), l = _mm512_set1_ps(lse);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lanes(j, n);
-    const __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), sc, l);
+    const __m512 x = _mm512_maskz_loadu_ps(m, s + j);
+    const __m512 t = mask == nullptr ? _mm512_fmsub_ps(x, sc, l)
+                                     : _mm512_sub_ps(_mm512_fmadd_ps(x, sc, _mm512_maskz_loadu_ps(m, mask + j)), l);
     _mm512_mask_storeu_ps(s + j, m, exp16(t));
   }
   zero_tail(s, n, width);
@@ -298,13 +308,17 @@ __attribute__((target("avx512f"))) void score_grad_row(float* ds, const float* p
 }
 
 // The tile's log-sum-exp (max + log(sum), stored with stride `ls`) and, in place of each sum,
-// its reciprocal (the output rows' factor), 16 rows at a time.
+// its reciprocal (the output rows' factor), 16 rows at a time. A row whose keys are all masked
+// (max -inf, sum 0) gets CPU's log-sum-exp, 0, and factor 1 (its output row is already 0).
 __attribute__((target("avx512f"))) void finish_rows(float* lse, int64_t ls, float* sums, const float* maxes,
                                                     int64_t M) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t r = 0; r < M; r += 16) {
     const __mmask16 m = lanes(r, M);
-    const __m512 sum = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, sums + r);
-    const __m512 l = _mm512_add_ps(_mm512_maskz_loadu_ps(m, maxes + r), Sleef_logf16_u10(sum));
+    const __m512 mx = _mm512_maskz_loadu_ps(m, maxes + r);
+    const __mmask16 live = _mm512_mask_cmp_ps_mask(m, mx, ninf, _CMP_NEQ_UQ);
+    const __m512 sum = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, sums + r);
+    const __m512 l = _mm512_maskz_add_ps(live, mx, Sleef_logf16_u10(sum));
     alignas(64) float out[16];
     _mm512_store_ps(out, l);
     for (int64_t i = 0; i < 16 && r + i < M; ++i) lse[(r + i) * ls] = out[i];
@@ -345,9 +359,63 @@ Rows head_rows(const at::Tensor& t, int64_t b, int64_t h) {
   return {t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
 }
 
-// A row block [i0, i0 + R) of a query tile starting at `first`: the keys its last query sees.
-int64_t keys_seen(bool causal, int64_t first, int64_t i0, int64_t R, int64_t S) {
-  return causal ? std::min(first + i0 + R, S) : S;
+// An additive mask's rows for one (batch, head): row i's values at base + i * row, unit stride
+// along the keys (an SDPA mask broadcasts: its expanded view gives size-1 dims stride 0).
+struct MaskRows {
+  const float* base = nullptr;  // none: no mask
+  int64_t row = 0;
+  const float* at(int64_t i) const { return base == nullptr ? nullptr : base + i * row; }
+};
+
+// mask (any of SDPA's broadcastable shapes) viewed (B, H, L, S), or undefined.
+at::Tensor mask_view(const std::optional<at::Tensor>& mask, const at::Tensor& q, int64_t S) {
+  if (!mask.has_value() || !mask->defined()) return {};
+  return mask->expand({q.size(0), q.size(1), q.size(2), S});
+}
+
+MaskRows mask_rows(const at::Tensor& m, int64_t b, int64_t h) {
+  if (!m.defined()) return {};
+  return {m.data_ptr<float>() + b * m.stride(0) + h * m.stride(1), m.stride(2)};
+}
+
+// 1 + the index of the last of m[0, n) above -inf (NaN counts: it must reach the output), else 0.
+__attribute__((target("avx512f"))) int64_t last_seen(const float* m, int64_t n) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = ((n - 1) / 16) * 16; n > 0 && j >= 0; j -= 16) {
+    const __mmask16 k = lanes(j, n);
+    const unsigned f = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, m + j), ninf, _CMP_NEQ_UQ);
+    if (f != 0) return j + 32 - __builtin_clz(f);
+  }
+  return 0;
+}
+
+// lim[r] for the rows of the query tile [first, first + M): every key row first + r attends to
+// is below it (causal: keys up to the query; a mask: up to its last value above -inf). Returns
+// the largest.
+int64_t tile_limits(int64_t* lim, bool causal, const MaskRows& mask, int64_t first, int64_t M, int64_t S) {
+  int64_t widest = 0;
+  for (int64_t r = 0; r < M; ++r) {
+    int64_t n = causal ? std::min(first + r + 1, S) : S;
+    if (mask.base != nullptr) n = last_seen(mask.at(first + r), n);
+    lim[r] = n;
+    widest = std::max(widest, n);
+  }
+  return widest;
+}
+
+// The keys a row block [i0, i0 + R) computes: its rows' largest limit.
+int64_t block_limit(const int64_t* lim, int64_t i0, int64_t R) {
+  int64_t n = 0;
+  for (int64_t r = i0; r < i0 + R; ++r) n = std::max(n, lim[r]);
+  return n;
+}
+
+// The first of the tile's M rows that sees key j (M if none): where the key-side products of
+// key rows from j start (rows that see none of a key block's keys hold zeros there).
+int64_t first_seeing(const int64_t* lim, int64_t j, int64_t M) {
+  int64_t r = 0;
+  while (r < M && lim[r] <= j) ++r;
+  return r;
 }
 
 std::atomic<bool> g_enabled{true};
@@ -360,7 +428,7 @@ void set_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_rela
 
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
              bool is_causal) {
-  if (!available() || (mask.has_value() && mask->defined())) return false;
+  if (!available()) return false;
   if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.device() != k.device() || q.device() != v.device()) {
     return false;
@@ -373,19 +441,31 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
         v.stride(3) == 1)) {
     return false;
   }
+  const bool masked = mask.has_value() && mask->defined();
+  if (masked) {
+    // An additive fp32 mask of the shapes CPU's flash kernel takes ((L, S) or 4-d, each dim
+    // broadcast or full), its keys unit-strided (the rows are read as vectors).
+    const at::Tensor& m = *mask;
+    if (m.scalar_type() != at::kFloat || m.device() != q.device() || !(m.dim() == 2 || m.dim() == 4) ||
+        m.size(-1) != S || (S > 1 && m.stride(-1) != 1) || !at::is_expandable_to(m.sizes(), {B, H, L, S})) {
+      return false;
+    }
+  }
   // Where it was measured faster than CPU's flash kernel (docs/benchmarks.md): at least 16
   // queries (below, a row's packed keys cost more than its products), up to 512 keys causal or
-  // 256 without a mask (beyond, CPU's kernel is as fast). The backward's only parallelism is
-  // over heads, as CPU's; the choice never depends on the thread count (nor do the results).
+  // 256 otherwise, masked or not (beyond, CPU's kernel is as fast). The backward's only
+  // parallelism is over heads, as CPU's; the choice never depends on the thread count (nor do
+  // the results).
   return L >= 16 && S >= 1 && S <= (is_causal ? kMaxKeys : kMaxKeys / 2);
 }
 
 void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
-             const at::Tensor& v, bool is_causal, double scale) {
+             const at::Tensor& v, const std::optional<at::Tensor>& mask, bool is_causal, double scale) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2), Sp = pad16(S);
   const int64_t group = H / k.size(1);  // query heads per key/value head
   const float sc = static_cast<float>(scale);
   float* lse_base = lse.data_ptr<float>();
+  const at::Tensor m = mask_view(mask, q, S);
   // Tasks are (head, query tile): a single head of a long sequence still uses every thread. A
   // thread's tasks are consecutive, so it packs a key head once for all its tiles (and for the
   // query heads of its group).
@@ -395,24 +475,27 @@ void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, 
     float* p = kt + E * Sp;
     float* sums = p + kTile * Sp;
     float* maxes = sums + kTile;
+    int64_t lim[kTile];
+    const float* mrows[kTile];
     int64_t packed = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / tiles, first = (task % tiles) * kTile, b = bh / H, h = bh % H, hk = h / group;
       const Rows Q = head_rows(q, b, h), K = head_rows(k, b, hk), V = head_rows(v, b, hk), O = head_rows(out, b, h);
+      const MaskRows mk = mask_rows(m, b, h);
       float* lse_h = lse_base + b * lse.stride(0) + h * lse.stride(1);
       const int64_t M = std::min(kTile, L - first);
-      const int64_t kmax = keys_seen(is_causal, first, 0, M, S);
+      const int64_t kmax = tile_limits(lim, is_causal, mk, first, M, S);
+      for (int64_t r = 0; r < M; ++r) mrows[r] = mk.at(first + r);
       if (packed != bh / group) {
         pack_transposed(kt, Sp, K.base, K.row, S, E);
         packed = bh / group;
       }
-      const auto seen = [&](int64_t i0, int64_t R) { return keys_seen(is_causal, first, i0, R, S); };
+      const auto seen = [&](int64_t i0, int64_t R) { return block_limit(lim, i0, R); };
       product(M, Q.at(first), Q.row, 1, kt, Sp, p, Sp, false, seen,
               [&](int64_t, int64_t) { return std::pair<int64_t, int64_t>(0, E); });
       for (int64_t r0 = 0; r0 < M; r0 += 16) {
-        softmax_rows(p + r0 * Sp, Sp, std::min<int64_t>(16, M - r0),
-                     [&](int64_t r) { return is_causal ? std::min(first + r0 + r + 1, S) : S; }, kmax, sc,
-                     maxes + r0, sums + r0);
+        softmax_rows(p + r0 * Sp, Sp, std::min<int64_t>(16, M - r0), lim + r0, mrows + r0, kmax, sc, maxes + r0,
+                     sums + r0);
       }
       finish_rows(lse_h + first * lse.stride(2), lse.stride(2), sums, maxes, M);
       product(M, p, Sp, 1, V.base, V.row, O.at(first), O.row, false, [&](int64_t, int64_t) { return E; },
@@ -424,7 +507,7 @@ void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, 
 
 void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, const at::Tensor& go_in,
               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out_in,
-              const at::Tensor& lse_in, bool is_causal, double scale) {
+              const at::Tensor& lse_in, const std::optional<at::Tensor>& mask, bool is_causal, double scale) {
   // grad_out may come expanded (a sum's backward) and out in any layout: rows must be contiguous.
   const at::Tensor go = go_in.stride(3) == 1 ? go_in : go_in.contiguous();
   const at::Tensor out = out_in.stride(3) == 1 ? out_in : out_in.contiguous();
@@ -432,6 +515,7 @@ void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, 
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2), Sp = pad16(S);
   const float sc = static_cast<float>(scale);
   const float* lse_base = lse.data_ptr<float>();
+  const at::Tensor m = mask_view(mask, q, S);
   // Tasks are key/value heads (their gradients sum over the tiles of every query head of the
   // group), as CPU's backward parallelizes over heads.
   const int64_t Hk = k.size(1), group = H / Hk;
@@ -441,28 +525,32 @@ void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, 
     float* p = vt + E * Sp;
     float* ds = p + kTile * Sp;
     float* d = ds + kTile * Sp;
+    int64_t lim[kTile];
     for (int64_t bhk = begin; bhk < end; ++bhk) {
       const int64_t b = bhk / Hk, hk = bhk % Hk;
       const Rows K = head_rows(k, b, hk), V = head_rows(v, b, hk), dK = head_rows(gk, b, hk), dV = head_rows(gv, b, hk);
       pack_transposed(kt, Sp, K.base, K.row, S, E);
       pack_transposed(vt, Sp, V.base, V.row, S, E);
-      // The group's first tile writes the key gradients it sees (every key row below its widest
-      // row's count gets a product: the first query sees key 0, and so on); the rest add theirs.
-      const int64_t written = keys_seen(is_causal, 0, 0, std::min(kTile, L), S);
+      // The group's first tile (its first head's) writes the key gradients below its widest
+      // row's limit (each such key row gets a product, zeros where no query sees it); the rest
+      // add theirs.
+      const int64_t written =
+          tile_limits(lim, is_causal, mask_rows(m, b, hk * group), 0, std::min(kTile, L), S);
       zero_rows(dK.at(written), dK.row, S - written, E);
       zero_rows(dV.at(written), dV.row, S - written, E);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const Rows Q = head_rows(q, b, h), O = head_rows(out, b, h), dO = head_rows(go, b, h), dQ = head_rows(gq, b, h);
+        const MaskRows mk = mask_rows(m, b, h);
         const float* lse_h = lse_base + b * lse.stride(0) + h * lse.stride(1);
         for (int64_t first = 0; first < L; first += kTile) {
           const int64_t M = std::min(kTile, L - first);
-          const int64_t kmax = keys_seen(is_causal, first, 0, M, S);
+          const int64_t kmax = tile_limits(lim, is_causal, mk, first, M, S);
           const bool add = first > 0 || h > hk * group;
-          const auto seen = [&](int64_t i0, int64_t R) { return keys_seen(is_causal, first, i0, R, S); };
+          const auto seen = [&](int64_t i0, int64_t R) { return block_limit(lim, i0, R); };
           const auto all_e = [&](int64_t, int64_t) { return std::pair<int64_t, int64_t>(0, E); };
-          // Key rows [j0, j0 + R) are seen by the tile's queries from first + r on, r >= j0 - first.
+          // Key rows [j0, j0 + R) are seen by the tile's queries from the first that sees j0 on.
           const auto seeing = [&](int64_t j0, int64_t) {
-            return std::pair<int64_t, int64_t>(is_causal ? std::max<int64_t>(0, j0 - first) : 0, M);
+            return std::pair<int64_t, int64_t>(first_seeing(lim, j0, M), M);
           };
           product(M, Q.at(first), Q.row, 1, kt, Sp, p, Sp, false, seen, all_e);
           product(M, dO.at(first), dO.row, 1, vt, Sp, ds, Sp, false, seen, all_e);
@@ -470,9 +558,9 @@ void backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, 
             row_dots(d + r0, dO.at(first + r0), dO.row, O.at(first + r0), O.row, std::min<int64_t>(16, M - r0), E);
           }
           for (int64_t r = 0; r < M; ++r) {
-            const int64_t i = first + r, n = is_causal ? std::min(i + 1, S) : S;
-            probabilities_row(p + r * Sp, n, kmax, sc, lse_h[i * lse.stride(2)]);
-            score_grad_row(ds + r * Sp, p + r * Sp, n, kmax, d[r], sc);
+            const int64_t i = first + r;
+            probabilities_row(p + r * Sp, lim[r], kmax, sc, lse_h[i * lse.stride(2)], mk.at(i));
+            score_grad_row(ds + r * Sp, p + r * Sp, lim[r], kmax, d[r], sc);
           }
           const auto cols_e = [&](int64_t, int64_t) { return E; };
           // dV += P^T dO and dK += dS^T Q over the keys this tile sees.
