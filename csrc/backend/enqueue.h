@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Tensor.h>
 #include <ATen/ops/empty_like.h>
@@ -256,8 +257,18 @@ inline std::vector<int64_t> strides_for(c10::IntArrayRef sizes, at::MemoryFormat
 
 // The strides of a tensor of t's sizes in t's suggested memory format (channels-last or
 // contiguous): what CPU's norm kernels give their results (empty_like(t, suggest_memory_format)).
+// Computed here: empty_like on a meta tensor runs torch's Python meta function once Python meta
+// registrations are loaded (tens of microseconds a call).
 inline std::vector<int64_t> suggested_strides(const at::Tensor& t) {
-  return ::at::empty_like(meta_like(t), t.suggest_memory_format()).strides().vec();
+  return strides_for(t.sizes(), t.suggest_memory_format());
+}
+
+// The strides empty_like(t) gives (memory format preserved): t's own if t is dense and
+// non-overlapping, else dense strides in t's stride order (ATen's empty_like, in C++ for the
+// reason above).
+inline std::vector<int64_t> preserved_strides(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return t.strides().vec();
+  return ::at::infer_dense_strides(t.sizes(), t.strides());
 }
 
 // A queued kernel's result from CPU's functional kernel, copied into the result allocated at the

@@ -456,7 +456,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
 std::vector<int64_t> queueable_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const std::optional<at::Tensor>& mask, double dropout_p) {
   if (dropout_p != 0.0 || !queueable_attention(q, k, v, mask) || q.numel() == 0 || q.size(3) != v.size(3)) return {};
-  std::vector<int64_t> strides = at::empty_like(meta_like(q)).strides().vec();
+  std::vector<int64_t> strides = preserved_strides(q);
   if (strides[3] != 1) return {};
   return strides;
 }
