@@ -261,6 +261,12 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t cpu_choice = at::_ops::_fused_sdp_choice::redispatch(
       c10::DispatchKeySet(c10::DispatchKey::CPU), aliased(q), aliased(k), aliased(v), m, dropout_p,
       is_causal, scale, enable_gqa);
+  // CPU's flash kernel reads a float32 mask of float64 attention as float64 data (torch 2.13: the
+  // output off by O(1), silently); its math path promotes the mask. Neuron takes the math path.
+  if (cpu_choice == static_cast<int64_t>(sdp::SDPBackend::flash_attention) && m.has_value() &&
+      q.scalar_type() == at::kDouble && m->is_floating_point() && m->scalar_type() != at::kDouble) {
+    return static_cast<int64_t>(sdp::SDPBackend::math);
+  }
   const bool same_heads = q.dim() < 3 || k.dim() < 3 || q.size(-3) == k.size(-3);
   if (cpu_choice == static_cast<int64_t>(sdp::SDPBackend::flash_attention) && dropout_p == 0.0 &&
       same_heads) {

@@ -84,3 +84,15 @@ def test_efficient_attention_alone_refuses_different_head_counts_as_cuda():
     q, k, v = _inputs()
     with pytest.raises(RuntimeError, match="viable backend|No available kernel"):
         _run(DEV, BACKENDS["efficient"], q, k[:, :1], v[:, :1], {})
+
+
+def test_float64_attention_with_a_float32_mask_adds_the_mask():
+    # CPU's flash kernel reads a float32 mask of float64 attention as float64 data (torch 2.13:
+    # outputs off by O(1), silently); neuron takes the math path there, which promotes the mask.
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 32, 8, generator=g, dtype=torch.float64)  # from 32 queries CPU's kernel errs
+    k, v = (torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(2, 1, 32, 40, generator=g)
+    got = F.scaled_dot_product_attention(*(t.to(DEV) for t in (q, k, v)), attn_mask=mask.to(DEV))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.double())
+    torch.testing.assert_close(got.cpu(), want)
