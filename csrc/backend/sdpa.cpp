@@ -147,6 +147,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
   return {round_to(gq, dt), round_to(gk, dt), round_to(gv, dt)};
 }
 
+// Whether CPU's flash kernel accepts the mask of 4-d q and k: none, or float32 or q's dtype, 2-d
+// (L, S) or 4-d, broadcastable to (B, H, L, S). Masks it rejects keep the synchronous path, where
+// CPU's checks raise at the call (queued, they raised at the next synchronization).
+bool mask_accepted(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& mask) {
+  if (!mask.has_value() || !mask->defined()) return true;
+  const at::Tensor& m = *mask;
+  return (m.scalar_type() == at::kFloat || m.scalar_type() == q.scalar_type()) && (m.dim() == 2 || m.dim() == 4) &&
+         at::is_expandable_to(m.sizes(), {q.size(0), q.size(1), q.size(2), k.size(2)});
+}
+
 // CPU's flash kernels (the stubs behind its functional ops) writing straight into results the
 // caller laid out: the functional ops take theirs from the host allocator (fresh pages for a
 // large one), and the queued kernels then copied them into the device's (per attention layer
@@ -159,9 +169,7 @@ bool direct_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       v.dim() != 4 || q.size(3) != v.size(3) || k.size(3) != v.size(3)) {
     return false;
   }
-  if (!mask.has_value() || !mask->defined()) return true;
-  return (mask->scalar_type() == at::kFloat || mask->scalar_type() == q.scalar_type()) &&
-         (mask->dim() == 2 || mask->dim() == 4);
+  return mask_accepted(q, k, mask);
 }
 
 // out (B, H, L, Ev) and lse (B, H, L) of any layout with unit stride in E, as CPU's
@@ -291,7 +299,8 @@ bool queueable_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
          (k.size(1) == q.size(1) || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)) && k.size(2) == v.size(2) &&
          q.size(3) == k.size(3) &&
          (!mask.has_value() || !mask->defined() || (mask->is_privateuseone() && mask->device() == q.device() &&
-                                                   mask->layout() == c10::kStrided));
+                                                   mask->layout() == c10::kStrided)) &&
+         mask_accepted(q, k, mask);
 }
 
 // (B, H, L, E) laid out as (B, L, H, E).
