@@ -58,7 +58,7 @@ def cases(device: str) -> dict:
             lambda g=g, idx=idx, rows=rows: torch.ops.aten.embedding_dense_backward(g, idx, rows, -1, False))
     for B, H, L, E, kind, dt in ((16, 4, 64, 32, "causal", torch.float32), (4, 8, 256, 64, "causal", torch.float32),
                                  (8, 8, 128, 64, "full", torch.float32), (4, 8, 256, 64, "causal", torch.float16),
-                                 (4, 8, 128, 64, "padded", torch.float32)):
+                                 (4, 8, 128, 64, "padded", torch.float32), (2, 8, 384, 64, "padded", torch.float32)):
         x = torch.randn(B, L, 3 * H * E, device=device, dtype=dt)
         q, k, v = (t.view(B, L, H, E).transpose(1, 2).detach().requires_grad_() for t in x.split(H * E, -1))
         g = torch.randn(B, H, L, E, device=device, dtype=dt)

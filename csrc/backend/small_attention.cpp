@@ -418,6 +418,21 @@ int64_t first_seeing(const int64_t* lim, int64_t j, int64_t M) {
   return r;
 }
 
+// The share of the L x S scores a mask (viewed (B, H, L, S)) leaves to compute: the rows' key
+// limits summed over the distinct (batch, head) slices, over L x S each. A causal mask with
+// padding leaves about half, a random one all of it.
+double masked_share(const at::Tensor& m, bool causal, int64_t S) {
+  const int64_t B = m.stride(0) == 0 ? 1 : m.size(0), H = m.stride(1) == 0 ? 1 : m.size(1), L = m.size(2);
+  int64_t work = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const MaskRows rows = mask_rows(m, b, h);
+      for (int64_t i = 0; i < L; ++i) work += last_seen(rows.at(i), causal ? std::min(i + 1, S) : S);
+    }
+  }
+  return static_cast<double>(work) / static_cast<double>(B * H * L * S);
+}
+
 std::atomic<bool> g_enabled{true};
 
 }  // namespace
@@ -456,7 +471,13 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // 256 otherwise, masked or not (beyond, CPU's kernel is as fast). The backward's only
   // parallelism is over heads, as CPU's; the choice never depends on the thread count (nor do
   // the results).
-  return L >= 16 && S >= 1 && S <= (is_causal ? kMaxKeys : kMaxKeys / 2);
+  if (L < 16 || S < 1 || S > kMaxKeys) return false;
+  if (is_causal || S <= kMaxKeys / 2) return true;
+  // From 257 to 512 keys a mask decides by its values (this runs where the kernel runs, once the
+  // mask is computed): a mask that leaves at most 60 % of the scores (a causal mask with
+  // padding, about half: 0.58x CPU's time) takes the kernel, a fuller one (a random mask:
+  // 1.0-1.07x) CPU's kernel. Forward and backward decide alike.
+  return masked && masked_share(mask_view(mask, q, S), false, S) <= 0.6;
 }
 
 void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,

@@ -19,7 +19,8 @@ void set_enabled(bool enabled);
 // fp32 q (B, H, L, E), k and v (B, Hk, S, E) with H a multiple of Hk (grouped-query attention:
 // query head h reads key/value head h / (H / Hk)), unit stride along E, an additive fp32 mask or
 // none (2-d (L, S) or 4-d, broadcast over any dim but the keys, unit stride along them),
-// 16 <= L, S <= 512 causal or 256 not, E <= 128, an AVX-512 host.
+// 16 <= L, S <= 512 causal or 256 not (to 512 with a mask that leaves at most 60 % of the
+// scores: its values are read, so call this where they are computed), E <= 128, an AVX-512 host.
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
              bool is_causal);
 

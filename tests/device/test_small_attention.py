@@ -1,6 +1,6 @@
 """fp32 attention of short sequences runs small_attention.cpp's kernel (sdpa.cpp routes it: at
-least 16 queries, up to 512 keys causal or 256 otherwise, head size up to 128, an additive mask or
-none, an AVX-512 host), forward and backward, eager, queued and synchronous; fp16 reaches it
+least 16 queries, up to 512 keys causal or 256 otherwise (512 with a mask leaving at most 60 % of
+the scores), head size up to 128, an additive mask or none, an AVX-512 host), forward and backward, eager, queued and synchronous; fp16 reaches it
 through its exact fp32 copies. It sums in another order than CPU's flash kernel, so the oracle is
 float64 attention (CPU math) within fp32 rounding; outside its domain neuron still gives CPU's
 bits, which pins the routing's limits.
@@ -157,6 +157,26 @@ def test_masked_attention_matches_float64_within_fp32_rounding(case):
     mask = make()
     got = attention("neuron", q, k, v, grad, attn_mask=mask.to("neuron"))
     close_to_float64(got, q, k, v, grad, attn_mask=mask if mask.dtype == torch.bool else mask.double())
+
+
+def test_beyond_256_keys_a_mask_leaving_half_the_scores_runs_the_kernel():
+    # From 257 to 512 keys the mask's values decide: a causal mask with padding leaves about half
+    # of the scores (the kernel skips each row's masked tail), so the kernel runs.
+    q, k, v, grad = inputs(2, 2, 300, 300, 16, layout="split_heads")
+    mask = causal_and_padding(2, 2, 300, 300)
+    got = attention("neuron", q, k, v, grad, attn_mask=mask.to("neuron"))
+    close_to_float64(got, q, k, v, grad, attn_mask=mask)
+    assert not any(torch.equal(a, b) for a, b in zip(got, attention("cpu", q, k, v, grad, attn_mask=mask)))
+
+
+def test_beyond_256_keys_a_full_mask_keeps_cpus_kernel():
+    # A mask that leaves more than 60 % of the scores (here 80 %, at random) is faster on CPU's
+    # kernel: CPU's bits.
+    q, k, v, grad = inputs(1, 2, 40, 300, 8)
+    mask = rand(40, 300) > -0.84
+    got, cpu = attention("neuron", q, k, v, grad, attn_mask=mask.to("neuron")), attention("cpu", q, k, v, grad, attn_mask=mask)
+    for a, b in zip(got, cpu):
+        assert torch.equal(a, b)
 
 
 def test_a_mask_runs_the_kernel(cpu_kernel_only):
