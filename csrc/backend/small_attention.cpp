@@ -418,16 +418,17 @@ int64_t first_seeing(const int64_t* lim, int64_t j, int64_t M) {
   return r;
 }
 
-// The share of the L x S scores a mask (viewed (B, H, L, S)) leaves to compute: the rows' key
-// limits summed over the distinct (batch, head) slices, over L x S each. A causal mask with
-// padding leaves about half, a random one all of it.
-double masked_share(const at::Tensor& m, bool causal, int64_t S) {
-  const int64_t B = m.stride(0) == 0 ? 1 : m.size(0), H = m.stride(1) == 0 ? 1 : m.size(1), L = m.size(2);
+// The share of the scores a mask (viewed (B, H, L, S)) leaves to compute without is_causal: the
+// rows' key limits summed over its distinct rows (a broadcast dim, stride 0, repeats its rows),
+// over S each. A causal mask with padding leaves about half, a random one all of it.
+double masked_share(const at::Tensor& m, int64_t S) {
+  const auto distinct = [&m](int d) { return m.stride(d) == 0 ? int64_t{1} : m.size(d); };
+  const int64_t B = distinct(0), H = distinct(1), L = distinct(2);
   int64_t work = 0;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const MaskRows rows = mask_rows(m, b, h);
-      for (int64_t i = 0; i < L; ++i) work += last_seen(rows.at(i), causal ? std::min(i + 1, S) : S);
+      for (int64_t i = 0; i < L; ++i) work += last_seen(rows.at(i), S);
     }
   }
   return static_cast<double>(work) / static_cast<double>(B * H * L * S);
@@ -477,7 +478,7 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   // mask is computed): a mask that leaves at most 60 % of the scores (a causal mask with
   // padding, about half: 0.58x CPU's time) takes the kernel, a fuller one (a random mask:
   // 1.0-1.07x) CPU's kernel. Forward and backward decide alike.
-  return masked && masked_share(mask_view(mask, q, S), false, S) <= 0.6;
+  return masked && masked_share(mask_view(mask, q, S), S) <= 0.6;
 }
 
 void forward(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q, const at::Tensor& k,
