@@ -12,6 +12,7 @@
 #include "backend/bf16_gemm.h"
 #include "backend/fp8.h"
 #include "backend/fusion.h"
+#include "backend/fusion_interpreter.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
 #include "backend/generator.h"
@@ -251,10 +252,12 @@ PYBIND11_MODULE(_C, m) {
     return py::dict(py::arg("enqueued") = s.enqueued, py::arg("executed") = s.executed,
                     py::arg("drains") = s.drains, py::arg("fused") = s.fused, py::arg("regions") = s.regions,
                     py::arg("kernels_compiled") = f.compiled, py::arg("kernels_failed") = f.failed,
-                    py::arg("kernels_requested") = f.requested, py::arg("tiled") = f.tiled, py::arg("gemm") = f.gemm);
+                    py::arg("kernels_requested") = f.requested, py::arg("tiled") = f.tiled, py::arg("gemm") = f.gemm,
+                    py::arg("interpreted") = f.interpreted);
   });
   // Adaptive Eager (backend/fusion.h; torchneuron/compile/eager_fusion.py compiles).
   m.def("_fusion_set_enabled", &torchneuron::fusion::set_enabled, py::arg("on"));
+  m.def("_fusion_interpreter_available", &torchneuron::fusion_interpreter::available);
   m.def("_fusion_enabled", &torchneuron::fusion::enabled);
   m.def("_fusion_set_tiles_enabled", &torchneuron::fusion::set_tiles_enabled, py::arg("on"));
   m.def("_fusion_tiles_enabled", &torchneuron::fusion::tiles_enabled);

@@ -409,6 +409,8 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
     TORCH_INTERNAL_ASSERT(i < originals.size(), schema.operator_name(), ": return ", r, " aliases no argument");
     stack->push_back(originals[i]);
   }
+  // (Foreach lists carry records whenever the interpreted kernel may fuse them: fusion.h.)
+  const bool record = lists.empty() ? fusion::enabled() : fusion::lists_enabled();
   enqueue_kernel(
       d->zc.device(), schema.operator_name().name.c_str(),
       [d, op] {
@@ -416,7 +418,7 @@ bool enqueue_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
         torch::jit::Stack args = d->args;  // (a copy: a captured graph runs it again)
         run_on_aliases(op, &args, 0, c10::DispatchKey::CPU);
       },
-      fusion::enabled() ? fusion::boxed(op, originals) : nullptr, d->zc.captured_tensors());
+      record ? fusion::boxed(op, originals) : nullptr, d->zc.captured_tensors());
   return true;
 }
 

@@ -103,7 +103,7 @@ std::vector<at::Tensor> foreach_sqrt(at::TensorList self) {
     run();
     return outs;
   }
-  auto record = fusion::enabled() ? fusion::list_sqrt(outs, self.vec(), kForeachSqrt) : nullptr;
+  auto record = fusion::lists_enabled() ? fusion::list_sqrt(outs, self.vec(), kForeachSqrt) : nullptr;
   zc->release_tensors();
   enqueue_kernel(zc->device(), kForeachSqrt, std::move(run), std::move(record), zc->captured_tensors());
   return outs;

@@ -6,6 +6,7 @@
 #include "enqueue.h"
 #include "extrema.h"
 #include "fp8.h"
+#include "fusion_interpreter.h"
 #include "gemm.h"
 #include "gemv.h"
 #include "tile_fusion.h"
@@ -46,9 +47,6 @@ namespace torchneuron::fusion {
 
 namespace {
 
-// Buffers: out, then inputs (kMaxAll: its input only; its 0-dim result is Record::result).
-constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2, 2, 1, 2, 2, 3, 3};
-constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0};  // Python numbers, in order
 // The precompiled family (tile_fusion.h) and the GEMM family (fuse_gemm): a region holds one family.
 constexpr bool is_tiled(Kind k) { return k >= kWiden && k <= kMaxAll; }
 constexpr bool is_gemm(Kind k) { return k >= kWidenInt8; }
@@ -78,6 +76,7 @@ struct Record {
   // The op, for torchneuron.get_executed_ops (a fused kernel still ran the op on the device).
   const char* hot = nullptr;
   const c10::OperatorName* boxed = nullptr;
+  bool list = false;  // (the first record of) a foreach list kernel's
 };
 
 using KernelFn = void (*)(void* const* buffers, const float* scalars, int64_t numel, int64_t* remainders);
@@ -233,6 +232,7 @@ neuron::rt::engine::Record list_records(const c10::OperatorName& name, const tor
   if (!ok) return nullptr;
   recs[0].count = static_cast<uint32_t>(len);
   recs[0].boxed = &name;
+  recs[0].list = true;
   return recs;
 }
 
@@ -259,8 +259,6 @@ struct Group {
   c10::SmallVector<tile_fusion::Step, 8> steps;     // the precompiled family's kernels
   size_t slot_bytes(uint8_t slot) const { return static_cast<size_t>(numel) * c10::elementSize(dtypes[slot]); }
 };
-// In a signature, after the kernels: the slots the kernel does not store (eager_fusion.py).
-constexpr char kUnstored = static_cast<char>(0xFF);
 
 // The scalar remainder [begin, end) of one thread's range, op by op through ATen's own kernels
 // (the calls the unfused kernels made: same overloads, Python numbers as wrapped doubles, which
@@ -315,9 +313,15 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
   }
 }
 
+// A group by its generated kernel, or (null) by the interpreted one (fusion_interpreter.h).
 void run_group(KernelFn kernel, const Group& g) {
   c10::SmallVector<int64_t, 16> remainders(2 * static_cast<size_t>(at::get_num_threads()) + 2, 0);
-  kernel(const_cast<void* const*>(g.buffers.data()), g.scalars.data(), g.numel, remainders.data());
+  if (kernel != nullptr) {
+    kernel(const_cast<void* const*>(g.buffers.data()), g.scalars.data(), g.numel, remainders.data());
+  } else {
+    fusion_interpreter::run(g.signature, reinterpret_cast<float* const*>(g.buffers.data()), g.scalars.data(), g.numel,
+                            remainders.data());
+  }
   for (size_t t = 0; t + 1 < remainders.size(); t += 2) {
     if (remainders[t + 1] > remainders[t]) run_remainder(g, remainders[t], remainders[t + 1]);
   }
@@ -353,6 +357,10 @@ void set_enabled(bool on) noexcept {
 void set_tiles_enabled(bool on) noexcept {
   detail::g_tiles = on;
   install_fuser();
+}
+
+bool lists_enabled() noexcept {
+  return enabled() || (detail::g_tiles && fusion_interpreter::available());
 }
 
 neuron::rt::engine::Record binary(const char* name, const at::Tensor& out, const at::Tensor& self,
@@ -392,6 +400,7 @@ neuron::rt::engine::Record list_sqrt(const std::vector<at::Tensor>& outs, const 
   }
   recs[0].count = static_cast<uint32_t>(len);
   recs[0].hot = name;
+  recs[0].list = true;
   return recs;
 }
 
@@ -826,8 +835,11 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   c10::SmallVector<Group, 4> groups;
   // A region is of one family: the generated kernels' or the precompiled one's.
   const bool tiles = is_tiled(static_cast<const Record*>(records[0])->kind);
-  // (A graph capture records both families whatever is on: only the families on fuse.)
-  if (!(tiles ? detail::g_tiles : detail::g_on)) return {0, 1, {}};
+  // (A graph capture records both families whatever is on: only the families on fuse.) With
+  // the generated kernels off, the interpreted kernel takes foreach list kernels (fusion.h);
+  // with them on, a group whose kernel is not compiled runs unfused, as before.
+  const bool interpret = !tiles && !detail::g_on && detail::g_tiles && fusion_interpreter::available();
+  if (!(tiles ? detail::g_tiles : detail::g_on || interpret)) return {0, 1, {}};
   // The 0-dim values the region's kernels use: the factors its kScale kernels read (when the
   // group runs, before its pass) and the results its kMaxAll kernels write (after it). No kernel
   // of the region may write a factor or a result's memory; two kScale kernels may read one factor.
@@ -1012,6 +1024,7 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   size_t n = 0, fused_records = 0;  // items, and the records they hold
   for (; n < records.size(); ++n) {
     const Record* r = static_cast<const Record*>(records[n]);
+    if (!tiles && !detail::g_on && !r->list) break;
     if (r->count == 1) {
       if (!add(*r, seqs[n])) break;
       ++fused_records;
@@ -1067,14 +1080,18 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
   if (tiles) return run_tiled(groups, records, n);
 
   c10::SmallVector<KernelFn, 4> kernels;
-  {
+  for (Group& grp : groups) {
+    grp.signature.insert(grp.signature.begin(), static_cast<char>(grp.buffers.size()));
+    if (!grp.unstored.empty()) {
+      grp.signature.push_back(kUnstored);
+      for (uint8_t slot : grp.unstored) grp.signature.push_back(static_cast<char>(slot));
+    }
+  }
+  if (!detail::g_on) {
+    kernels.assign(groups.size(), nullptr);  // (interpret: the generated kernels are off)
+  } else {
     std::lock_guard<std::mutex> lock(g_mu);
     for (Group& grp : groups) {
-      grp.signature.insert(grp.signature.begin(), static_cast<char>(grp.buffers.size()));
-      if (!grp.unstored.empty()) {
-        grp.signature.push_back(kUnstored);
-        for (uint8_t slot : grp.unstored) grp.signature.push_back(static_cast<char>(slot));
-      }
       Entry& e = (*g_cache)[grp.signature];
       kernels.push_back(e.fn);
       if (e.fn == nullptr && !e.failed && !e.requested && ++e.seen >= kCompileAfter) {
@@ -1084,8 +1101,12 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
       }
     }
   }
+  // A group whose kernel is not compiled runs interpreted if the generated kernels are off,
+  // else the region runs unfused.
+  size_t interpreted = 0;
   for (KernelFn k : kernels) {
-    if (k == nullptr) return {0, n, {}};
+    if (k == nullptr && !interpret) return {0, n, {}};
+    interpreted += k == nullptr;
   }
   // From here the region counts as run: a failure part-way cannot be undone or retried.
   try {
@@ -1098,6 +1119,10 @@ neuron::rt::engine::Decision fuse(const std::vector<const void*>& records, const
     }
   } catch (const std::exception& ex) {
     return {n, 0, error_text(ex)};
+  }
+  if (interpreted > 0) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_stats.interpreted += interpreted;
   }
   track_records(records, n);
   return {n, 0, {}};

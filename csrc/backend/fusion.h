@@ -69,6 +69,13 @@ enum Kind : uint8_t {
   kMulCols,     // bfloat16 out = a * v                 (a m x n, v n values along the columns)
 };
 
+// Buffers of each kind: out, then inputs (kMaxAll: its input only; its 0-dim result is
+// Record::result); and its Python numbers, in order.
+inline constexpr uint8_t kArity[] = {3, 2, 3, 2, 3, 2, 4, 4, 3, 2, 2, 2, 2, 2, 2, 1, 2, 2, 3, 3};
+inline constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0};
+// In a group's signature (fusion.cpp, Group), after the kernels: the slots not to store.
+inline constexpr char kUnstored = static_cast<char>(0xFF);
+
 namespace detail {
 extern bool g_on;      // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
 extern bool g_tiles;   // the precompiled family; on unless TORCH_NEURONX_ENABLE_CONCATENATION=0
@@ -80,6 +87,10 @@ void set_enabled(bool on) noexcept;
 // The same for the precompiled family (casts, products with a 0-dim value, clamps, amax).
 inline bool tiles_enabled() noexcept { return detail::g_tiles || neuron::rt::engine::capturing(); }
 void set_tiles_enabled(bool on) noexcept;
+// The same for foreach list kernels (foreach.cpp): with fusion on, and with the precompiled
+// family on where the interpreted kernel runs (fusion_interpreter.h), which then fuses an
+// optimizer step's lists with nothing to compile.
+bool lists_enabled() noexcept;
 
 // Records of the hot ops (ops.cpp). `name` is the op's qualified name ("aten::add_.Tensor");
 // `out` is the tensor written. Null when the call is outside fusion's scope.
@@ -126,6 +137,7 @@ struct Stats {
   uint64_t requested = 0; // compilations requested
   uint64_t tiled = 0;     // groups run by the precompiled kernel (tile_fusion.h)
   uint64_t gemm = 0;      // matmuls run with a widened weight or a column product fused (fuse_gemm)
+  uint64_t interpreted = 0;  // groups run by the interpreted kernel (fusion_interpreter.h)
 };
 Stats stats() noexcept;
 

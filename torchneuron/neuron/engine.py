@@ -79,7 +79,10 @@ def set_cast_fusion_enabled(enabled: bool) -> None:
     are redone through ATen's kernels. The same switch holds the GEMM family (AMX hosts): a bf16
     ``mm`` of a widened int8 weight (``w.t().to(bfloat16)``) and a per-column ``mul`` after it,
     torchao's weight-only int8 linear, run as one AMX kernel call, bit-identical to the three
-    kernels (a NaN result is redone through ATen). See docs/architecture.md, *Adaptive Eager*."""
+    kernels (a NaN result is redone through ATen). And while the generated kernels are off
+    (``set_fusion_enabled``), the foreach list kernels of an optimizer step run as one region
+    through a precompiled interpreted kernel (AVX-512 hosts with MKL), bit-identical to the lists
+    one by one. See docs/architecture.md, *Adaptive Eager*."""
     _C._fusion_set_tiles_enabled(bool(enabled))
 
 
@@ -105,5 +108,6 @@ def stats() -> dict:
     call per element count), and its generated kernels ``kernels_requested``, ``kernels_compiled``
     and ``kernels_failed`` (which run unfused for good); ``tiled``: groups the precompiled family
     ran; ``gemm``: bf16 matmuls run with their int8 weight's widening or the per-column product
-    after them fused (torchao's weight-only int8 linear)."""
+    after them fused (torchao's weight-only int8 linear); ``interpreted``: groups of foreach list
+    kernels run by the interpreted kernel (the generated kernels off)."""
     return dict(_C._engine_stats())
