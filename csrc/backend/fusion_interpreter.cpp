@@ -22,7 +22,9 @@ extern "C" int MKL_Set_Num_Threads_Local(int nt);
 #endif
 
 // Each formula's roundings are written out (an FMA where ATen's kernel has one, none elsewhere):
-// the compiler must not contract a product and a sum into an FMA on its own.
+// the compiler must not contract a product and a sum into an FMA on its own. (Popped at the end:
+// a unity build may compile other files after this one.)
+#pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 
 namespace torchneuron::fusion_interpreter {
@@ -177,3 +179,5 @@ void run(const std::string& signature, float* const* buffers, const float* scala
 }
 
 }  // namespace torchneuron::fusion_interpreter
+
+#pragma GCC pop_options
