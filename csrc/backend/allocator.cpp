@@ -120,9 +120,6 @@ struct Block {
   char* ptr;
   bool is_large;
   bool allocated = false;
-  // The execution engine's last enqueued sequence number when the block was last freed: a
-  // kernel enqueued after it cannot hold the old contents (Adaptive Eager, is_free).
-  uint64_t freed_at = 0;
   // ... and when it was last allocated, and that allocation's number (Adaptive Eager,
   // allocation_stamp, freed_by).
   uint64_t allocated_at = 0;
@@ -139,7 +136,7 @@ struct Block {
   std::shared_ptr<c10::GatheredContext> context;  // memory history: where it was allocated
   // Its segment is a graph memory pool's (mem_pool is then the pool): the replays of the graphs
   // captured into the pool read and write its free blocks too, so none is ever free for
-  // Adaptive Eager (is_free). Cleared when the pool is released.
+  // Adaptive Eager (freed_by: their frees are not noted). Cleared when the pool is released.
   bool graph = false;
   struct Expandable* es = nullptr;  // the expandable segment it lies in, if any
   MemPoolOptions::FreeFn raw_free = nullptr;  // a MemPool allocator's free, for its segments
@@ -346,7 +343,6 @@ Block* piece_of(const Block* from, char* ptr, size_t size) {
   b->raw_free = from->raw_free;
   b->remap = from->remap;
   b->mapped = from->mapped;
-  b->freed_at = from->freed_at;
   b->free_tick = from->free_tick;
   return b;
 }
@@ -361,7 +357,6 @@ void absorb(Block* b, Block* n) {
     splice(b, b->prev, n->next);
   }
   b->size += n->size;
-  b->freed_at = std::max(b->freed_at, n->freed_at);
   b->free_tick = std::max(b->free_tick, n->free_tick);
   delete n;
 }
@@ -822,7 +817,6 @@ void free_block_locked(DeviceCache& c, Block* b,
   stat_add(c.stats.requested_bytes, large, -static_cast<int64_t>(b->requested));
   b->pending = false;
   b->requested = 0;
-  b->freed_at = neuron::rt::engine::last();
   b->free_tick = ++c.free_ticks;
   auto& pool = large ? c.large_free : c.small_free;
   const bool was_head = b->prev == nullptr;
@@ -1295,24 +1289,6 @@ bool freed_by(uint64_t generation, uint64_t seq) {
   std::lock_guard<std::mutex> lock(g_freed_mu);
   const Freed& f = g_freed[generation % kFreedRing];
   return f.generation == generation && f.seq <= seq;
-}
-
-bool NeuronAllocator::is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by) {
-  if (device < 0 || device >= neuron::rt::device_count() || nbytes == 0) return false;
-  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + nbytes;
-  auto& c = g_cache[device];
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.segments.upper_bound(begin);
-  if (it == c.segments.begin()) return false;
-  for (Block* b = std::prev(it)->second; b != nullptr; b = b->next) {
-    const auto first = reinterpret_cast<uintptr_t>(b->ptr), last = first + b->size;
-    if (last <= begin) continue;
-    if (first >= end) break;
-    if (b->allocated || b->pending || b->graph) return false;  // some of the bytes are in use
-    if (b->freed_at > freed_by) return false;      // ... or were when later work was enqueued
-    if (last >= end) return true;
-  }
-  return false;  // past the segment's end: not all of it is this allocator's
 }
 
 std::vector<SegmentRecord> NeuronAllocator::snapshot() {

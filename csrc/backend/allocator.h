@@ -49,12 +49,6 @@ class NeuronAllocator : public c10::DeviceAllocator {
   c10::DataPtr adopt(int device, c10::DataPtr cpu_data, size_t nbytes);
   // Device of a pointer into neuron memory, or -1.
   int device_of(const void* ptr);
-  // Whether every byte of [ptr, ptr + nbytes) lies in cached blocks of `device` that no tensor
-  // holds (freed, and not waiting for other streams) and that were freed before the execution
-  // engine's work `freed_by` was enqueued: memory whose contents no kernel queued after that
-  // work can read (queued kernels read only what live tensors held when they were enqueued),
-  // nor anyone else before writing it again. Adaptive Eager leaves such intermediates unstored.
-  bool is_free(int device, const void* ptr, size_t nbytes, uint64_t freed_by);
   std::vector<SegmentRecord> snapshot();
 };
 
@@ -69,7 +63,10 @@ struct AllocationStamp {
 };
 AllocationStamp allocation_stamp(const c10::DataPtr& data);
 // Whether allocation `generation` was freed while the engine's last enqueued work was at most
-// `seq` (false if it is live, or freed too long ago to be remembered).
+// `seq` (false if it is live, or freed too long ago to be remembered, or freed while other
+// streams used it, or in a graph pool, whose replays read its free blocks). Adaptive Eager leaves
+// such memory unstored in a region ending at `seq`: kernels queued after that read only what live
+// tensors held when they were enqueued, and anyone else writes memory before reading it.
 bool freed_by(uint64_t generation, uint64_t seq);
 
 // Graph capture (graph.cpp). Between begin_graph_allocations(pool) and end_graph_allocations()
