@@ -77,8 +77,12 @@ bool sole_owner(const c10::intrusive_ptr<c10::TensorImpl>& p) {
 }  // namespace
 
 c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare) {
-  for (auto& e : storages_) {
-    if (e.device_storage == s) return e.alias;
+  if (storage_index_.empty()) {
+    for (auto& e : storages_) {
+      if (e.device_storage == s) return e.alias;
+    }
+  } else if (auto it = storage_index_.find(s); it != storage_index_.end()) {
+    return storages_[it->second].alias;
   }
   void* data = s->data_ptr().get();
   const size_t nbytes = s->nbytes();
@@ -100,11 +104,18 @@ c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare
         c10::GetCPUAllocator(), /*resizable=*/true));
   }
   storages_.push_back({s, alias, data, nbytes});
+  if (storages_.size() == kIndexFrom) {
+    for (size_t i = 0; i < storages_.size(); ++i) storage_index_.emplace(storages_[i].device_storage, i);
+  } else if (storages_.size() > kIndexFrom) {
+    storage_index_.emplace(s, storages_.size() - 1);
+  }
   return alias;
 }
 
 void ZeroCopy::recycle_aliases() noexcept {
   storages_.clear();  // the entries' references to the alias storages
+  storage_index_.clear();
+  arg_index_.clear();
   for (auto& a : args_) {
     c10::intrusive_ptr<c10::TensorImpl> impl = a.alias.getIntrusivePtr();
     a.alias.reset();
@@ -142,11 +153,16 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   // The same tensor passed twice (ldexp_ -> ldexp.out(self, other, out=self)) must stay one
   // tensor for the kernel: TensorIterator recognises an output that is also an input by
   // identity, and refuses to resize it ("doesn't match the broadcast shape").
-  for (auto& a : args_) {
-    if (a.device_tensor.unsafeGetTensorImpl() == src) {
-      note_tensor(t, trace_flags);
-      return a.alias;
+  if (arg_index_.empty()) {
+    for (auto& a : args_) {
+      if (a.device_tensor.unsafeGetTensorImpl() == src) {
+        note_tensor(t, trace_flags);
+        return a.alias;
+      }
     }
+  } else if (auto it = arg_index_.find(src); it != arg_index_.end()) {
+    note_tensor(t, trace_flags);
+    return args_[it->second].alias;
   }
   c10::intrusive_ptr<c10::TensorImpl> impl;
   // A TensorImpl made under InferenceMode is an inference tensor for good (no autograd keys):
@@ -170,6 +186,11 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
   at::Tensor alias(std::move(impl));
   args_.push_back({t, alias});
+  if (args_.size() == kIndexFrom) {
+    for (size_t i = 0; i < args_.size(); ++i) arg_index_.emplace(args_[i].device_tensor.unsafeGetTensorImpl(), i);
+  } else if (args_.size() > kIndexFrom) {
+    arg_index_.emplace(src, args_.size() - 1);
+  }
   note_tensor(t, trace_flags);
   return alias;
 }
@@ -298,6 +319,7 @@ at::Tensor ZeroCopy::map_out(const at::Tensor& cpu) {
 
 void ZeroCopy::release_tensors() {
   for (auto& a : args_) a.device_tensor.reset();
+  arg_index_.clear();  // (keyed by the tensors just released)
 }
 
 void ZeroCopy::sync_inputs() {

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../runtime/engine.h"
@@ -150,6 +151,11 @@ class ZeroCopy {
   bool cpu_output_is_out_ = false;                // ... as out= (else mutated in place)
   c10::SmallVector<Entry, 4> storages_;
   c10::SmallVector<Arg, 6> args_;
+  // in() finds a tensor or storage it has seen by a scan of the lists above; an op over many
+  // tensors (a foreach list kernel of an optimizer: 3 lists x 150 parameters) made that
+  // quadratic, so past kIndexFrom entries each list gets an index (position by pointer).
+  static constexpr size_t kIndexFrom = 16;
+  std::unordered_map<const void*, size_t> arg_index_, storage_index_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
   std::unique_ptr<prof::Pending> trace_;  // non-null only while profiling
   std::shared_ptr<neuron::rt::trace::Record> captured_;  // non-null only for a queued kernel captured

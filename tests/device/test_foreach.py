@@ -216,3 +216,49 @@ def test_adamw_foreach_step_matches_cpu_bit_for_bit():
             opt.step()
     for p, q in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(q.cpu(), p, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("engine_on", [True, False], ids=["queued", "synchronous"])
+def test_long_lists_of_views_of_one_buffer_and_repeated_tensors_match_cpu(engine_on):
+    # 40 views of 20 buffers (their first halves, then their second halves: each storage met
+    # again after 20 others, as flattened parameters are) and a list given twice: past 16
+    # tensors the alias lookups go through an index (zero_copy.h), which must still give each
+    # storage one alias and each tensor one (x.addcmul_(g, g) reads g twice).
+    def run(device):
+        gen = torch.Generator().manual_seed(5)
+        flats = [torch.randn(66, generator=gen).to(device) for _ in range(20)]
+        views = [f[:33] for f in flats] + [f[33:] for f in flats]
+        grads = [torch.randn(33, generator=gen).to(device) for _ in range(40)]
+        torch._foreach_mul_(views, 0.9)
+        torch._foreach_addcmul_(views, grads, grads, value=0.5)
+        torch._foreach_add_(grads, grads, alpha=-0.25)
+        torch._foreach_lerp_(views, grads, 0.3)
+        return torch.cat([f.cpu() for f in flats]), torch.cat([g.cpu() for g in grads])
+
+    was = torch.neuron.engine.is_enabled()
+    torch.neuron.engine.set_enabled(engine_on)
+    try:
+        got = run("neuron")
+    finally:
+        torch.neuron.engine.set_enabled(was)
+    want = run("cpu")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_partial_overlap_inside_a_long_list_raises_as_on_cpu():
+    # Element 20 + k adds f_k[32:65] into f_k[33:66]: CPU's per-tensor op refuses the partial
+    # overlap; neuron must see it too although the buffer is met again past the alias index's
+    # threshold (one alias storage per device storage, zero_copy.h).
+    def run(device):
+        gen = torch.Generator().manual_seed(6)
+        flats = [torch.randn(66, generator=gen).to(device) for _ in range(20)]
+        fresh = [torch.randn(33, generator=gen).to(device) for _ in range(20)]
+        selfs = [f[:33] for f in flats] + [f[33:] for f in flats]
+        others = fresh + [f[32:65] for f in flats]
+        torch._foreach_add_(selfs, others)
+
+    with pytest.raises(RuntimeError, match="single memory location"):
+        run("cpu")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        run("neuron")
+        torch.neuron.synchronize()
