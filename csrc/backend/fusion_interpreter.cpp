@@ -115,7 +115,7 @@ __attribute__((target("avx512f"))) void vector_op(const Op& op, float* out, cons
 // memory for a stored slot, the thread's scratch tile for an unstored one.
 void run_range(const c10::SmallVector<Op, 32>& ops, float* const* buffers, size_t nbufs, const std::vector<bool>& unstored,
                int64_t lo, int64_t vend, float* scratch) {
-  c10::SmallVector<const float*, 64> at(nbufs);
+  const float* at[256];  // (a group has at most 255 slots: fusion.cpp, kMaxSlots)
   for (int64_t i0 = lo; i0 < vend; i0 += kTile) {
     const int64_t n = std::min(kTile, vend - i0);
     for (size_t b = 0; b < nbufs; ++b) at[b] = buffers[b] + i0;
