@@ -258,7 +258,6 @@ struct Group {
   c10::SmallVector<uint64_t, 16> owner;  // precompiled family: the allocation last written in each slot
   c10::SmallVector<const Record*, 8> step_records;    // of each step (redo)
   c10::SmallVector<tile_fusion::Step, 8> steps;     // the precompiled family's kernels
-  size_t slot_bytes(uint8_t slot) const { return static_cast<size_t>(numel) * c10::elementSize(dtypes[slot]); }
 };
 
 // The scalar remainder [begin, end) of one thread's range, op by op through ATen's own kernels
@@ -271,12 +270,9 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
                          at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
   };
   auto number = [](float v) { return at::scalar_to_tensor(at::Scalar(static_cast<double>(v))); };
-  size_t at_op = 1, at_scalar = 0;  // signature[0] is the buffer count
-  while (at_op < g.signature.size() && g.signature[at_op] != kUnstored) {
-    const auto kind = static_cast<Kind>(g.signature[at_op]);
+  for_each_op(g.signature, g.scalars.data(), [&](Kind kind, const uint8_t* slots, const float* s) {
     std::array<at::Tensor, 4> t;
-    for (uint8_t i = 0; i < kArity[kind]; ++i) t[i] = view(static_cast<uint8_t>(g.signature[at_op + 1 + i]));
-    const float* s = g.scalars.data() + at_scalar;
+    for (uint8_t i = 0; i < kArity[kind]; ++i) t[i] = view(slots[i]);
     at::Tensor wrapped;
     switch (kind) {
       case kAdd: at::cpu::add_out(t[0], t[1], t[2], static_cast<double>(s[0])); break;
@@ -309,9 +305,7 @@ void run_remainder(const Group& g, int64_t begin, int64_t end) {
       case kMatmul:
       case kMulCols: break;  // (the other families leave no remainders)
     }
-    at_op += 1 + kArity[kind];
-    at_scalar += kScalars[kind];
-  }
+  });
 }
 
 // A group by its generated kernel, or (null) by the interpreted one (fusion_interpreter.h).

@@ -76,6 +76,22 @@ inline constexpr uint8_t kScalars[] = {1, 2, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 2,
 // In a group's signature (fusion.cpp, Group), after the kernels: the slots not to store.
 inline constexpr char kUnstored = static_cast<char>(0xFF);
 
+// Calls fn(kind, slots, numbers) for each kernel of a group signature ([buffer count][kind,
+// slots...]...[kUnstored, slots...]), in queue order: its slots (out, then inputs) and its first
+// Python number in `numbers`, the group's numbers in kernel order. Returns the offset where the
+// kernels end (the signature's size, or its kUnstored mark).
+template <class Fn>
+size_t for_each_op(const std::string& signature, const float* numbers, Fn&& fn) {
+  size_t at = 1;
+  while (at < signature.size() && signature[at] != kUnstored) {
+    const auto kind = static_cast<Kind>(signature[at]);
+    fn(kind, reinterpret_cast<const uint8_t*>(signature.data()) + at + 1, numbers);
+    numbers += kScalars[kind];
+    at += 1 + kArity[kind];
+  }
+  return at;
+}
+
 namespace detail {
 extern bool g_on;      // TORCH_NEURONX_ENABLE_CONCATENATION=1 (or set_enabled); off by default
 extern bool g_tiles;   // the precompiled family; on unless TORCH_NEURONX_ENABLE_CONCATENATION=0

@@ -145,19 +145,15 @@ void run(const std::string& signature, float* const* buffers, const float* scala
          int64_t* remainders) {
   const size_t nbufs = static_cast<uint8_t>(signature[0]);
   c10::SmallVector<Op, 32> ops;
-  std::vector<bool> unstored(nbufs, false);
   bool sqrt = false;
-  size_t at = 1;
-  for (; at < signature.size() && signature[at] != fusion::kUnstored;) {
-    Op op{static_cast<Kind>(signature[at]), {}, scalars};
-    for (uint8_t j = 0; j < fusion::kArity[op.kind]; ++j) op.slot[j] = static_cast<uint8_t>(signature[at + 1 + j]);
-    if (fusion::kScalars[op.kind] == 0) op.s = nullptr;
-    scalars += fusion::kScalars[op.kind];
-    sqrt = sqrt || op.kind == fusion::kSqrt;
+  const size_t end = fusion::for_each_op(signature, scalars, [&](Kind kind, const uint8_t* slots, const float* s) {
+    Op op{kind, {}, fusion::kScalars[kind] > 0 ? s : nullptr};
+    std::copy(slots, slots + fusion::kArity[kind], op.slot);
+    sqrt = sqrt || kind == fusion::kSqrt;
     ops.push_back(op);
-    at += 1 + fusion::kArity[op.kind];
-  }
-  for (++at; at < signature.size(); ++at) unstored[static_cast<uint8_t>(signature[at])] = true;
+  });
+  std::vector<bool> unstored(nbufs, false);
+  for (size_t at = end + 1; at < signature.size(); ++at) unstored[static_cast<uint8_t>(signature[at])] = true;
   at::parallel_for(0, numel, kGrain, [&](int64_t lo, int64_t hi) {
     // As ATen's vectorized_loop: whole pairs of vectors here, the remainder by ATen's kernels.
     const int64_t vend = lo + (hi - lo) / kPair * kPair;

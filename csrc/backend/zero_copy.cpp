@@ -74,16 +74,40 @@ bool sole_owner(const c10::intrusive_ptr<c10::TensorImpl>& p) {
          impl->fake_tensor_mode() == nullptr && !impl->has_symbolic_sizes_strides() && !impl->is_python_dispatch() &&
          !impl->is_wrapped_number() && impl->allow_tensor_metadata_change() && impl->has_storage();
 }
+
+// ---- finding what an op call has seen (args_, storages_) ----
+// A scan while the list is short; past kIndexFrom entries an index by key (an op over many
+// tensors, a foreach list of 3 x 150 parameters, made the scans quadratic).
+constexpr size_t kIndexFrom = 16;
+using Index = std::unordered_map<const void*, size_t>;
+
+// The position of the entry whose key() is `key` in `list`, or -1.
+template <class List>
+std::ptrdiff_t position(const List& list, const Index& index, const void* key) {
+  if (index.empty()) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].key() == key) return static_cast<std::ptrdiff_t>(i);
+    }
+    return -1;
+  }
+  const auto it = index.find(key);
+  return it == index.end() ? -1 : static_cast<std::ptrdiff_t>(it->second);
+}
+
+// Keeps `index` up to date after an entry was appended to `list`.
+template <class List>
+void index_last(const List& list, Index& index) {
+  if (list.size() < kIndexFrom) return;
+  if (list.size() == kIndexFrom) {
+    for (size_t i = 0; i < list.size(); ++i) index.emplace(list[i].key(), i);
+  } else {
+    index.emplace(list.back().key(), list.size() - 1);
+  }
+}
 }  // namespace
 
 c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare) {
-  if (storage_index_.empty()) {
-    for (auto& e : storages_) {
-      if (e.device_storage == s) return e.alias;
-    }
-  } else if (auto it = storage_index_.find(s); it != storage_index_.end()) {
-    return storages_[it->second].alias;
-  }
+  if (const auto i = position(storages_, storage_index_, s); i >= 0) return storages_[i].alias;
   void* data = s->data_ptr().get();
   const size_t nbytes = s->nbytes();
   c10::Storage alias;
@@ -104,11 +128,7 @@ c10::Storage ZeroCopy::alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare
         c10::GetCPUAllocator(), /*resizable=*/true));
   }
   storages_.push_back({s, alias, data, nbytes});
-  if (storages_.size() == kIndexFrom) {
-    for (size_t i = 0; i < storages_.size(); ++i) storage_index_.emplace(storages_[i].device_storage, i);
-  } else if (storages_.size() > kIndexFrom) {
-    storage_index_.emplace(s, storages_.size() - 1);
-  }
+  index_last(storages_, storage_index_);
   return alias;
 }
 
@@ -153,16 +173,9 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   // The same tensor passed twice (ldexp_ -> ldexp.out(self, other, out=self)) must stay one
   // tensor for the kernel: TensorIterator recognises an output that is also an input by
   // identity, and refuses to resize it ("doesn't match the broadcast shape").
-  if (arg_index_.empty()) {
-    for (auto& a : args_) {
-      if (a.device_tensor.unsafeGetTensorImpl() == src) {
-        note_tensor(t, trace_flags);
-        return a.alias;
-      }
-    }
-  } else if (auto it = arg_index_.find(src); it != arg_index_.end()) {
+  if (const auto i = position(args_, arg_index_, src); i >= 0) {
     note_tensor(t, trace_flags);
-    return args_[it->second].alias;
+    return args_[i].alias;
   }
   c10::intrusive_ptr<c10::TensorImpl> impl;
   // A TensorImpl made under InferenceMode is an inference tensor for good (no autograd keys):
@@ -186,11 +199,7 @@ at::Tensor ZeroCopy::in(const at::Tensor& t, bool allow_cpu, int64_t trace_flags
   impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
   at::Tensor alias(std::move(impl));
   args_.push_back({t, alias});
-  if (args_.size() == kIndexFrom) {
-    for (size_t i = 0; i < args_.size(); ++i) arg_index_.emplace(args_[i].device_tensor.unsafeGetTensorImpl(), i);
-  } else if (args_.size() > kIndexFrom) {
-    arg_index_.emplace(src, args_.size() - 1);
-  }
+  index_last(args_, arg_index_);
   note_tensor(t, trace_flags);
   return alias;
 }

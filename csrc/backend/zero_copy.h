@@ -126,10 +126,12 @@ class ZeroCopy {
     c10::Storage alias;
     void* data;
     size_t nbytes;
+    const void* key() const { return device_storage; }
   };
   struct Arg {
     at::Tensor device_tensor;
     at::Tensor alias;
+    const void* key() const { return device_tensor.unsafeGetTensorImpl(); }
   };
   c10::Storage alias_storage(c10::StorageImpl* s, c10::TensorImpl* spare);
   void recycle_aliases() noexcept;
@@ -151,10 +153,8 @@ class ZeroCopy {
   bool cpu_output_is_out_ = false;                // ... as out= (else mutated in place)
   c10::SmallVector<Entry, 4> storages_;
   c10::SmallVector<Arg, 6> args_;
-  // in() finds a tensor or storage it has seen by a scan of the lists above; an op over many
-  // tensors (a foreach list kernel of an optimizer: 3 lists x 150 parameters) made that
-  // quadratic, so past kIndexFrom entries each list gets an index (position by pointer).
-  static constexpr size_t kIndexFrom = 16;
+  // Positions in the lists above by device storage and by device tensor, kept once a list is
+  // long (zero_copy.cpp, position: scans made an op over many tensors quadratic).
   std::unordered_map<const void*, size_t> arg_index_, storage_index_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
   std::unique_ptr<prof::Pending> trace_;  // non-null only while profiling
